@@ -1,0 +1,51 @@
+"""Named defaults. Each one is a decision; the docstring says why."""
+
+from __future__ import annotations
+
+MAX_PAYLOAD_BYTES = 256 * 1024
+"""Payloads carry identifiers, not records: a window is four numbers."""
+
+MAX_ATTEMPTS = 8
+"""With the default backoff, eight attempts span about half an hour of retrying."""
+
+LEASE_SECONDS = 60.0
+"""A claim is held this long without a heartbeat; workers heartbeat every third of it."""
+
+BACKOFF_BASE_SECONDS = 1.0
+"""First retry waits up to one second (full jitter)."""
+
+BACKOFF_CAP_SECONDS = 600.0
+"""No retry waits more than ten minutes."""
+
+POLL_SECONDS = 1.0
+"""Polling is the source of truth; NOTIFY only shortens the wait on PostgreSQL."""
+
+SQLITE_POLL_SECONDS = 0.05
+"""SQLite has no NOTIFY, so idle workers poll a local file often; it is cheap."""
+
+RESCUE_SECONDS = 5.0
+"""How often the rescuer returns expired claims to the queue."""
+
+CLAIM_BATCH = 16
+"""Jobs claimed per round trip per worker process."""
+
+PRUNE_AFTER_SECONDS = 7 * 24 * 3600.0
+"""Completed and cancelled jobs are kept a week; the ledger keeps the durable truth."""
+
+QUEUE = "default"
+"""The queue a job goes to when none is named."""
+
+WINDOW = 10_000
+"""Keys per window: small enough that a window commits in well under a second."""
+
+PLAN_PAGE = 500
+"""Windows a planning job emits per page before it re-enqueues itself."""
+
+LOCK_TIMEOUT = "2s"
+"""A window waits this long for a row lock held by live traffic, then retries later."""
+
+STATEMENT_TIMEOUT = "30s"
+"""No cleanup statement runs longer than this."""
+
+TARGET_TRANSACTION_SECONDS = 0.25
+"""The worker sizes each cleanup transaction toward this duration."""

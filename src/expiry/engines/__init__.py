@@ -1,0 +1,27 @@
+"""Engines: where expiry keeps its queue, ledger and audit log.
+
+``open_engine`` is the one place that names a concrete engine.
+"""
+
+from __future__ import annotations
+
+from ..errors import ConfigError
+from .base import Engine
+
+
+def open_engine(url: str, *, pool_size: int = 4) -> Engine:
+    """Open the engine for a database URL: postgresql://... or sqlite:///path."""
+    if url.startswith(("postgresql://", "postgres://")):
+        from .postgres import PostgresEngine
+
+        return PostgresEngine(url, pool_size=pool_size)
+    if url.startswith("sqlite:///"):
+        from .sqlite import SQLiteEngine
+
+        return SQLiteEngine(url)
+    raise ConfigError(
+        f"database url {url!r} is not supported: use postgresql://host/db or sqlite:///path/to/file.db"
+    )
+
+
+__all__ = ["Engine", "open_engine"]

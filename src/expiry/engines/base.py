@@ -1,0 +1,298 @@
+"""The storage seam: one Engine interface, one implementation per database.
+
+Every method is named noun-first (job_claim, ledger_insert, audit_append) and
+runs a named query from the engine's ``queries.sql``. The methods below are
+written once against four primitives that each engine provides: open a
+transaction, run a named query, turn a row into a Job, and shape the batch
+parameters of ``job_insert_many``. Methods that take ``conn`` run inside the
+caller's transaction (so a handler's effect and its completion commit
+together); without it they open and commit their own.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from importlib import resources
+from typing import Any
+
+from ..errors import LeaseLost, MigrationError, PayloadTooLarge
+from ..types import EnqueueResult, Job, JobState, NewJob, QueueStats
+from ..defaults import MAX_PAYLOAD_BYTES
+
+Row = dict[str, Any]
+_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+
+
+def load_queries(package: str, substitutions: dict[str, str] | None = None) -> dict[str, str]:
+    """Read ``queries.sql`` of an engine package into {name: sql}."""
+    text = resources.files(package).joinpath("queries.sql").read_text()
+    for token, value in (substitutions or {}).items():
+        text = text.replace(token, value)
+    parts = _NAME.split(text)
+    return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+
+
+def load_migrations(package: str) -> list[tuple[int, str]]:
+    """The numbered migrations of an engine, in order: [(1, sql), ...]."""
+    folder = resources.files(package).joinpath("migrations")
+    found = []
+    for entry in folder.iterdir():
+        match = re.match(r"^(\d{4})_\w+\.sql$", entry.name)
+        if match:
+            found.append((int(match.group(1)), entry.read_text()))
+    return sorted(found)
+
+
+def check_payload(payload: dict[str, Any]) -> str:
+    """Serialize a payload, refusing one over the limit."""
+    text = json.dumps(payload, separators=(",", ":"), default=str)
+    if len(text.encode()) > MAX_PAYLOAD_BYTES:
+        raise PayloadTooLarge(
+            f"payload is {len(text.encode())} bytes; the limit is {MAX_PAYLOAD_BYTES} bytes "
+            "(256 KiB): carry identifiers, not records"
+        )
+    return text
+
+
+class Engine(abc.ABC):
+    """One database that holds both the application's tables and expiry's."""
+
+    dialect: str
+    url: str
+    queries: dict[str, str]
+    migrations: list[tuple[int, str]]
+
+    # -- primitives each engine provides ------------------------------------
+
+    @abc.abstractmethod
+    @contextmanager
+    def transaction(self) -> Iterator[Any]:
+        """A driver connection inside a transaction, committed on success."""
+
+    @abc.abstractmethod
+    def rows(self, conn: Any, name: str, params: dict[str, Any] | None = None) -> list[Row]:
+        """Run a named query and return its rows as dicts."""
+
+    @abc.abstractmethod
+    def _job(self, row: Row) -> Job: ...
+
+    @abc.abstractmethod
+    def _insert_params(self, jobs: Sequence[NewJob], payloads: list[str]) -> dict[str, Any]: ...
+
+    @abc.abstractmethod
+    def _list(self, values: Sequence[str]) -> Any:
+        """A list of strings as this driver binds it for ``= any``/``in``."""
+
+    @abc.abstractmethod
+    def _time(self, value: Any) -> datetime: ...
+
+    @abc.abstractmethod
+    def migrate(self) -> list[int]:
+        """Apply pending migrations; return the versions applied."""
+
+    @abc.abstractmethod
+    def schema_version(self) -> int: ...
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    def wait_for_jobs(self, timeout: float) -> None:
+        """Block up to ``timeout`` seconds, returning early on a hint of new work."""
+        import time
+
+        time.sleep(timeout)
+
+    def check_schema_version(self, current: int) -> None:
+        latest = self.migrations[-1][0]
+        if current > latest:
+            raise MigrationError(
+                f"the database is at expiry schema version {current}, newer than this "
+                f"expiry knows ({latest}); upgrade expiry before running it here"
+            )
+
+    @contextmanager
+    def _tx(self, conn: Any | None) -> Iterator[Any]:
+        if conn is not None:
+            yield conn
+        else:
+            with self.transaction() as own:
+                yield own
+
+    def one(self, conn: Any | None, name: str, params: dict[str, Any] | None = None) -> Row | None:
+        with self._tx(conn) as c:
+            found = self.rows(c, name, params)
+        return found[0] if found else None
+
+    # -- the clock ------------------------------------------------------------
+
+    def now(self, conn: Any | None = None) -> datetime:
+        row = self.one(conn, "now")
+        assert row is not None
+        return self._time(row["now"])
+
+    # -- jobs -----------------------------------------------------------------
+
+    def job_insert_many(
+        self, jobs: Sequence[NewJob], conn: Any | None = None
+    ) -> list[EnqueueResult]:
+        if not jobs:
+            return []
+        payloads = [check_payload(job.payload) for job in jobs]
+        with self._tx(conn) as c:
+            inserted = self.rows(c, "job_insert_many", self._insert_params(jobs, payloads))
+            self._notify(c, {row["key"] for row in inserted if row["state"] == "available"}, jobs)
+        keys = {row["key"] for row in inserted}
+        seen: set[str] = set()
+        results = []
+        for job in jobs:
+            results.append(EnqueueResult(job.key, job.key in keys and job.key not in seen))
+            seen.add(job.key)
+        return results
+
+    def _notify(self, conn: Any, due_keys: set[str], jobs: Sequence[NewJob]) -> None:
+        """Hint listeners that due work arrived (PostgreSQL only)."""
+
+    def job_claim(
+        self, queues: Sequence[str], n: int, lease_seconds: float, owner: str
+    ) -> list[Job]:
+        params = {"queues": self._list(queues), "n": n, "lease": lease_seconds, "owner": owner}
+        with self.transaction() as conn:
+            found = self.rows(conn, "job_claim", params)
+        jobs = [self._job(row) for row in found]
+        return sorted(jobs, key=lambda j: (j.priority, j.run_at, j.id))
+
+    def job_heartbeat(self, job: Job, lease_seconds: float) -> bool:
+        params = {"id": job.id, "token": job.lease_token, "lease": lease_seconds}
+        return self.one(None, "job_heartbeat", params) is not None
+
+    def job_complete(self, job: Job, conn: Any | None = None) -> None:
+        """Complete a job; raises LeaseLost (so the caller's transaction rolls back)
+        when the lease has moved on."""
+        if self.one(conn, "job_complete", {"id": job.id, "token": job.lease_token}) is None:
+            raise LeaseLost(f"job {job.key}: lease lost before completion")
+
+    def job_fail(
+        self, job: Job, error: str, kind: str, retry_delay: float | None
+    ) -> JobState | None:
+        """Record a failure. ``retry_delay`` None means permanent. Returns the new
+        state, or None when the caller no longer held the lease."""
+        params = {
+            "id": job.id,
+            "token": job.lease_token,
+            "retry": retry_delay is not None,
+            "delay": retry_delay or 0.0,
+            "error": error[:4000],
+            "kind": kind,
+        }
+        row = self.one(None, "job_fail", params)
+        return JobState(row["state"]) if row else None
+
+    def job_release(self, job: Job, delay: float = 0.0, conn: Any | None = None) -> bool:
+        params = {"id": job.id, "token": job.lease_token, "delay": delay}
+        return self.one(conn, "job_release", params) is not None
+
+    def job_rescue(self) -> list[Row]:
+        with self.transaction() as conn:
+            return self.rows(conn, "job_rescue")
+
+    def job_redrive(
+        self, keys: Sequence[str] = (), *, all: bool = False, policy: str | None = None
+    ) -> list[Row]:
+        params = {"keys": self._list(keys), "all": all, "policy": policy}
+        with self.transaction() as conn:
+            return self.rows(conn, "job_redrive", params)
+
+    def job_discard(self, keys: Sequence[str]) -> list[Row]:
+        with self.transaction() as conn:
+            return self.rows(conn, "job_discard", {"keys": self._list(keys)})
+
+    def job_get(self, key: str, conn: Any | None = None) -> Job | None:
+        row = self.one(conn, "job_get", {"key": key})
+        return self._job(row) if row else None
+
+    def job_list(self, state: JobState, queue: str | None = None, limit: int = 100) -> list[Job]:
+        with self.transaction() as conn:
+            found = self.rows(conn, "job_list", {"state": state.value, "queue": queue, "limit": limit})
+        return [self._job(row) for row in found]
+
+    def job_prune(self, older_than_seconds: float, limit: int = 10_000) -> int:
+        with self.transaction() as conn:
+            cur = conn.execute(
+                self.queries["job_prune"],
+                self._bind({"age": older_than_seconds, "limit": limit}),
+            )
+            return int(cur.rowcount)
+
+    def _bind(self, params: dict[str, Any]) -> dict[str, Any]:
+        return params
+
+    def job_pending_count(self, queue: str | None = None, conn: Any | None = None) -> int:
+        row = self.one(conn, "job_pending_count", {"queue": queue})
+        return int(row["n"]) if row else 0
+
+    def job_stats(self) -> QueueStats:
+        with self.transaction() as conn:
+            counts = self.rows(conn, "job_counts")
+            oldest = self.rows(conn, "job_oldest_due")
+            running = self.rows(conn, "job_running")
+            retries = self.rows(conn, "job_retries_by_kind")
+        by_state: dict[str, dict[str, int]] = {}
+        for row in counts:
+            by_state.setdefault(row["queue"], {})[row["state"]] = int(row["n"])
+        return QueueStats(
+            by_state=by_state,
+            oldest_due_seconds={row["queue"]: max(0.0, float(row["age"])) for row in oldest},
+            running=[(row["queue"], row["key"], float(row["held"])) for row in running],
+            retries_by_kind={row["kind"]: int(row["n"]) for row in retries},
+            dead=sum(states.get("dead", 0) for states in by_state.values()),
+        )
+
+    # -- ledger and audit ---------------------------------------------------------
+
+    def ledger_insert(
+        self,
+        conn: Any,
+        key: str,
+        *,
+        policy: str | None = None,
+        run_id: str | None = None,
+        lo: int | None = None,
+        hi: int | None = None,
+        action: str | None = None,
+        worker: str | None = None,
+    ) -> bool:
+        """True if this transaction now owns ``key``; False if it committed before."""
+        params = {"key": key, "policy": policy, "run_id": run_id, "lo": lo, "hi": hi,
+                  "action": action, "worker": worker}
+        return bool(self.rows(conn, "ledger_insert", params))
+
+    def ledger_set_rows(self, conn: Any, key: str, rows: int) -> None:
+        self.rows(conn, "ledger_set_rows", {"key": key, "rows": rows})
+
+    def ledger_get(self, key: str) -> Row | None:
+        return self.one(None, "ledger_get", {"key": key})
+
+    def audit_append(
+        self,
+        conn: Any | None,
+        action: str,
+        *,
+        actor: str,
+        policy: str | None = None,
+        run_id: str | None = None,
+        job_key: str | None = None,
+        detail: dict[str, Any] | None = None,
+    ) -> None:
+        params = {"actor": actor, "action": action, "policy": policy, "run_id": run_id,
+                  "job_key": job_key, "detail": json.dumps(detail or {}, default=str)}
+        with self._tx(conn) as c:
+            self.rows(c, "audit_append", params)
+
+    def audit_list(self, policy: str | None = None, limit: int = 100) -> list[Row]:
+        with self.transaction() as conn:
+            return self.rows(conn, "audit_list", {"policy": policy, "limit": limit})

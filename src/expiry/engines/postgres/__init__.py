@@ -1,0 +1,5 @@
+"""The PostgreSQL engine."""
+
+from .engine import PostgresEngine
+
+__all__ = ["PostgresEngine"]

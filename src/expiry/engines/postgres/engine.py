@@ -1,0 +1,179 @@
+"""PostgreSQL engine: psycopg 3 with a connection pool; expiry's tables live in
+the schema ``expiry`` of the application's database.
+
+Workers share the pool. The rescuer and the NOTIFY listener each hold their own
+connection so that a saturated pool never delays giving abandoned work back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool
+
+from ...errors import MigrationError
+from ...types import Job, JobState, NewJob
+from ..base import Engine, Row, load_migrations, load_queries
+
+log = logging.getLogger("expiry.engine")
+
+# Any stable number: serializes concurrent migrators across processes.
+_MIGRATION_LOCK = 0x65787069
+
+
+def _configure(conn: psycopg.Connection[Any]) -> None:
+    # UTC so that a target's "timestamp without time zone" compares as UTC.
+    conn.execute("set timezone to 'UTC'")
+    conn.commit()
+
+
+class PostgresEngine(Engine):
+    dialect = "postgres"
+
+    def __init__(self, url: str, *, pool_size: int = 4) -> None:
+        self.url = url
+        self.queries = load_queries(__package__ or "expiry.engines.postgres")
+        self.migrations = load_migrations(__package__ or "expiry.engines.postgres")
+        self.pool: ConnectionPool[psycopg.Connection[Row]] = ConnectionPool(
+            url,
+            min_size=1,
+            max_size=max(1, pool_size),
+            kwargs={"row_factory": dict_row, "autocommit": False},
+            configure=_configure,
+            open=True,
+            check=ConnectionPool.check_connection,
+        )
+        self._listener: psycopg.Connection[Any] | None = None
+
+    def close(self) -> None:
+        self.pool.close()
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+
+    @contextmanager
+    def transaction(self) -> Iterator[psycopg.Connection[Row]]:
+        with self.pool.connection() as conn:
+            with conn.transaction():
+                yield conn
+
+    @contextmanager
+    def connect(self) -> Iterator[psycopg.Connection[Row]]:
+        """A dedicated connection outside the pool (rescuer, planner scans)."""
+        conn = psycopg.connect(self.url, row_factory=dict_row, autocommit=False)
+        try:
+            _configure(conn)
+            yield conn
+        finally:
+            conn.close()
+
+    def rows(self, conn: Any, name: str, params: dict[str, Any] | None = None) -> list[Row]:
+        cur = conn.execute(self.queries[name], params or {}, prepare=True)
+        return list(cur.fetchall()) if cur.description is not None else []
+
+    def _list(self, values: Sequence[str]) -> Any:
+        return list(values)
+
+    def _time(self, value: Any) -> datetime:
+        assert isinstance(value, datetime)
+        return value
+
+    def _insert_params(self, jobs: Sequence[NewJob], payloads: list[str]) -> dict[str, Any]:
+        return {
+            "queues": [j.queue for j in jobs],
+            "handlers": [j.handler for j in jobs],
+            "keys": [j.key for j in jobs],
+            "payloads": payloads,
+            "priorities": [j.priority for j in jobs],
+            "max_attempts": [j.max_attempts for j in jobs],
+            "run_ats": [j.run_at for j in jobs],
+            "delays": [float(j.delay) for j in jobs],
+            "run_ids": [j.payload.get("run_id") if isinstance(j.payload.get("run_id"), str)
+                        else None for j in jobs],
+        }
+
+    def _notify(self, conn: Any, due_keys: set[str], jobs: Sequence[NewJob]) -> None:
+        for queue in sorted({j.queue for j in jobs if j.key in due_keys}):
+            self.rows(conn, "job_notify", {"queue": queue})
+
+    def _job(self, row: Row) -> Job:
+        return Job(
+            id=row["id"],
+            queue=row["queue"],
+            handler=row["handler"],
+            key=row["key"],
+            payload=row["payload"],
+            state=JobState(row["state"]),
+            priority=row["priority"],
+            attempt=row["attempt"],
+            max_attempts=row["max_attempts"],
+            run_at=row["run_at"],
+            lease_owner=row["lease_owner"],
+            lease_token=row["lease_token"],
+            lease_expires_at=row["lease_expires_at"],
+            last_error=row["last_error"],
+            last_error_kind=row["last_error_kind"],
+            errors=row["errors"],
+            created_at=row["created_at"],
+            attempted_at=row["attempted_at"],
+            finished_at=row["finished_at"],
+        )
+
+    def wait_for_jobs(self, timeout: float) -> None:
+        """LISTEN for enqueue hints; polling remains the source of truth."""
+        try:
+            if self._listener is None or self._listener.closed:
+                self._listener = psycopg.connect(self.url, autocommit=True)
+                self._listener.execute("listen expiry_jobs")
+            for _ in self._listener.notifies(timeout=timeout, stop_after=1):
+                pass
+        except psycopg.Error as exc:
+            log.warning("listen connection failed, polling instead: %s", exc)
+            if self._listener is not None:
+                self._listener.close()
+            self._listener = None
+            super().wait_for_jobs(timeout)
+
+    def schema_version(self) -> int:
+        with self.transaction() as conn:
+            exists = conn.execute("select to_regclass('expiry.schema_migrations') as t").fetchone()
+            if not exists or exists["t"] is None:
+                return 0
+            row = conn.execute("select max(version) as v from expiry.schema_migrations").fetchone()
+        return int(row["v"] or 0) if row else 0
+
+    def migrate(self) -> list[int]:
+        applied: list[int] = []
+        with self.transaction() as conn:
+            conn.execute("select pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            conn.execute("create schema if not exists expiry")
+            conn.execute(
+                "create table if not exists expiry.schema_migrations ("
+                " version integer primary key,"
+                " applied_at timestamptz not null default now())"
+            )
+            row = conn.execute("select max(version) as v from expiry.schema_migrations").fetchone()
+            current = int(row["v"] or 0) if row else 0
+            self.check_schema_version(current)
+            for version, sql in self.migrations:
+                if version <= current:
+                    continue
+                try:
+                    conn.execute(sql.encode())
+                except psycopg.Error as exc:
+                    raise MigrationError(f"migration {version:04d} failed: {exc}") from exc
+                conn.execute("insert into expiry.schema_migrations (version) values (%s)", (version,))
+                applied.append(version)
+        for version in applied:
+            log.info("applied migration %04d", version)
+        return applied
+
+    def __repr__(self) -> str:
+        return f"PostgresEngine({json.dumps(self.url)})"

@@ -1,0 +1,201 @@
+-- name: now
+-- The database clock: the only clock expiry trusts.
+select now() as now;
+
+-- name: job_insert_many
+-- Enqueue a batch in one statement; a key that exists already is skipped.
+-- Each job's run_at is either given or now() + delay seconds.
+insert into expiry.jobs (queue, handler, key, payload, priority, max_attempts, run_at, state, run_id)
+select t.queue, t.handler, t.key, t.payload::jsonb, t.priority, t.max_attempts, t.due,
+       case when t.due > now() then 'scheduled' else 'available' end, t.run_id
+from (
+    select u.*, coalesce(u.run_at, now() + make_interval(secs => u.delay)) as due
+    from unnest(%(queues)s::text[], %(handlers)s::text[], %(keys)s::text[], %(payloads)s::text[],
+                %(priorities)s::int[], %(max_attempts)s::int[], %(run_ats)s::timestamptz[],
+                %(delays)s::float8[], %(run_ids)s::text[])
+         as u(queue, handler, key, payload, priority, max_attempts, run_at, delay, run_id)
+) t
+on conflict (key) do nothing
+returning key, state;
+
+-- name: job_notify
+-- Wake listening workers; a hint only, sent when the transaction commits.
+select pg_notify('expiry_jobs', %(queue)s);
+
+-- name: job_claim
+-- Lease up to n due jobs, by priority then run_at. SKIP LOCKED in a CTE locks
+-- exactly the rows the LIMIT picked; the attempt is counted now, at claim.
+with picked as (
+    select id from expiry.jobs
+    where state in ('scheduled', 'available', 'retryable')
+      and queue = any(%(queues)s::text[])
+      and run_at <= now()
+    order by priority, run_at, id
+    limit %(n)s
+    for update skip locked
+)
+update expiry.jobs j
+set state = 'running',
+    attempt = j.attempt + 1,
+    lease_owner = %(owner)s,
+    lease_token = gen_random_uuid()::text,
+    lease_expires_at = now() + make_interval(secs => %(lease)s),
+    attempted_at = now(),
+    updated_at = now()
+from picked
+where j.id = picked.id
+returning j.*;
+
+-- name: job_heartbeat
+-- Extend a lease, only while the caller still holds it.
+update expiry.jobs
+set lease_expires_at = now() + make_interval(secs => %(lease)s), updated_at = now()
+where id = %(id)s and lease_token = %(token)s and state = 'running'
+returning id;
+
+-- name: job_complete
+-- Mark a job completed, only while the caller still holds its lease.
+update expiry.jobs
+set state = 'completed', finished_at = now(), updated_at = now(),
+    lease_owner = null, lease_token = null, lease_expires_at = null
+where id = %(id)s and lease_token = %(token)s and state = 'running'
+returning id;
+
+-- name: job_fail
+-- Record a failed attempt: retryable at now() + delay while attempts remain
+-- and the error is transient, else dead. Every attempt's error is kept.
+update expiry.jobs
+set state = case when %(retry)s and attempt < max_attempts then 'retryable' else 'dead' end,
+    run_at = case when %(retry)s and attempt < max_attempts
+                  then now() + make_interval(secs => %(delay)s) else run_at end,
+    finished_at = case when %(retry)s and attempt < max_attempts then null else now() end,
+    last_error = %(error)s,
+    last_error_kind = %(kind)s,
+    errors = errors || jsonb_build_array(jsonb_build_object(
+        'attempt', attempt, 'at', now(), 'kind', %(kind)s::text,
+        'error', %(error)s::text, 'worker', lease_owner)),
+    lease_owner = null, lease_token = null, lease_expires_at = null,
+    updated_at = now()
+where id = %(id)s and lease_token = %(token)s and state = 'running'
+returning state;
+
+-- name: job_release
+-- Give a claimed job back without spending an attempt (shutdown, snooze).
+update expiry.jobs
+set state = case when %(delay)s > 0 then 'scheduled' else 'available' end,
+    attempt = greatest(attempt - 1, 0),
+    run_at = now() + make_interval(secs => %(delay)s),
+    lease_owner = null, lease_token = null, lease_expires_at = null,
+    updated_at = now()
+where id = %(id)s and lease_token = %(token)s and state = 'running'
+returning id;
+
+-- name: job_rescue
+-- Return claims whose lease expired to the queue, or to the dead-letter queue
+-- when that claim was their last attempt (a job that kills its worker ends dead).
+update expiry.jobs
+set state = case when attempt < max_attempts then 'retryable' else 'dead' end,
+    run_at = now(),
+    finished_at = case when attempt < max_attempts then null else now() end,
+    last_error = 'lease expired: worker ' || coalesce(lease_owner, '?') || ' stopped heartbeating',
+    last_error_kind = 'lease_expired',
+    errors = errors || jsonb_build_array(jsonb_build_object(
+        'attempt', attempt, 'at', now(), 'kind', 'lease_expired',
+        'error', 'lease expired', 'worker', lease_owner)),
+    lease_owner = null, lease_token = null, lease_expires_at = null,
+    updated_at = now()
+where state = 'running' and lease_expires_at < now()
+returning key, state, attempt, run_id;
+
+-- name: job_redrive
+-- Send dead jobs back to the queue with a fresh attempt budget; history stays.
+update expiry.jobs
+set state = 'available', attempt = 0, run_at = now(), finished_at = null, updated_at = now()
+where state = 'dead'
+  and (%(all)s or key = any(%(keys)s::text[]))
+  and (%(policy)s::text is null or payload->>'policy' = %(policy)s)
+returning key, run_id;
+
+-- name: job_discard
+-- Cancel dead (or still waiting) jobs; they are kept, as cancelled, for the record.
+update expiry.jobs
+set state = 'cancelled', finished_at = now(), updated_at = now()
+where state in ('dead', 'scheduled', 'available', 'retryable')
+  and key = any(%(keys)s::text[])
+returning key, run_id;
+
+-- name: job_get
+-- One job by key.
+select * from expiry.jobs where key = %(key)s;
+
+-- name: job_list
+-- Jobs in a state, newest first, optionally of one queue.
+select * from expiry.jobs
+where state = %(state)s and (%(queue)s::text is null or queue = %(queue)s)
+order by updated_at desc, id desc
+limit %(limit)s;
+
+-- name: job_prune
+-- Delete finished jobs older than the given age, a bounded batch at a time.
+with old as (
+    select id from expiry.jobs
+    where state in ('completed', 'cancelled')
+      and finished_at < now() - make_interval(secs => %(age)s)
+    limit %(limit)s
+)
+delete from expiry.jobs j using old where j.id = old.id;
+
+-- name: job_counts
+-- Jobs by queue and state.
+select queue, state, count(*) as n from expiry.jobs group by queue, state;
+
+-- name: job_oldest_due
+-- Age in seconds of the oldest due job per queue.
+select queue, extract(epoch from now() - min(run_at))::float8 as age
+from expiry.jobs
+where state in ('scheduled', 'available', 'retryable') and run_at <= now()
+group by queue;
+
+-- name: job_running
+-- Every running claim and how long it has been held.
+select queue, key, extract(epoch from now() - attempted_at)::float8 as held
+from expiry.jobs where state = 'running' order by attempted_at;
+
+-- name: job_retries_by_kind
+-- Failed attempts by error kind, over jobs still retrying or dead.
+select last_error_kind as kind, count(*) as n from expiry.jobs
+where state in ('retryable', 'dead') and last_error_kind is not null
+group by last_error_kind;
+
+-- name: job_pending_count
+-- Jobs not yet final: waiting or running.
+select count(*) as n from expiry.jobs
+where state in ('scheduled', 'available', 'retryable', 'running')
+  and (%(queue)s::text is null or queue = %(queue)s);
+
+-- name: ledger_insert
+-- Claim an operation id for this transaction. No row back means it already
+-- committed before: the caller must do nothing else.
+insert into expiry.ledger (key, policy, run_id, lo, hi, action, worker)
+values (%(key)s, %(policy)s, %(run_id)s, %(lo)s, %(hi)s, %(action)s, %(worker)s)
+on conflict (key) do nothing
+returning key;
+
+-- name: ledger_set_rows
+-- Record how many rows the operation affected.
+update expiry.ledger set rows_affected = %(rows)s where key = %(key)s;
+
+-- name: ledger_get
+-- One ledger row.
+select * from expiry.ledger where key = %(key)s;
+
+-- name: audit_append
+-- Append one event to the audit log.
+insert into expiry.audit (actor, action, policy, run_id, job_key, detail)
+values (%(actor)s, %(action)s, %(policy)s, %(run_id)s, %(job_key)s, %(detail)s::jsonb);
+
+-- name: audit_list
+-- The newest audit events, optionally for one policy.
+select * from expiry.audit
+where (%(policy)s::text is null or policy = %(policy)s)
+order by id desc limit %(limit)s;

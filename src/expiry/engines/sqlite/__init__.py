@@ -1,0 +1,5 @@
+"""The SQLite engine."""
+
+from .engine import SQLiteEngine
+
+__all__ = ["SQLiteEngine"]

@@ -1,0 +1,196 @@
+"""SQLite engine: the standard library's sqlite3 on one file in WAL mode.
+
+Limits, stated once: SQLite has one writer at a time, so every transaction is
+BEGIN IMMEDIATE (take the write lock up front rather than fail on upgrade) and
+claims need no SKIP LOCKED. There is no NOTIFY: idle workers poll the file
+every 50 ms. The database clock is SQLite's, which is the host's clock. Each
+thread gets its own connection; synchronous=NORMAL in WAL mode survives a
+process crash but may lose the last commits on power loss.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+from ...defaults import SQLITE_POLL_SECONDS
+from ...errors import MigrationError
+from ...types import Job, JobState, NewJob
+from ..base import Engine, Row, load_migrations, load_queries
+
+NOW_SQL = "((julianday('now') - 2440587.5) * 86400.0)"
+
+
+def _dict_row(cursor: sqlite3.Cursor, row: tuple[Any, ...]) -> dict[str, Any]:
+    return {col[0]: value for col, value in zip(cursor.description, row, strict=True)}
+
+
+def split_statements(script: str) -> list[str]:
+    """Split a migration into statements (triggers keep their inner semicolons)."""
+    statements, buffer = [], ""
+    for line in script.splitlines(keepends=True):
+        buffer += line
+        if sqlite3.complete_statement(buffer):
+            if buffer.strip():
+                statements.append(buffer.strip())
+            buffer = ""
+    if buffer.strip() and not all(
+        part.strip().startswith("--") or not part.strip() for part in buffer.splitlines()
+    ):
+        statements.append(buffer.strip())
+    return statements
+
+
+def epoch(value: datetime) -> float:
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value.timestamp()
+
+
+class SQLiteEngine(Engine):
+    dialect = "sqlite"
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.path = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else url
+        self.queries = load_queries(
+            __package__ or "expiry.engines.sqlite", {"$now": NOW_SQL}
+        )
+        self.migrations = load_migrations(__package__ or "expiry.engines.sqlite")
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+
+    def _conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(
+                self.path, timeout=30.0, isolation_level=None, check_same_thread=False
+            )
+            conn.row_factory = _dict_row
+            conn.execute("pragma journal_mode = wal")
+            conn.execute("pragma synchronous = normal")
+            conn.execute("pragma foreign_keys = on")
+            self._local.conn = conn
+            with self._lock:
+                self._all.append(conn)
+        return conn
+
+    def close(self) -> None:
+        with self._lock:
+            for conn in self._all:
+                conn.close()
+            self._all.clear()
+        self._local = threading.local()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        conn = self._conn()
+        conn.execute("begin immediate")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("rollback")
+            raise
+        else:
+            conn.execute("commit")
+
+    @contextmanager
+    def connect(self) -> Iterator[sqlite3.Connection]:
+        yield self._conn()
+
+    def rows(self, conn: Any, name: str, params: dict[str, Any] | None = None) -> list[Row]:
+        cur = conn.execute(self.queries[name], params or {})
+        return list(cur.fetchall()) if cur.description is not None else []
+
+    def _list(self, values: Sequence[str]) -> Any:
+        return json.dumps(list(values))
+
+    def _time(self, value: Any) -> datetime:
+        return datetime.fromtimestamp(float(value), UTC)
+
+    def _maybe_time(self, value: Any) -> datetime | None:
+        return None if value is None else self._time(value)
+
+    def _insert_params(self, jobs: Sequence[NewJob], payloads: list[str]) -> dict[str, Any]:
+        items = [
+            {
+                "queue": j.queue,
+                "handler": j.handler,
+                "key": j.key,
+                "payload": payload,
+                "priority": j.priority,
+                "max_attempts": j.max_attempts,
+                "run_at": None if j.run_at is None else epoch(j.run_at),
+                "delay": float(j.delay),
+                "run_id": j.payload.get("run_id") if isinstance(j.payload.get("run_id"), str)
+                else None,
+            }
+            for j, payload in zip(jobs, payloads, strict=True)
+        ]
+        return {"jobs": json.dumps(items)}
+
+    def _job(self, row: Row) -> Job:
+        return Job(
+            id=row["id"],
+            queue=row["queue"],
+            handler=row["handler"],
+            key=row["key"],
+            payload=json.loads(row["payload"]),
+            state=JobState(row["state"]),
+            priority=row["priority"],
+            attempt=row["attempt"],
+            max_attempts=row["max_attempts"],
+            run_at=self._time(row["run_at"]),
+            lease_owner=row["lease_owner"],
+            lease_token=row["lease_token"],
+            lease_expires_at=self._maybe_time(row["lease_expires_at"]),
+            last_error=row["last_error"],
+            last_error_kind=row["last_error_kind"],
+            errors=json.loads(row["errors"]),
+            created_at=self._maybe_time(row["created_at"]),
+            attempted_at=self._maybe_time(row["attempted_at"]),
+            finished_at=self._maybe_time(row["finished_at"]),
+        )
+
+    def wait_for_jobs(self, timeout: float) -> None:
+        super().wait_for_jobs(min(timeout, SQLITE_POLL_SECONDS))
+
+    def schema_version(self) -> int:
+        conn = self._conn()
+        found = conn.execute(
+            "select 1 from sqlite_master where name = 'expiry_schema_migrations'"
+        ).fetchone()
+        if not found:
+            return 0
+        row = conn.execute("select max(version) as v from expiry_schema_migrations").fetchone()
+        return int(row["v"] or 0)
+
+    def migrate(self) -> list[int]:
+        applied: list[int] = []
+        with self.transaction() as conn:
+            conn.execute(
+                "create table if not exists expiry_schema_migrations ("
+                " version integer primary key, applied_at real not null)"
+            )
+            row = conn.execute("select max(version) as v from expiry_schema_migrations").fetchone()
+            current = int(row["v"] or 0)
+            self.check_schema_version(current)
+            for version, sql in self.migrations:
+                if version <= current:
+                    continue
+                try:
+                    for statement in split_statements(sql):
+                        conn.execute(statement)
+                except sqlite3.Error as exc:
+                    raise MigrationError(f"migration {version:04d} failed: {exc}") from exc
+                conn.execute(
+                    f"insert into expiry_schema_migrations values (?, {NOW_SQL})", (version,)
+                )
+                applied.append(version)
+        return applied

@@ -1,0 +1,56 @@
+"""The errors expiry raises, as one tree.
+
+    ExpiryError
+    ├── ConfigError            bad expiry.toml or bad usage; the CLI exits 2
+    ├── SchemaError            a policy does not match the live database schema
+    ├── MigrationError         the database was migrated by a newer expiry
+    ├── PayloadTooLarge        a job payload over the limit
+    ├── LeaseLost              the caller no longer holds the job's lease
+    └── JobError               raised by handlers to say how a job failed
+        ├── TransientError     retry with backoff while attempts remain
+        └── PermanentError     straight to the dead-letter queue
+
+Each class's docstring is its default message. Driver errors are translated at
+the engine boundary with ``raise ... from exc`` so the cause is never lost.
+"""
+
+from __future__ import annotations
+
+
+class ExpiryError(Exception):
+    """expiry failed."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class ConfigError(ExpiryError):
+    """The configuration is invalid."""
+
+
+class SchemaError(ExpiryError):
+    """A policy does not match the database schema."""
+
+
+class MigrationError(ExpiryError):
+    """The database schema cannot be migrated by this version of expiry."""
+
+
+class PayloadTooLarge(ExpiryError):
+    """The job payload is larger than the limit; carry identifiers, not records."""
+
+
+class LeaseLost(ExpiryError):
+    """The job's lease expired or was taken over by another worker."""
+
+
+class JobError(ExpiryError):
+    """The job failed."""
+
+
+class TransientError(JobError):
+    """The job failed for a reason that may pass; it will be retried."""
+
+
+class PermanentError(JobError):
+    """The job failed for a reason that retrying cannot fix."""
