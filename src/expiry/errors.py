@@ -6,6 +6,7 @@
     ├── MigrationError         the database was migrated by a newer expiry
     ├── PayloadTooLarge        a job payload over the limit
     ├── LeaseLost              the caller no longer holds the job's lease
+    ├── AlreadyApplied         app.once(): the operation committed before
     └── JobError               raised by handlers to say how a job failed
         ├── TransientError     retry with backoff while attempts remain
         └── PermanentError     straight to the dead-letter queue
@@ -54,3 +55,7 @@ class TransientError(JobError):
 
 class PermanentError(JobError):
     """The job failed for a reason that retrying cannot fix."""
+
+
+class AlreadyApplied(ExpiryError):
+    """This operation committed before; the block was skipped and the job ends as a duplicate."""

@@ -101,6 +101,17 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None: ...
 
+    def classify(self, exc: BaseException) -> tuple[bool, str]:
+        """(transient, kind) for an error raised while running a job. Unknown
+        errors count as transient: they retry with backoff until the budget ends."""
+        return classify_exception(exc) or (True, type(exc).__name__)
+
+    @contextmanager
+    def maintenance_transaction(self) -> Iterator[Any]:
+        """A transaction for the rescuer, kept off the workers' pool where possible."""
+        with self.transaction() as conn:
+            yield conn
+
     def wait_for_jobs(self, timeout: float) -> None:
         """Block up to ``timeout`` seconds, returning early on a hint of new work."""
         import time
@@ -197,7 +208,7 @@ class Engine(abc.ABC):
         return self.one(conn, "job_release", params) is not None
 
     def job_rescue(self) -> list[Row]:
-        with self.transaction() as conn:
+        with self.maintenance_transaction() as conn:
             return self.rows(conn, "job_rescue")
 
     def job_redrive(
@@ -231,8 +242,11 @@ class Engine(abc.ABC):
     def _bind(self, params: dict[str, Any]) -> dict[str, Any]:
         return params
 
-    def job_pending_count(self, queue: str | None = None, conn: Any | None = None) -> int:
-        row = self.one(conn, "job_pending_count", {"queue": queue})
+    def job_pending_count(
+        self, queue: str | None = None, *, due_only: bool = False, conn: Any | None = None
+    ) -> int:
+        """Jobs not yet final; with ``due_only``, those running or due now."""
+        row = self.one(conn, "job_pending_count", {"queue": queue, "due_only": due_only})
         return int(row["n"]) if row else 0
 
     def job_stats(self) -> QueueStats:
@@ -296,3 +310,14 @@ class Engine(abc.ABC):
     def audit_list(self, policy: str | None = None, limit: int = 100) -> list[Row]:
         with self.transaction() as conn:
             return self.rows(conn, "audit_list", {"policy": policy, "limit": limit})
+
+
+def classify_exception(exc: BaseException) -> tuple[bool, str] | None:
+    """Errors every engine classifies the same way: (transient, kind)."""
+    from ..errors import PermanentError, TransientError
+
+    if isinstance(exc, PermanentError):
+        return False, type(exc).__name__
+    if isinstance(exc, TransientError):
+        return True, type(exc).__name__
+    return None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -20,9 +21,33 @@ from psycopg_pool import ConnectionPool
 
 from ...errors import MigrationError
 from ...types import Job, JobState, NewJob
-from ..base import Engine, Row, load_migrations, load_queries
+from ..base import Engine, Row, classify_exception, load_migrations, load_queries
 
 log = logging.getLogger("expiry.engine")
+
+# SQLSTATEs that pass: lock_not_available, query_canceled (statement_timeout),
+# deadlock_detected, serialization_failure, read_only_sql_transaction (a
+# standby or a read-only target), disk_full, out_of_memory, too_many_connections,
+# admin_shutdown, cannot_connect_now. Class 08 (connection) passes too.
+TRANSIENT_SQLSTATES = {
+    "55P03": "lock_timeout",
+    "57014": "statement_timeout",
+    "40P01": "deadlock",
+    "40001": "serialization_failure",
+    "25006": "read_only",
+    "53100": "disk_full",
+    "53200": "out_of_memory",
+    "53300": "too_many_connections",
+    "57P01": "admin_shutdown",
+    "57P02": "crash_shutdown",
+    "57P03": "cannot_connect_now",
+}
+
+PERMANENT_SQLSTATES = {
+    "42P01": "undefined_table",
+    "42703": "undefined_column",
+    "42501": "insufficient_privilege",
+}
 
 # Any stable number: serializes concurrent migrators across processes.
 _MIGRATION_LOCK = 0x65787069
@@ -51,12 +76,15 @@ class PostgresEngine(Engine):
             check=ConnectionPool.check_connection,
         )
         self._listener: psycopg.Connection[Any] | None = None
+        self._maintenance: psycopg.Connection[Row] | None = None
+        self._maintenance_lock = threading.Lock()
 
     def close(self) -> None:
         self.pool.close()
-        if self._listener is not None:
-            self._listener.close()
-            self._listener = None
+        for conn in (self._listener, self._maintenance):
+            if conn is not None:
+                conn.close()
+        self._listener = self._maintenance = None
 
     @contextmanager
     def transaction(self) -> Iterator[psycopg.Connection[Row]]:
@@ -125,6 +153,35 @@ class PostgresEngine(Engine):
             attempted_at=row["attempted_at"],
             finished_at=row["finished_at"],
         )
+
+    def classify(self, exc: BaseException) -> tuple[bool, str]:
+        known = classify_exception(exc)
+        if known:
+            return known
+        if isinstance(exc, psycopg.Error):
+            state = exc.sqlstate or ""
+            if state in TRANSIENT_SQLSTATES:
+                return True, TRANSIENT_SQLSTATES[state]
+            if state.startswith("08") or (isinstance(exc, psycopg.OperationalError) and not state):
+                return True, "connection_lost"
+            return False, PERMANENT_SQLSTATES.get(state, type(exc).__name__.lower())
+        if isinstance(exc, OSError):
+            return True, "connection_lost"
+        return True, type(exc).__name__
+
+    @contextmanager
+    def maintenance_transaction(self) -> Iterator[psycopg.Connection[Row]]:
+        """The rescuer's own connection, reopened if it broke."""
+        with self._maintenance_lock:
+            if self._maintenance is None or self._maintenance.closed:
+                self._maintenance = psycopg.connect(self.url, row_factory=dict_row)
+                _configure(self._maintenance)
+            try:
+                with self._maintenance.transaction():
+                    yield self._maintenance
+            except psycopg.OperationalError:
+                self._maintenance.close()
+                raise
 
     def wait_for_jobs(self, timeout: float) -> None:
         """LISTEN for enqueue hints; polling remains the source of truth."""

@@ -168,9 +168,11 @@ where state in ('retryable', 'dead') and last_error_kind is not null
 group by last_error_kind;
 
 -- name: job_pending_count
--- Jobs not yet final: waiting or running.
+-- Jobs not yet final (waiting or running); with due_only, only those due now.
 select count(*) as n from expiry.jobs
-where state in ('scheduled', 'available', 'retryable', 'running')
+where (state = 'running'
+       or (state in ('scheduled', 'available', 'retryable')
+           and (not %(due_only)s or run_at <= now())))
   and (%(queue)s::text is null or queue = %(queue)s);
 
 -- name: ledger_insert

@@ -21,7 +21,7 @@ from typing import Any
 from ...defaults import SQLITE_POLL_SECONDS
 from ...errors import MigrationError
 from ...types import Job, JobState, NewJob
-from ..base import Engine, Row, load_migrations, load_queries
+from ..base import Engine, Row, classify_exception, load_migrations, load_queries
 
 NOW_SQL = "((julianday('now') - 2440587.5) * 86400.0)"
 
@@ -157,6 +157,25 @@ class SQLiteEngine(Engine):
             attempted_at=self._maybe_time(row["attempted_at"]),
             finished_at=self._maybe_time(row["finished_at"]),
         )
+
+    def classify(self, exc: BaseException) -> tuple[bool, str]:
+        known = classify_exception(exc)
+        if known:
+            return known
+        if isinstance(exc, sqlite3.Error):
+            text = str(exc).lower()
+            if "locked" in text or "busy" in text:
+                return True, "lock_timeout"
+            if "readonly" in text or "read-only" in text:
+                return True, "read_only"
+            if "disk" in text and ("full" in text or "i/o" in text):
+                return True, "disk_full"
+            if "no such table" in text or "no such column" in text:
+                return False, "undefined_object"
+            if isinstance(exc, sqlite3.OperationalError):
+                return True, "operational_error"
+            return False, type(exc).__name__.lower()
+        return True, type(exc).__name__
 
     def wait_for_jobs(self, timeout: float) -> None:
         super().wait_for_jobs(min(timeout, SQLITE_POLL_SECONDS))

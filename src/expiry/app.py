@@ -1,0 +1,130 @@
+"""The App: one database, its queue, its handlers and (from a config) its policies.
+
+    app = App.from_config("expiry.toml")
+    @app.handler("expire_listing")
+    def expire(job, tx):
+        with app.once(tx, f"expire-listing:{job.payload['id']}:revision-{job.payload['rev']}"):
+            tx.execute("update listings set state = 'expired' where id = %s", (job.payload["id"],))
+
+A handler gets the job and ``tx``, the driver connection inside the open
+transaction; the worker completes the job in that same transaction.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .engines import Engine, open_engine
+from .errors import AlreadyApplied, ConfigError
+from .queue import Queue
+from .types import Job
+
+HandlerFn = Callable[[Job, Any], Any]
+
+
+@dataclass(frozen=True)
+class Handler:
+    name: str
+    fn: HandlerFn
+    before: Callable[[Job], None] | None = None
+    """Called before the job's transaction opens (pacing; never inside a transaction)."""
+    after: Callable[[Job, Any, float], None] | None = None
+    """Called after commit with the handler's result and the transaction's seconds."""
+
+
+class Once:
+    """The ledger guard for one operation id inside the caller's transaction.
+
+    ``if app.once(tx, op):`` is true when this transaction now owns ``op``.
+    ``with app.once(tx, op):`` runs the block only the first time; on a repeat it
+    raises AlreadyApplied, which the worker treats as a successful duplicate
+    (use the ``if`` form to guard several operations in one job)."""
+
+    def __init__(self, engine: Engine, tx: Any, operation_id: str, worker: str | None) -> None:
+        self.engine, self.tx, self.operation_id, self.worker = engine, tx, operation_id, worker
+        self._owned: bool | None = None
+
+    def __bool__(self) -> bool:
+        if self._owned is None:
+            self._owned = self.engine.ledger_insert(
+                self.tx, self.operation_id, action="once", worker=self.worker
+            )
+        return self._owned
+
+    def __enter__(self) -> Once:
+        if not self:
+            raise AlreadyApplied(f"operation {self.operation_id} already committed")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+class App:
+    def __init__(self, url: str | None = None, *, config: Any = None, pool_size: int = 8) -> None:
+        self.config = config
+        self.url = url or (config.database.url if config is not None else None)
+        if not self.url:
+            raise ConfigError("no database url: set [database] url or EXPIRY_DATABASE_URL")
+        self.pool_size = pool_size
+        self.handlers: dict[str, Handler] = {}
+        self._engine: Engine | None = None
+        self._queue: Queue | None = None
+        if config is not None:
+            from .cleanup import register_cleanup
+
+            register_cleanup(self)
+
+    @classmethod
+    def from_config(cls, path: str | os.PathLike[str] | None = None, **kwargs: Any) -> App:
+        from .config import load_config
+
+        return cls(config=load_config(Path(path) if path else None), **kwargs)
+
+    @property
+    def engine(self) -> Engine:
+        """Opened on first use, so importing a module that builds an App costs nothing."""
+        if self._engine is None:
+            assert self.url is not None
+            self._engine = open_engine(self.url, pool_size=self.pool_size)
+        return self._engine
+
+    @property
+    def queue(self) -> Queue:
+        if self._queue is None:
+            self._queue = Queue(self.engine)
+        return self._queue
+
+    def migrate(self) -> list[int]:
+        return self.engine.migrate()
+
+    def handler(
+        self,
+        name: str,
+        *,
+        before: Callable[[Job], None] | None = None,
+        after: Callable[[Job, Any, float], None] | None = None,
+    ) -> Callable[[HandlerFn], HandlerFn]:
+        """Register ``fn(job, tx)`` to run jobs enqueued under ``name``."""
+
+        def register(fn: HandlerFn) -> HandlerFn:
+            if name in self.handlers:
+                raise ConfigError(f"handler {name!r} is registered twice")
+            self.handlers[name] = Handler(name, fn, before, after)
+            return fn
+
+        return register
+
+    def once(self, tx: Any, operation_id: str, *, worker: str | None = None) -> Once:
+        """Guard an idempotent operation by its id in the caller's transaction."""
+        return Once(self.engine, tx, operation_id, worker)
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
+            self._queue = None

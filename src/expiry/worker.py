@@ -1,0 +1,240 @@
+"""The worker: claim, run each job in one transaction with its completion, and
+account for every outcome.
+
+Threads: ``concurrency`` job loops, one heartbeat loop that extends the leases
+of every job this process holds, and one rescuer that returns other workers'
+expired claims to the queue (on its own connection on PostgreSQL). On SIGTERM or
+SIGINT the loops finish the job in hand and give back claimed jobs they had
+not started, without spending their attempts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import socket
+import threading
+import time
+from types import FrameType
+from typing import Any
+
+from . import defaults, retry
+from .app import App
+from .errors import AlreadyApplied, LeaseLost
+from .types import Job, JobState
+
+log = logging.getLogger("expiry.worker")
+
+
+def job_fields(job: Job) -> dict[str, Any]:
+    """The fields every job log line carries."""
+    return {
+        "policy": job.payload.get("policy"),
+        "run": job.payload.get("run_id"),
+        "job": job.key,
+        "attempt": job.attempt,
+    }
+
+
+class Worker:
+    def __init__(
+        self,
+        app: App,
+        *,
+        concurrency: int = 1,
+        queues: tuple[str, ...] = (defaults.QUEUE,),
+        batch: int = defaults.CLAIM_BATCH,
+        lease: float = defaults.LEASE_SECONDS,
+        poll: float = defaults.POLL_SECONDS,
+        until_idle: bool = False,
+        rescue_every: float = defaults.RESCUE_SECONDS,
+        prune_after: float = defaults.PRUNE_AFTER_SECONDS,
+        name: str | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.app = app
+        self.concurrency = max(1, concurrency)
+        self.queues = queues
+        self.batch = max(1, batch)
+        self.lease = lease
+        self.poll = poll
+        self.until_idle = until_idle
+        self.rescue_every = rescue_every
+        self.prune_after = prune_after
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{random.randrange(16**4):04x}"
+        self.rng = rng or random.Random()
+        self.stopping = threading.Event()
+        self.processed = 0
+        self._held: dict[int, Job] = {}
+        self._lock = threading.Lock()
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def run(self) -> int:
+        """Run until stopped (or idle with ``until_idle``). Returns an exit code."""
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, self._on_signal)
+        log.info("worker started", extra={"worker": self.name})
+        helpers = [
+            threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True),
+            threading.Thread(target=self._rescue_loop, name="rescuer", daemon=True),
+        ]
+        loops = [
+            threading.Thread(target=self._job_loop, name=f"job-{i}", daemon=True)
+            for i in range(self.concurrency)
+        ]
+        for thread in helpers + loops:
+            thread.start()
+        for thread in loops:
+            while thread.is_alive():
+                thread.join(0.2)
+        self.stopping.set()
+        log.info("worker stopped", extra={"worker": self.name})
+        return 0
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        log.info("received %s; finishing the job in hand", signal.Signals(signum).name)
+        self.stopping.set()
+
+    # -- loops ------------------------------------------------------------------
+
+    def _job_loop(self) -> None:
+        failures = 0
+        while not self.stopping.is_set():
+            try:
+                jobs = self.app.queue.claim(self.batch, self.lease, queues=self.queues,
+                                            owner=self.name)
+                failures = 0
+            except Exception as exc:  # the database went away: back off, reconnect
+                failures += 1
+                delay = retry.backoff(failures, self.rng, base=0.2, cap=10.0)
+                log.warning("claim failed, retrying in %.1fs: %s", delay, exc)
+                self.stopping.wait(delay)
+                continue
+            if not jobs:
+                if self.until_idle and self._idle():
+                    self.stopping.set()
+                    break
+                self.app.engine.wait_for_jobs(self.poll)
+                continue
+            with self._lock:
+                self._held.update({job.id: job for job in jobs})
+            for index, job in enumerate(jobs):
+                if self.stopping.is_set():
+                    self._give_back(jobs[index:])
+                    break
+                self.process(job)
+
+    def _idle(self) -> bool:
+        try:
+            return self.app.queue.pending(due_only=True) == 0
+        except Exception:
+            return False
+
+    def _give_back(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            try:
+                self.app.queue.release(job)
+                log.info("job released on shutdown", extra=job_fields(job))
+            except Exception as exc:
+                log.warning("could not release job; its lease will expire: %s", exc,
+                            extra=job_fields(job))
+            with self._lock:
+                self._held.pop(job.id, None)
+
+    def _heartbeat_loop(self) -> None:
+        while not self.stopping.wait(self.lease / 3):
+            with self._lock:
+                held = list(self._held.values())
+            for job in held:
+                try:
+                    if not self.app.queue.heartbeat(job, self.lease):
+                        log.warning("lease lost while running", extra=job_fields(job))
+                except Exception as exc:
+                    log.warning("heartbeat failed: %s", exc, extra=job_fields(job))
+
+    def _rescue_loop(self) -> None:
+        last_prune = 0.0
+        while not self.stopping.wait(self.rescue_every * self.rng.uniform(0.5, 1.0)):
+            try:
+                self.app.queue.rescue()
+                if time.monotonic() - last_prune > 300:
+                    last_prune = time.monotonic()
+                    self.app.queue.prune(self.prune_after)
+            except Exception as exc:
+                log.warning("rescuer failed: %s", exc)
+
+    # -- one job -------------------------------------------------------------
+
+    def process(self, job: Job) -> None:
+        """Run one claimed job to one of its outcomes, then forget it."""
+        try:
+            self._run(job)
+        finally:
+            with self._lock:
+                self._held.pop(job.id, None)
+            self.processed += 1
+
+    def _run(self, job: Job) -> None:
+        fields = job_fields(job)
+        handler = self.app.handlers.get(job.handler)
+        if handler is None:
+            self._fail(job, KeyError(f"no handler {job.handler!r} is registered in this "
+                                     "worker (start it with --app MODULE:APP)"), transient=False)
+            return
+        log.debug("job running", extra=fields)
+        try:
+            if handler.before is not None:
+                handler.before(job)
+            started = time.monotonic()
+            with self.app.engine.transaction() as tx:
+                result = handler.fn(job, tx)
+                self.app.queue.complete(job, tx)
+            elapsed = time.monotonic() - started
+        except AlreadyApplied:
+            self._complete_duplicate(job)
+            return
+        except LeaseLost:
+            log.warning("lease lost; the work was rolled back and belongs to its new owner",
+                        extra=fields)
+            return
+        except Exception as exc:
+            self._fail(job, exc)
+            return
+        log.info("job completed", extra={**fields, "state": "completed"})
+        if handler.after is not None:
+            handler.after(job, result, elapsed)
+
+    def _complete_duplicate(self, job: Job) -> None:
+        try:
+            self.app.queue.complete(job)
+            log.info("job completed as a duplicate: already applied",
+                     extra={**job_fields(job), "state": "completed"})
+        except LeaseLost:
+            log.warning("lease lost", extra=job_fields(job))
+
+    def _fail(self, job: Job, exc: BaseException, transient: bool | None = None) -> None:
+        classified, kind = self.app.engine.classify(exc)
+        transient = classified if transient is None else transient
+        error = f"{type(exc).__name__}: {exc}".strip()
+        delay = retry.backoff(job.attempt, self.rng) if transient else None
+        try:
+            state = self.app.engine.job_fail(job, error, kind, delay)
+        except Exception as db_exc:
+            log.error("could not record failure; the lease will expire and the job retry: %s",
+                      db_exc, extra=job_fields(job))
+            return
+        fields = {**job_fields(job), "state": state.value if state else "lease_lost",
+                  "error": error.splitlines()[0][:300]}
+        if state is JobState.RETRYABLE:
+            log.warning("job failed; retrying", extra={**fields, "delay": round(delay or 0, 3)})
+        elif state is JobState.DEAD:
+            log.error("job dead-lettered", extra=fields)
+        else:
+            log.warning("job failed after its lease was lost", extra=fields)

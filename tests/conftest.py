@@ -1,0 +1,102 @@
+"""Test databases: real PostgreSQL and real SQLite files, fresh for every test.
+
+PostgreSQL comes from EXPIRY_TEST_POSTGRES_URL (default: the local server). Each
+test gets its own database cloned from a template migrated once per session,
+and dropped afterwards. A missing server fails the run; it is never skipped.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+
+from expiry.app import App
+from expiry.engines import Engine, open_engine
+
+ADMIN_URL = os.environ.get("EXPIRY_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+_counter = itertools.count()
+_PREFIX = f"expiry_test_{os.getpid()}"
+
+
+def _url_for(dbname: str) -> str:
+    params = conninfo_to_dict(ADMIN_URL)
+    params["dbname"] = dbname
+    return _as_url(params)
+
+
+def _as_url(params: dict[str, object]) -> str:
+    user = params.get("user", "postgres")
+    host = params.get("host", "127.0.0.1")
+    port = params.get("port", 5432)
+    password = params.get("password")
+    auth = f"{user}:{password}@" if password else f"{user}@"
+    return f"postgresql://{auth}{host}:{port}/{params['dbname']}"
+
+
+def _admin() -> psycopg.Connection[tuple[object, ...]]:
+    try:
+        return psycopg.connect(ADMIN_URL, autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError as exc:  # fail loudly: never skip
+        pytest.fail(f"PostgreSQL is required for the tests ({ADMIN_URL}): {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def pg_template() -> Iterator[str]:
+    name = f"{_PREFIX}_template"
+    with _admin() as admin:
+        admin.execute(f'drop database if exists "{name}"')
+        admin.execute(f'create database "{name}"')
+    engine = open_engine(_url_for(name))
+    engine.migrate()
+    engine.close()
+    yield name
+    with _admin() as admin:
+        admin.execute(f'drop database if exists "{name}" with (force)')
+
+
+@pytest.fixture
+def pg_url(pg_template: str) -> Iterator[str]:
+    """A fresh, migrated PostgreSQL database for one test."""
+    name = f"{_PREFIX}_{next(_counter)}"
+    with _admin() as admin:
+        admin.execute(f'create database "{name}" template "{pg_template}"')
+    yield _url_for(name)
+    with _admin() as admin:
+        admin.execute(f'drop database if exists "{name}" with (force)')
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    """A fresh, migrated SQLite file for one test."""
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    engine = open_engine(url)
+    engine.migrate()
+    engine.close()
+    return url
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest) -> str:
+    """Each test that takes db_url runs once per engine: the conformance suite."""
+    fixture = "sqlite_url" if request.param == "sqlite" else "pg_url"
+    return str(request.getfixturevalue(fixture))
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[Engine]:
+    eng = open_engine(db_url)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture
+def app(db_url: str) -> Iterator[App]:
+    application = App(db_url)
+    yield application
+    application.close()
