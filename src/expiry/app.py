@@ -16,12 +16,15 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .engines import Engine, open_engine
 from .errors import AlreadyApplied, ConfigError
 from .queue import Queue
 from .types import Job
+
+if TYPE_CHECKING:
+    from .cleanup import Cleanup
 
 HandlerFn = Callable[[Job, Any], Any]
 
@@ -74,10 +77,11 @@ class App:
         self.handlers: dict[str, Handler] = {}
         self._engine: Engine | None = None
         self._queue: Queue | None = None
+        self.cleanup: Cleanup | None = None
         if config is not None:
             from .cleanup import register_cleanup
 
-            register_cleanup(self)
+            self.cleanup = register_cleanup(self)
 
     @classmethod
     def from_config(cls, path: str | os.PathLike[str] | None = None, **kwargs: Any) -> App:

@@ -7,6 +7,7 @@
     ├── PayloadTooLarge        a job payload over the limit
     ├── LeaseLost              the caller no longer holds the job's lease
     ├── AlreadyApplied         app.once(): the operation committed before
+    ├── Snooze                 not yet: put the job back without spending an attempt
     └── JobError               raised by handlers to say how a job failed
         ├── TransientError     retry with backoff while attempts remain
         └── PermanentError     straight to the dead-letter queue
@@ -59,3 +60,11 @@ class PermanentError(JobError):
 
 class AlreadyApplied(ExpiryError):
     """This operation committed before; the block was skipped and the job ends as a duplicate."""
+
+
+class Snooze(ExpiryError):
+    """The job cannot run yet; it goes back to the queue without spending an attempt."""
+
+    def __init__(self, delay: float, message: str | None = None) -> None:
+        super().__init__(message)
+        self.delay = delay

@@ -22,7 +22,7 @@ from typing import Any
 
 from . import defaults, retry
 from .app import App
-from .errors import AlreadyApplied, LeaseLost
+from .errors import AlreadyApplied, LeaseLost, Snooze
 from .types import Job, JobState
 
 log = logging.getLogger("expiry.worker")
@@ -199,6 +199,10 @@ class Worker:
             elapsed = time.monotonic() - started
         except AlreadyApplied:
             self._complete_duplicate(job)
+            return
+        except Snooze as snooze:
+            self.app.queue.release(job, snooze.delay)
+            log.info("job snoozed: %s", snooze, extra={**fields, "delay": snooze.delay})
             return
         except LeaseLost:
             log.warning("lease lost; the work was rolled back and belongs to its new owner",

@@ -92,6 +92,10 @@ class Engine(abc.ABC):
     def _time(self, value: Any) -> datetime: ...
 
     @abc.abstractmethod
+    def time_param(self, value: datetime) -> Any:
+        """A datetime as this engine stores expiry's own times."""
+
+    @abc.abstractmethod
     def migrate(self) -> list[int]:
         """Apply pending migrations; return the versions applied."""
 

@@ -113,6 +113,9 @@ class PostgresEngine(Engine):
         assert isinstance(value, datetime)
         return value
 
+    def time_param(self, value: datetime) -> Any:
+        return value
+
     def _insert_params(self, jobs: Sequence[NewJob], payloads: list[str]) -> dict[str, Any]:
         return {
             "queues": [j.queue for j in jobs],

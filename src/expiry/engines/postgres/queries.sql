@@ -201,3 +201,66 @@ values (%(actor)s, %(action)s, %(policy)s, %(run_id)s, %(job_key)s, %(detail)s::
 select * from expiry.audit
 where (%(policy)s::text is null or policy = %(policy)s)
 order by id desc limit %(limit)s;
+
+-- name: run_insert
+-- Open a run; the id is policy:cutoff, so opening it twice is one run.
+insert into expiry.runs (id, policy, cutoff, opened_by)
+values (%(id)s, %(policy)s, %(cutoff)s, %(opened_by)s)
+on conflict (id) do nothing
+returning id;
+
+-- name: run_get
+-- One run.
+select * from expiry.runs where id = %(id)s;
+
+-- name: run_list
+-- The newest runs, optionally of one policy.
+select * from expiry.runs
+where (%(policy)s::text is null or policy = %(policy)s)
+order by opened_at desc, id desc limit %(limit)s;
+
+-- name: run_add_windows
+-- Count the windows a planning page emitted; mark planning done on the last page.
+update expiry.runs
+set windows_planned = windows_planned + %(windows)s,
+    state = case when %(done)s then 'running' else state end,
+    planned_at = case when %(done)s then now() else planned_at end
+where id = %(id)s;
+
+-- name: run_finish
+-- Mark a planned run finished once none of its jobs is pending.
+update expiry.runs r
+set state = 'finished',
+    finished_at = coalesce((select max(finished_at) from expiry.jobs j where j.run_id = r.id), now())
+where r.id = %(id)s and r.state = 'running'
+  and not exists (select 1 from expiry.jobs j
+                  where j.run_id = r.id
+                    and j.state in ('scheduled', 'available', 'retryable', 'running'))
+returning id;
+
+-- name: run_jobs
+-- A run's jobs by handler and state, with attempts spent.
+select handler, state, count(*) as n, coalesce(sum(attempt), 0) as attempts
+from expiry.jobs where run_id = %(id)s group by handler, state;
+
+-- name: run_ledger
+-- What a run has applied: windows and rows.
+select count(*) as windows, coalesce(sum(rows_affected), 0) as rows
+from expiry.ledger where run_id = %(id)s;
+
+-- name: run_duplicates
+-- Duplicate deliveries a run's windows absorbed.
+select count(*) as n from expiry.audit
+where run_id = %(id)s and action = 'window.duplicate';
+
+-- name: run_pending_elsewhere
+-- Jobs still pending in other runs of the same policy (a new run waits for them).
+select count(*) as n
+from expiry.jobs j join expiry.runs r on r.id = j.run_id
+where r.policy = %(policy)s and r.id <> %(id)s
+  and j.state in ('scheduled', 'available', 'retryable', 'running');
+
+-- name: policy_totals
+-- Rows and windows applied per policy, over the whole ledger.
+select policy, count(*) as windows, coalesce(sum(rows_affected), 0) as rows
+from expiry.ledger where policy is not null group by policy;

@@ -117,6 +117,9 @@ class SQLiteEngine(Engine):
     def _maybe_time(self, value: Any) -> datetime | None:
         return None if value is None else self._time(value)
 
+    def time_param(self, value: datetime) -> Any:
+        return epoch(value)
+
     def _insert_params(self, jobs: Sequence[NewJob], payloads: list[str]) -> dict[str, Any]:
         items = [
             {

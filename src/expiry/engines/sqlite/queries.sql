@@ -200,3 +200,67 @@ values ($now, :actor, :action, :policy, :run_id, :job_key, :detail);
 select * from expiry_audit
 where (:policy is null or policy = :policy)
 order by id desc limit :limit;
+
+-- name: run_insert
+-- Open a run; the id is policy:cutoff, so opening it twice is one run.
+insert into expiry_runs (id, policy, cutoff, opened_by, opened_at)
+values (:id, :policy, :cutoff, :opened_by, $now)
+on conflict (id) do nothing
+returning id;
+
+-- name: run_get
+-- One run.
+select * from expiry_runs where id = :id;
+
+-- name: run_list
+-- The newest runs, optionally of one policy.
+select * from expiry_runs
+where (:policy is null or policy = :policy)
+order by opened_at desc, id desc limit :limit;
+
+-- name: run_add_windows
+-- Count the windows a planning page emitted; mark planning done on the last page.
+update expiry_runs
+set windows_planned = windows_planned + :windows,
+    state = case when :done then 'running' else state end,
+    planned_at = case when :done then $now else planned_at end
+where id = :id;
+
+-- name: run_finish
+-- Mark a planned run finished once none of its jobs is pending.
+update expiry_runs
+set state = 'finished',
+    finished_at = coalesce((select max(finished_at) from expiry_jobs j
+                            where j.run_id = expiry_runs.id), $now)
+where id = :id and state = 'running'
+  and not exists (select 1 from expiry_jobs j
+                  where j.run_id = expiry_runs.id
+                    and j.state in ('scheduled', 'available', 'retryable', 'running'))
+returning id;
+
+-- name: run_jobs
+-- A run's jobs by handler and state, with attempts spent.
+select handler, state, count(*) as n, coalesce(sum(attempt), 0) as attempts
+from expiry_jobs where run_id = :id group by handler, state;
+
+-- name: run_ledger
+-- What a run has applied: windows and rows.
+select count(*) as windows, coalesce(sum(rows_affected), 0) as rows
+from expiry_ledger where run_id = :id;
+
+-- name: run_duplicates
+-- Duplicate deliveries a run's windows absorbed.
+select count(*) as n from expiry_audit
+where run_id = :id and action = 'window.duplicate';
+
+-- name: run_pending_elsewhere
+-- Jobs still pending in other runs of the same policy (a new run waits for them).
+select count(*) as n
+from expiry_jobs j join expiry_runs r on r.id = j.run_id
+where r.policy = :policy and r.id <> :id
+  and j.state in ('scheduled', 'available', 'retryable', 'running');
+
+-- name: policy_totals
+-- Rows and windows applied per policy, over the whole ledger.
+select policy, count(*) as windows, coalesce(sum(rows_affected), 0) as rows
+from expiry_ledger where policy is not null group by policy;

@@ -1,0 +1,465 @@
+"""Queue throughput and latency: expiry against procrastinate on the same PostgreSQL.
+
+    .venv/bin/python bench/queue_throughput.py                 # 100,000 jobs; 1, 2, 4 procs
+    .venv/bin/python bench/queue_throughput.py --jobs 20000 --procs 1,2
+    .venv/bin/python bench/queue_throughput.py --quick         # smoke run (2,000 jobs, 1 proc)
+
+What it measures, on scratch databases it creates and drops itself:
+
+* enqueue: ``Queue.enqueue_many`` of N no-op jobs (chunks of ``--chunk``), against
+  procrastinate's ``Task.batch_defer_async`` with the same chunks;
+* drain: N no-op jobs run to completion by 1, 2, 4... worker *processes*
+  (``expiry.worker.Worker(batch=..., until_idle=True)`` against procrastinate's
+  worker with ``concurrency=1, wait=False``), timed from a start barrier that
+  every process reaches after its start-up, to the last process's finish;
+* latency: the time from the commit of a single enqueue (``enqueue()``
+  returned) to the handler starting in an idle worker process, on PostgreSQL
+  (LISTEN/NOTIFY) and on SQLite (polling), as p50/p99 over ``--samples``.
+
+Both engines get the same treatment between rounds: a fresh (truncated) job
+table, the enqueue, then VACUUM ANALYZE and CHECKPOINT before the drain, so
+neither drain pays for the other's dirty pages. Targets are printed, never
+asserted: this is a measurement, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import multiprocessing as mp
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from multiprocessing.synchronize import Barrier
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql
+
+from expiry.app import App
+from expiry.queue import new_job
+from expiry.worker import Worker
+
+ADMIN_URL = os.environ.get(
+    "EXPIRY_BENCH_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
+
+TARGET_ENQUEUE = 50_000.0
+TARGET_DRAIN = 5_000.0
+TARGET_RATIO = 3.0
+
+_CTX = mp.get_context("spawn")
+
+
+# -- scratch databases --------------------------------------------------------
+
+
+def db_url(admin_url: str, dbname: str) -> str:
+    """The admin URL with its database replaced: postgresql://user@host:port/dbname."""
+    return urlunsplit(urlsplit(admin_url)._replace(path=f"/{dbname}"))
+
+
+@contextmanager
+def scratch_database(admin_url: str, dbname: str) -> Iterator[str]:
+    """A fresh database, dropped (even under a crash of the bench) at the end."""
+    name = sql.Identifier(dbname)
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("drop database if exists {} with (force)").format(name))
+        admin.execute(sql.SQL("create database {}").format(name))
+    try:
+        yield db_url(admin_url, dbname)
+    finally:
+        with psycopg.connect(admin_url, autocommit=True) as admin:
+            admin.execute(sql.SQL("drop database if exists {} with (force)").format(name))
+
+
+def settle(url: str, table: str) -> None:
+    """VACUUM ANALYZE the freshly filled job table and flush dirty pages."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql.SQL("vacuum analyze {}").format(sql.SQL(table)))
+        conn.execute("checkpoint")
+
+
+def scalar(url: str, query: str) -> Any:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(query).fetchone()
+    assert row is not None
+    return row[0]
+
+
+# -- results ------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    phase: str  # "enqueue" or "drain"
+    engine: str
+    procs: int
+    jobs: int
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        return self.jobs / self.seconds if self.seconds > 0 else float("inf")
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) by linear interpolation."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    position = (len(ordered) - 1) * q / 100.0
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+# -- drain: worker processes --------------------------------------------------
+
+
+def _expiry_drain_worker(url: str, batch: int, barrier: Barrier, results: Any) -> None:
+    app = App(url, pool_size=2)
+
+    @app.handler("noop")
+    def noop(job: Any, tx: Any) -> None:
+        return None
+
+    app.queue.pending()  # open the pool before the clock starts
+    worker = Worker(app, batch=batch, until_idle=True)
+    barrier.wait()
+    worker.run()
+    results.put((worker.processed, time.monotonic()))
+    app.close()
+
+
+def _procrastinate_drain_worker(url: str, barrier: Barrier, results: Any) -> None:
+    import procrastinate
+
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url))
+
+    @app.task(name="noop")
+    async def noop() -> None:
+        return None
+
+    async def run() -> None:
+        async with app.open_async():
+            await app.check_connection_async()  # the pool is open before the clock starts
+            await asyncio.to_thread(barrier.wait)
+            await app.run_worker_async(concurrency=1, wait=False, install_signal_handlers=False)
+        results.put((None, time.monotonic()))
+
+    asyncio.run(run())
+
+
+def run_processes(
+    target: Callable[..., None], args: tuple[Any, ...], procs: int, timeout: float
+) -> tuple[float, list[Any]]:
+    """Start ``procs`` processes, release them together, and return the seconds
+    from the release to the last one's finish, with what each reported."""
+    barrier = _CTX.Barrier(procs + 1)
+    results = _CTX.Queue()
+    children = [_CTX.Process(target=target, args=(*args, barrier, results)) for _ in range(procs)]
+    for child in children:
+        child.start()
+    try:
+        barrier.wait(timeout=120)
+        started = time.monotonic()
+        reports = [results.get(timeout=timeout) for _ in children]
+        for child in children:
+            child.join(timeout=30)
+    finally:
+        for child in children:
+            if child.is_alive():
+                child.terminate()
+                child.join()
+    failed = [child.exitcode for child in children if child.exitcode != 0]
+    if failed:
+        raise RuntimeError(f"worker processes exited with {failed}")
+    finished = max(finish for _, finish in reports)
+    return finished - started, [processed for processed, _ in reports]
+
+
+# -- expiry -------------------------------------------------------------------
+
+
+def expiry_round(url: str, jobs: int, procs: int, chunk: int, batch: int) -> list[Result]:
+    app = App(url)
+    try:
+        with app.engine.transaction() as conn:
+            conn.execute("truncate expiry.jobs, expiry.ledger, expiry.audit restart identity")
+        batches = [
+            [new_job("noop") for _ in range(start, min(start + chunk, jobs))]
+            for start in range(0, jobs, chunk)
+        ]
+        started = time.perf_counter()
+        for part in batches:
+            app.queue.enqueue_many(part)
+        enqueue = time.perf_counter() - started
+    finally:
+        app.close()
+    settle(url, "expiry.jobs")
+    seconds, processed = run_processes(
+        _expiry_drain_worker, (url, batch), procs, timeout=max(300.0, jobs / 50)
+    )
+    done = scalar(url, "select count(*) from expiry.jobs where state = 'completed'")
+    if done != jobs or sum(processed) != jobs:
+        raise RuntimeError(f"expiry drained {done} of {jobs} jobs (workers said {processed})")
+    return [
+        Result("enqueue", "expiry", 1, jobs, enqueue),
+        Result("drain", "expiry", procs, jobs, seconds),
+    ]
+
+
+# -- procrastinate --------------------------------------------------------------
+
+
+def procrastinate_setup(url: str) -> None:
+    import procrastinate
+
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url))
+
+    async def apply() -> None:
+        async with app.open_async():
+            await app.schema_manager.apply_schema_async()
+
+    asyncio.run(apply())
+
+
+def procrastinate_round(url: str, jobs: int, procs: int, chunk: int) -> list[Result]:
+    import procrastinate
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("truncate procrastinate_jobs restart identity cascade")
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url))
+
+    @app.task(name="noop")
+    async def noop() -> None:
+        return None
+
+    async def enqueue() -> float:
+        async with app.open_async():
+            await app.check_connection_async()
+            sizes = [min(chunk, jobs - start) for start in range(0, jobs, chunk)]
+            started = time.perf_counter()
+            for size in sizes:
+                await noop.batch_defer_async(*({} for _ in range(size)))
+            return time.perf_counter() - started
+
+    enqueue_seconds = asyncio.run(enqueue())
+    settle(url, "procrastinate_jobs")
+    seconds, _ = run_processes(
+        _procrastinate_drain_worker, (url,), procs, timeout=max(300.0, jobs / 20)
+    )
+    done = scalar(url, "select count(*) from procrastinate_jobs where status = 'succeeded'")
+    if done != jobs:
+        raise RuntimeError(f"procrastinate drained {done} of {jobs} jobs")
+    return [
+        Result("enqueue", "procrastinate", 1, jobs, enqueue_seconds),
+        Result("drain", "procrastinate", procs, jobs, seconds),
+    ]
+
+
+# -- latency: enqueue commit -> handler start ------------------------------------
+
+
+def _latency_worker(url: str, starts: Any) -> None:
+    app = App(url, pool_size=2)
+
+    @app.handler("probe")
+    def probe(job: Any, tx: Any) -> None:
+        starts.put((job.payload["i"], time.monotonic()))
+
+    app.queue.pending()
+    Worker(app, batch=1, until_idle=False).run()  # stopped by SIGTERM
+    app.close()
+
+
+def measure_latency(url: str, samples: int, warmup: int = 5) -> list[float]:
+    """Seconds from each enqueue's commit to its handler starting, in an idle
+    worker process (the first ``warmup`` samples are dropped)."""
+    starts = _CTX.Queue()
+    child = _CTX.Process(target=_latency_worker, args=(url, starts))
+    child.start()
+    app = App(url)
+    latencies: list[float] = []
+    try:
+        for i in range(samples + warmup):
+            # Let the worker go back to waiting (LISTEN, or its poll sleep).
+            time.sleep(0.02 + 0.01 * (i % 3))
+            app.queue.enqueue("probe", {"i": i})
+            committed = time.monotonic()
+            index, began = starts.get(timeout=30)
+            assert index == i, (index, i)
+            if i >= warmup:
+                latencies.append(began - committed)
+    finally:
+        app.close()
+        child.terminate()  # SIGTERM: the worker finishes the job in hand and stops
+        child.join(timeout=30)
+        if child.is_alive():
+            child.kill()
+            child.join()
+    return latencies
+
+
+# -- the report -------------------------------------------------------------------
+
+
+def print_table(results: list[Result]) -> None:
+    drains = {(r.engine, r.procs): r for r in results if r.phase == "drain"}
+    enqueues: dict[str, list[Result]] = {}
+    for r in results:
+        if r.phase == "enqueue":
+            enqueues.setdefault(r.engine, []).append(r)
+
+    header = f"{'phase':<8} {'engine':<14} {'procs':>5} {'jobs':>8} {'seconds':>9} {'jobs/s':>10} {'expiry/procrastinate':>21}"
+    print(header)
+    print("-" * len(header))
+    best_enqueue = {e: max(rs, key=lambda r: r.rate) for e, rs in enqueues.items()}
+    for engine in ("expiry", "procrastinate"):
+        if engine in best_enqueue:
+            r = best_enqueue[engine]
+            ratio = ratio_text(best_enqueue, "expiry", "procrastinate")
+            print(
+                f"{'enqueue':<8} {engine:<14} {'-':>5} {r.jobs:>8} {r.seconds:>9.3f} {r.rate:>10,.0f} {ratio:>21}"
+            )
+    for procs in sorted({p for _, p in drains}):
+        pair = {e: drains[(e, procs)] for e in ("expiry", "procrastinate") if (e, procs) in drains}
+        ratio = ratio_text(pair, "expiry", "procrastinate")
+        for engine, r in pair.items():
+            print(
+                f"{'drain':<8} {engine:<14} {procs:>5} {r.jobs:>8} {r.seconds:>9.3f} {r.rate:>10,.0f} {ratio:>21}"
+            )
+    print()
+    for engine, rs in enqueues.items():
+        rates = ", ".join(f"{r.rate:,.0f}" for r in rs)
+        print(f"enqueue rounds ({engine}, jobs/s): {rates}  (table shows the best)")
+
+
+def ratio_text(pair: dict[str, Result], a: str, b: str) -> str:
+    if a in pair and b in pair:
+        return f"{pair[a].rate / pair[b].rate:.2f}x"
+    return "-"
+
+
+def print_latency(name: str, latencies: list[float]) -> None:
+    ms = [v * 1000 for v in latencies]
+    print(
+        f"latency {name:<22} n={len(ms):<4} p50={percentile(ms, 50):7.2f} ms  "
+        f"p99={percentile(ms, 99):7.2f} ms  max={max(ms):7.2f} ms"
+    )
+
+
+def print_targets(results: list[Result]) -> None:
+    enq = [r.rate for r in results if r.phase == "enqueue" and r.engine == "expiry"]
+    drains = {(r.engine, r.procs): r for r in results if r.phase == "drain"}
+    print()
+    print("targets (reported, not asserted):")
+    if enq:
+        best = max(enq)
+        verdict = "ok" if best >= TARGET_ENQUEUE else "MISS"
+        print(f"  enqueue_many >= {TARGET_ENQUEUE:,.0f} jobs/s: {best:,.0f}  {verdict}")
+    expiry_drains = [r for (e, _), r in drains.items() if e == "expiry"]
+    if expiry_drains:
+        best_drain = max(expiry_drains, key=lambda r: r.rate)
+        verdict = "ok" if best_drain.rate >= TARGET_DRAIN else "MISS"
+        print(
+            f"  drain >= {TARGET_DRAIN:,.0f} jobs/s: {best_drain.rate:,.0f} "
+            f"(at {best_drain.procs} procs)  {verdict}"
+        )
+    for (engine, procs), r in sorted(drains.items()):
+        other = drains.get(("procrastinate", procs))
+        if engine == "expiry" and other is not None:
+            ratio = r.rate / other.rate
+            verdict = "ok" if ratio >= TARGET_RATIO else "MISS"
+            print(
+                f"  drain >= {TARGET_RATIO:.0f}x procrastinate at {procs} procs: {ratio:.2f}x  {verdict}"
+            )
+
+
+# -- main -------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--jobs", type=int, default=100_000, help="jobs per round (100000)")
+    parser.add_argument(
+        "--procs",
+        type=lambda s: [int(p) for p in s.split(",") if p.strip()],
+        default=[1, 2, 4],
+        help="worker process counts, comma separated (1,2,4)",
+    )
+    parser.add_argument("--batch", type=int, default=64, help="expiry claim batch (64)")
+    parser.add_argument("--chunk", type=int, default=10_000, help="jobs per enqueue call (10000)")
+    parser.add_argument("--samples", type=int, default=200, help="latency samples (200)")
+    parser.add_argument("--admin-url", default=ADMIN_URL, help="server to create scratch dbs on")
+    parser.add_argument("--no-procrastinate", action="store_true", help="expiry only")
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: 2,000 jobs, 1 proc, 20 latency samples"
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.jobs, args.procs, args.samples = 2_000, [1], 20
+        args.chunk = min(args.chunk, 1_000)
+    if args.jobs <= 0 or not args.procs or min(args.procs) <= 0:
+        parser.error("--jobs and --procs must be positive")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    # procrastinate warns when its App is built in __main__ (its CLI could not
+    # import the tasks); here every process registers the task itself.
+    logging.getLogger("procrastinate.blueprints").setLevel(logging.ERROR)
+    suffix = os.getpid()
+    print(
+        f"queue throughput: {args.jobs:,} no-op jobs, procs {args.procs}, expiry batch {args.batch}, "
+        f"enqueue chunk {args.chunk:,}, {os.cpu_count()} cpus",
+        flush=True,
+    )
+    results: list[Result] = []
+    latencies: dict[str, list[float]] = {}
+    with (
+        scratch_database(args.admin_url, f"expiry_bench_queue_{suffix}") as expiry_url,
+        scratch_database(args.admin_url, f"procrastinate_bench_{suffix}") as procrastinate_url,
+    ):
+        app = App(expiry_url)
+        app.migrate()
+        app.close()
+        if not args.no_procrastinate:
+            procrastinate_setup(procrastinate_url)
+        for procs in args.procs:
+            results += expiry_round(expiry_url, args.jobs, procs, args.chunk, args.batch)
+            print(f"  expiry        {procs} procs: {results[-1].rate:,.0f} jobs/s", flush=True)
+            if not args.no_procrastinate:
+                results += procrastinate_round(procrastinate_url, args.jobs, procs, args.chunk)
+                print(f"  procrastinate {procs} procs: {results[-1].rate:,.0f} jobs/s", flush=True)
+
+        with psycopg.connect(expiry_url, autocommit=True) as conn:
+            conn.execute("truncate expiry.jobs restart identity")
+        latencies["postgres (LISTEN/NOTIFY)"] = measure_latency(expiry_url, args.samples)
+    with tempfile.TemporaryDirectory(prefix="expiry_bench_") as tmp:
+        sqlite_url = f"sqlite:///{Path(tmp) / 'queue.db'}"
+        app = App(sqlite_url)
+        app.migrate()
+        app.close()
+        latencies["sqlite (50 ms poll)"] = measure_latency(sqlite_url, args.samples)
+
+    print()
+    print_table(results)
+    print()
+    for name, values in latencies.items():
+        print_latency(name, values)
+    print_targets(results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

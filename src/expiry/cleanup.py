@@ -1,0 +1,312 @@
+"""The cleanup core: runs, the planner's pages and the window job.
+
+    open_run  ── run row (id = policy:cutoff) + planning job ──► queue
+    plan page ── windows (lo, lo+window] as jobs + the next page ──► queue
+    window    ── ledger row ─ delete/archive ─ audit ─ complete: one transaction
+
+A window job may apply only part of its range when the previous transactions
+of its policy ran long: it then enqueues the rest as a continuation job keyed
+by its new lower bound, in the same transaction. Every ledger row therefore
+covers a disjoint key range of its run, and a redelivered job finds its ledger
+row and does nothing.
+
+Overlap: a run whose policy still has pending jobs from an earlier run waits
+(its planning job snoozes) until they finish; the later cutoff then covers
+whatever the earlier run would have deleted.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from . import defaults
+from .config import Policy
+from .errors import ConfigError, PermanentError, SchemaError, Snooze
+from .queue import new_job
+from .target import Target
+from .types import Job
+
+if TYPE_CHECKING:
+    from .app import App
+
+log = logging.getLogger("expiry.cleanup")
+
+PLAN = "expiry.plan"
+WINDOW = "expiry.window"
+MIN_CHUNK = 100
+OVERLAP_WAIT_SECONDS = 5.0
+
+
+def format_time(value: datetime) -> str:
+    value = value.astimezone(UTC)
+    text = value.strftime("%Y-%m-%dT%H:%M:%S")
+    return text + (f".{value.microsecond:06d}" if value.microsecond else "") + "Z"
+
+
+def parse_time(text: str) -> datetime:
+    """An ISO-8601 time; without a zone it is UTC."""
+    value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def run_id(policy: str, cutoff: datetime) -> str:
+    return f"{policy}:{format_time(cutoff)}"
+
+
+@dataclass(frozen=True)
+class RunOpened:
+    run_id: str
+    policy: str
+    cutoff: datetime
+    created: bool
+    """False when this cutoff's run existed already: nothing new was enqueued."""
+
+
+@dataclass(frozen=True)
+class WindowResult:
+    policy: str
+    rows: int
+    duplicate: bool
+
+
+@dataclass(frozen=True)
+class PlanPreview:
+    policy: str
+    cutoff: datetime
+    candidates: int
+    windows: int
+    first_windows: list[tuple[int, int]]
+
+
+@dataclass
+class _Pace:
+    """Per policy, per process: keys per transaction and the rate limit's clock."""
+
+    chunk: int
+    not_before: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class Cleanup:
+    def __init__(self, app: App) -> None:
+        self.app = app
+        self._targets: dict[str, Target] = {}
+        self._paces: dict[str, _Pace] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def policies(self) -> list[Policy]:
+        return list(self.app.config.policy) if self.app.config else []
+
+    def policy(self, name: str) -> Policy:
+        if self.app.config is None:
+            raise ConfigError("this App has no config: build it with App.from_config")
+        policy: Policy = self.app.config.get_policy(name)
+        return policy
+
+    # -- the schema check ---------------------------------------------------------
+
+    def target(self, name: str) -> Target:
+        """The policy's table, checked against the live schema once per process."""
+        with self._lock:
+            target = self._targets.get(name)
+        if target is None:
+            target = Target(self.app.engine, self.policy(name))
+            with self.app.engine.transaction() as conn:
+                for warning in target.check(conn):
+                    log.warning(warning)
+            with self._lock:
+                self._targets[name] = target
+        return target
+
+    def check(self) -> list[str]:
+        """Check every policy now; raises SchemaError on the first that does not fit."""
+        warnings: list[str] = []
+        for policy in self.policies:
+            target = Target(self.app.engine, policy)
+            with self.app.engine.transaction() as conn:
+                warnings += target.check(conn)
+            with self._lock:
+                self._targets[policy.name] = target
+        return warnings
+
+    # -- runs ---------------------------------------------------------------------
+
+    def open_run(
+        self,
+        name: str,
+        cutoff: datetime | None = None,
+        *,
+        opened_by: str = "trigger",
+        actor: str = "operator",
+    ) -> RunOpened:
+        """Open the run for ``cutoff`` (default: the database's now() - retain)."""
+        policy = self.policy(name)
+        self.target(name)
+        engine = self.app.engine
+        with engine.transaction() as conn:
+            if cutoff is None:
+                now = engine.now(conn).replace(microsecond=0)
+                cutoff = now - timedelta(seconds=policy.retain)
+            rid = run_id(name, cutoff)
+            created = bool(engine.rows(conn, "run_insert", {
+                "id": rid, "policy": name, "cutoff": engine.time_param(cutoff),
+                "opened_by": opened_by}))
+            if created:
+                plan = new_job(PLAN, {"policy": name, "run_id": rid, "cutoff": format_time(cutoff)},
+                               key=f"{rid}:plan", max_attempts=policy.max_attempts,
+                               priority=policy.priority)
+                engine.job_insert_many([plan], conn)
+                engine.audit_append(conn, "run.opened", actor=actor, policy=name, run_id=rid,
+                                    detail={"cutoff": format_time(cutoff), "opened_by": opened_by})
+        log.info("run opened" if created else "run already open", extra={"policy": name, "run": rid})
+        return RunOpened(rid, name, cutoff, created)
+
+    def finish_runs(self, run_ids: set[str]) -> None:
+        for rid in run_ids:
+            if self.app.engine.one(None, "run_finish", {"id": rid}):
+                log.info("run finished", extra={"run": rid})
+
+    # -- the planning job -------------------------------------------------------
+
+    def plan_page(self, job: Job, tx: Any) -> int:
+        """Emit one page of windows and, unless it was the last, the next page."""
+        p = job.payload
+        engine = self.app.engine
+        policy, target = self.policy(p["policy"]), self.target(p["policy"])
+        cutoff = parse_time(p["cutoff"])
+        after, max_key = p.get("after"), p.get("max")
+        if after is None:
+            pending = engine.one(tx, "run_pending_elsewhere", {"policy": policy.name, "id": p["run_id"]})
+            if pending and pending["n"]:
+                raise Snooze(OVERLAP_WAIT_SECONDS, f"{pending['n']} jobs of an earlier run are pending")
+            bounds = target.bounds(tx, cutoff)
+            if bounds is None:
+                engine.rows(tx, "run_add_windows", {"id": p["run_id"], "windows": 0, "done": True})
+                return 0
+            after, max_key = bounds[0] - 1, bounds[1]
+        los = target.plan_page(tx, cutoff, after, max_key, defaults.PLAN_PAGE)
+        jobs = [
+            new_job(WINDOW, {"policy": policy.name, "run_id": p["run_id"], "cutoff": p["cutoff"],
+                             "lo": lo, "hi": lo + policy.window},
+                    key=f"{p['run_id']}:{lo}", max_attempts=policy.max_attempts,
+                    priority=policy.priority)
+            for lo in los
+        ]
+        last_page = len(los) < defaults.PLAN_PAGE
+        if not last_page:
+            cursor = los[-1] + policy.window
+            jobs.append(new_job(PLAN, {**p, "after": cursor, "max": max_key},
+                                key=f"{p['run_id']}:plan:{cursor}",
+                                max_attempts=policy.max_attempts, priority=policy.priority))
+        engine.job_insert_many(jobs, tx)
+        engine.rows(tx, "run_add_windows", {"id": p["run_id"], "windows": len(los), "done": last_page})
+        return len(los)
+
+    def after_plan(self, job: Job, windows: int, seconds: float) -> None:
+        log.info("planned %d windows", windows, extra={"policy": job.payload["policy"],
+                 "run": job.payload["run_id"], "job": job.key, "attempt": job.attempt})
+        self.finish_runs({job.payload["run_id"]})
+
+    # -- the window job -----------------------------------------------------------
+
+    def apply_window(self, job: Job, tx: Any) -> WindowResult:
+        """Ledger row, delete or archive, audit: all in the worker's transaction."""
+        p = job.payload
+        engine = self.app.engine
+        policy, target = self.policy(p["policy"]), self.target(p["policy"])
+        target.set_timeouts(tx)
+        lo, hi = int(p["lo"]), int(p["hi"])
+        upto = min(hi, lo + self._pace(policy).chunk)
+        fresh = engine.ledger_insert(tx, job.key, policy=policy.name, run_id=p["run_id"], lo=lo,
+                                     hi=upto, action=policy.action, worker=job.lease_owner)
+        if not fresh:
+            engine.audit_append(tx, "window.duplicate", actor=job.lease_owner or "worker",
+                                policy=policy.name, run_id=p["run_id"], job_key=job.key)
+            return WindowResult(policy.name, 0, True)
+        try:
+            rows = target.apply(tx, parse_time(p["cutoff"]), lo, upto)
+        except SchemaError as exc:
+            raise PermanentError(str(exc)) from exc
+        engine.ledger_set_rows(tx, job.key, rows)
+        if upto < hi:
+            rest = new_job(WINDOW, {**p, "lo": upto, "hi": hi}, key=f"{p['run_id']}:{upto}",
+                           max_attempts=policy.max_attempts, priority=policy.priority)
+            engine.job_insert_many([rest], tx)
+        engine.audit_append(tx, "window.applied", actor=job.lease_owner or "worker",
+                            policy=policy.name, run_id=p["run_id"], job_key=job.key,
+                            detail={"lo": lo, "hi": upto, "rows": rows, "action": policy.action})
+        return WindowResult(policy.name, rows, False)
+
+    def _pace(self, policy: Policy) -> _Pace:
+        with self._lock:
+            return self._paces.setdefault(policy.name, _Pace(chunk=policy.window))
+
+    def before_window(self, job: Job) -> None:
+        """Honour max_rows_per_second: wait out the previous transaction's rows."""
+        pace = self._pace(self.policy(job.payload["policy"]))
+        delay = pace.not_before - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+
+    def after_window(self, job: Job, result: WindowResult, seconds: float) -> None:
+        """Adapt keys per transaction toward target_transaction; book the rate limit."""
+        policy = self.policy(job.payload["policy"])
+        pace = self._pace(policy)
+        with pace.lock:
+            if result.rows and seconds > policy.target_transaction * 1.5:
+                pace.chunk = max(MIN_CHUNK, pace.chunk // 2)
+            elif seconds < policy.target_transaction / 2:
+                pace.chunk = min(policy.window, pace.chunk * 2)
+            if policy.max_rows_per_second:
+                pace.not_before = max(pace.not_before, time.monotonic()) + (
+                    result.rows / policy.max_rows_per_second)
+        log.info("window applied" if not result.duplicate else "window already applied: duplicate skipped",
+                 extra={"policy": policy.name, "run": job.payload["run_id"], "job": job.key,
+                        "attempt": job.attempt, "rows": result.rows})
+        self.finish_runs({job.payload["run_id"]})
+
+    # -- reading ------------------------------------------------------------------
+
+    def watermark(self, name: str) -> float:
+        """Seconds since the oldest expired row still present became expired (0: none)."""
+        policy, target = self.policy(name), self.target(name)
+        with self.app.engine.transaction() as conn:
+            cutoff = self.app.engine.now(conn) - timedelta(seconds=policy.retain)
+            oldest = target.oldest(conn, cutoff)
+        return max(0.0, (cutoff - oldest).total_seconds()) if oldest else 0.0
+
+    def preview(self, name: str, cutoff: datetime | None = None, *, limit: int = 10) -> PlanPreview:
+        """Dry-run: what a run would do, by the same statements; mutates nothing."""
+        policy, target = self.policy(name), self.target(name)
+        engine = self.app.engine
+        with engine.transaction() as conn:
+            if engine.dialect == "postgres":
+                conn.execute("set transaction read only")
+            if cutoff is None:
+                cutoff = engine.now(conn).replace(microsecond=0) - timedelta(seconds=policy.retain)
+            candidates = target.count(conn, cutoff)
+            windows: list[int] = []
+            bounds = target.bounds(conn, cutoff)
+            if bounds:
+                after = bounds[0] - 1
+                while page := target.plan_page(conn, cutoff, after, bounds[1], defaults.PLAN_PAGE):
+                    windows += page
+                    after = page[-1] + policy.window
+                    if len(page) < defaults.PLAN_PAGE:
+                        break
+        return PlanPreview(name, cutoff, candidates, len(windows),
+                           [(lo, lo + policy.window) for lo in windows[:limit]])
+
+
+def register_cleanup(app: App) -> Cleanup:
+    """Register the built-in planning and window handlers on ``app``."""
+    cleanup = Cleanup(app)
+    app.handler(PLAN, after=cleanup.after_plan)(cleanup.plan_page)
+    app.handler(WINDOW, before=cleanup.before_window, after=cleanup.after_window)(cleanup.apply_window)
+    return cleanup

@@ -1,0 +1,232 @@
+"""Load and validate expiry.toml. A bad config is refused before anything runs,
+with the policy, the field, what was wrong and how to fix it.
+
+Path: --config, else EXPIRY_CONFIG, else ./expiry.toml. EXPIRY_DATABASE_URL
+overrides [database] url.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from . import defaults
+from .durations import parse_duration
+from .errors import ConfigError
+
+IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+def check_identifier(value: str, *, qualified: bool = False) -> str:
+    parts = value.split(".")
+    if (qualified and len(parts) > 2) or (not qualified and len(parts) > 1) or not all(
+        IDENTIFIER.match(p) for p in parts
+    ):
+        shape = "name or schema.name" if qualified else "column name"
+        raise ValueError(
+            f"{value!r} is not a plain {shape}: use letters, digits and underscores, "
+            "starting with a letter or underscore"
+        )
+    return value
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DatabaseConfig(Strict):
+    url: str
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not value.startswith(("postgresql://", "postgres://", "sqlite:///")):
+            raise ValueError("use postgresql://host/db or sqlite:///path/to/file.db")
+        return value
+
+
+class HttpConfig(Strict):
+    listen: str = "127.0.0.1:8080"
+    allowed_hosts: list[str] = []
+
+
+class WorkerConfig(Strict):
+    concurrency: int = Field(2, ge=1, le=256)
+    lease: Duration = defaults.LEASE_SECONDS
+    claim_batch: int = Field(defaults.CLAIM_BATCH, ge=1, le=1000)
+    prune_after: Duration = defaults.PRUNE_AFTER_SECONDS
+
+
+class Policy(Strict):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$", max_length=63)
+    table: str
+    key: str
+    timestamp: str
+    retain: Duration = 0.0
+    where: str | None = None
+    action: Literal["delete", "archive"] = "delete"
+    archive_table: str | None = None
+    window: int = Field(defaults.WINDOW, ge=1, le=10_000_000)
+    schedule: str | None = None
+    timezone: str = "UTC"
+    max_attempts: int = Field(defaults.MAX_ATTEMPTS, ge=1, le=100)
+    lock_timeout: Duration = parse_duration(defaults.LOCK_TIMEOUT)
+    statement_timeout: Duration = parse_duration(defaults.STATEMENT_TIMEOUT)
+    target_transaction: Duration = defaults.TARGET_TRANSACTION_SECONDS
+    max_rows_per_second: float | None = Field(None, gt=0)
+    priority: int = Field(0, ge=-100, le=100)
+    watermark_warn: Duration | None = None
+    watermark_alert: Duration | None = None
+
+    @field_validator("table", "archive_table")
+    @classmethod
+    def _table(cls, value: str | None) -> str | None:
+        return None if value is None else check_identifier(value, qualified=True)
+
+    @field_validator("key", "timestamp")
+    @classmethod
+    def _column(cls, value: str) -> str:
+        return check_identifier(value)
+
+    @field_validator("timezone")
+    @classmethod
+    def _timezone(cls, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"{value!r} is not an IANA time zone, e.g. \"UTC\" or \"Europe/Paris\"") from None
+        return value
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule(cls, value: str | None) -> str | None:
+        if value is not None:
+            from .cron import check_expression
+
+            check_expression(value)
+        return value
+
+    @field_validator("where")
+    @classmethod
+    def _where(cls, value: str | None) -> str | None:
+        if value is not None and (";" in value or "--" in value or "/*" in value):
+            raise ValueError("must be one SQL predicate without ';' or comments")
+        return value
+
+    @model_validator(mode="after")
+    def _archive(self) -> Policy:
+        if self.action == "archive" and not self.archive_table:
+            raise ValueError('action = "archive" needs archive_table = "<table to move rows into>"')
+        if self.action == "delete" and self.archive_table:
+            raise ValueError('archive_table is set but action is "delete": set action = "archive"')
+        return self
+
+
+class Config(Strict):
+    database: DatabaseConfig
+    http: HttpConfig = HttpConfig()
+    worker: WorkerConfig = WorkerConfig()
+    policy: list[Policy] = []
+
+    @model_validator(mode="after")
+    def _unique(self) -> Config:
+        seen: set[str] = set()
+        for policy in self.policy:
+            if policy.name in seen:
+                raise ValueError(f"policy name {policy.name!r} is used twice; names must be unique")
+            seen.add(policy.name)
+        return self
+
+    def get_policy(self, name: str) -> Policy:
+        for policy in self.policy:
+            if policy.name == name:
+                return policy
+        known = [p.name for p in self.policy]
+        hint = difflib.get_close_matches(name, known, n=1)
+        suggestion = f"; did you mean {hint[0]!r}?" if hint else f"; known: {', '.join(known) or 'none'}"
+        raise ConfigError(f"no policy named {name!r}{suggestion}")
+
+
+_SECTIONS: dict[str, type[BaseModel]] = {
+    "database": DatabaseConfig,
+    "http": HttpConfig,
+    "worker": WorkerConfig,
+    "policy": Policy,
+}
+
+
+def _describe(error: dict[str, Any], data: dict[str, Any]) -> str:
+    loc = list(error["loc"])
+    where = "config"
+    section = str(loc[0]) if loc else ""
+    if section == "policy" and len(loc) >= 2 and isinstance(loc[1], int):
+        index = loc[1]
+        policies = data.get("policy") or []
+        name = policies[index].get("name") if index < len(policies) and isinstance(policies[index], dict) else None
+        where = f"policy {name!r}" if name else f"policy #{index + 1}"
+        loc = loc[2:]
+        section = "policy"
+    elif section:
+        where = f"[{section}]"
+        loc = loc[1:]
+    field = ".".join(str(part) for part in loc if not str(part).startswith("function-"))
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        model = _SECTIONS.get(section, Config)
+        close = difflib.get_close_matches(field, list(model.model_fields), n=1)
+        fix = f"did you mean {close[0]!r}?" if close else f"allowed: {', '.join(model.model_fields)}"
+        return f"{where}: unknown field {field!r}: {fix}"
+    if error["type"] == "missing":
+        return f"{where}: field {field!r} is required"
+    if error["type"] == "literal_error":
+        return f"{where}: field {field!r}: {message}"
+    if field:
+        got = error.get("input")
+        shown = f" (got {got!r})" if got is not None and not isinstance(got, dict | list) else ""
+        return f"{where}: field {field!r}: {message}{shown}"
+    return f"{where}: {message}"
+
+
+def parse_config(data: dict[str, Any], source: str = "expiry.toml") -> Config:
+    """Validate a parsed TOML document; ConfigError lists every problem."""
+    if url := os.environ.get("EXPIRY_DATABASE_URL"):
+        data = {**data, "database": {**(data.get("database") or {}), "url": url}}
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        problems = [_describe(error, data) for error in exc.errors()]  # type: ignore[arg-type]
+        raise ConfigError(f"{source} is invalid:\n  " + "\n  ".join(problems)) from None
+
+
+def config_path(path: Path | None = None) -> Path:
+    return path or Path(os.environ.get("EXPIRY_CONFIG", "expiry.toml"))
+
+
+def load_config(path: Path | None = None) -> Config:
+    path = config_path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"no config file at {path}: pass --config PATH or set EXPIRY_CONFIG") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+    return parse_config(data, str(path))
