@@ -1,4 +1,8 @@
-"""Cron expressions, by cronsim (Debian cron's semantics, DST included). Pure."""
+"""Cron expressions, by cronsim (Debian cron's semantics, DST included). Pure.
+
+Standard 5-field cron plus the aliases @hourly, @daily (@midnight), @weekly,
+@monthly and @yearly (@annually), which are expanded here.
+"""
 
 from __future__ import annotations
 
@@ -6,21 +10,44 @@ from datetime import datetime
 
 from cronsim import CronSim, CronSimError
 
+ALIASES = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
 _NONSTANDARD = ("L", "W", "#", "?")
 
 
+def expand(expr: str) -> str:
+    """The 5-field form of an expression (aliases expanded)."""
+    return ALIASES.get(expr.strip().lower(), expr.strip())
+
+
 def check_expression(expr: str) -> str:
-    """Refuse what standard 5-field cron (plus @hourly..@yearly) cannot say."""
-    fields = expr.split()
-    if not expr.startswith("@") and len(fields) != 5:
+    """Refuse what standard 5-field cron cannot say, with the reason."""
+    text = expand(expr)
+    if text.startswith("@"):
+        raise ValueError(f"{expr!r} is not a known alias; use one of {', '.join(ALIASES)}")
+    fields = text.split()
+    if len(fields) != 5:
         raise ValueError(
             f"{expr!r} has {len(fields)} fields; write standard 5-field cron "
             "(minute hour day-of-month month day-of-week) or @hourly/@daily/@weekly/@monthly"
         )
-    if any(mark in expr.upper() for mark in _NONSTANDARD) and not expr.startswith("@"):
-        raise ValueError(f"{expr!r} uses a nonstandard extension (L, W, # or ?); use standard 5-field cron")
+    if any(mark in text.upper() for mark in _NONSTANDARD):
+        raise ValueError(f"{expr!r} uses a nonstandard extension (L, W, # or ?); "
+                         "use standard 5-field cron")
     try:
-        CronSim(expr, datetime(2000, 1, 1))
+        CronSim(text, datetime(2000, 1, 1))
     except CronSimError as exc:
         raise ValueError(f"{expr!r} is not a valid cron expression: {exc}") from None
     return expr
+
+
+def explain(expr: str) -> str:
+    """The expression in words, e.g. "At minute 15 past every hour"."""
+    return str(CronSim(expand(expr), datetime(2000, 1, 1)).explain())

@@ -239,8 +239,9 @@ where r.id = %(id)s and r.state = 'running'
 returning id;
 
 -- name: run_jobs
--- A run's jobs by handler and state, with attempts spent.
-select handler, state, count(*) as n, coalesce(sum(attempt), 0) as attempts
+-- A run's jobs by handler and state, with attempts spent and failed attempts.
+select handler, state, count(*) as n, coalesce(sum(attempt), 0) as attempts,
+       coalesce(sum(jsonb_array_length(errors)), 0) as failures
 from expiry.jobs where run_id = %(id)s group by handler, state;
 
 -- name: run_ledger

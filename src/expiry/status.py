@@ -1,0 +1,92 @@
+"""What operators read: runs, policies and the queue, as plain dicts for the
+CLI's tables, its --json output and (later) the HTTP API."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .durations import format_duration
+
+if TYPE_CHECKING:
+    from .app import App
+
+
+def _time(app: App, value: Any) -> str | None:
+    if value is None:
+        return None
+    from .cleanup import format_time
+
+    return format_time(app.engine._time(value))
+
+
+def run_summary(app: App, run_id: str) -> dict[str, Any] | None:
+    engine = app.engine
+    with engine.transaction() as conn:
+        run = engine.one(conn, "run_get", {"id": run_id})
+        if run is None:
+            return None
+        jobs = engine.rows(conn, "run_jobs", {"id": run_id})
+        ledger = engine.one(conn, "run_ledger", {"id": run_id}) or {"windows": 0, "rows": 0}
+        duplicates = engine.one(conn, "run_duplicates", {"id": run_id}) or {"n": 0}
+    windows = [j for j in jobs if j["handler"] == "expiry.window"]
+    by_state = {j["state"]: int(j["n"]) for j in windows}
+    total = sum(by_state.values())
+    return {
+        "id": run["id"],
+        "policy": run["policy"],
+        "cutoff": _time(app, run["cutoff"]),
+        "opened_by": run["opened_by"],
+        "state": run["state"],
+        "windows_planned": int(run["windows_planned"]),
+        "jobs_total": total,
+        "jobs_done": by_state.get("completed", 0),
+        "jobs_dead": by_state.get("dead", 0),
+        "jobs_by_state": by_state,
+        "windows_applied": int(ledger["windows"]),
+        "rows_affected": int(ledger["rows"]),
+        "duplicates_skipped": int(duplicates["n"]),
+        "retries": sum(int(j["failures"]) for j in windows),
+        "redelivered": sum(int(j["attempts"]) - int(j["n"]) - int(j["failures"])
+                           for j in windows if j["state"] == "completed"),
+        "opened_at": _time(app, run["opened_at"]),
+        "planned_at": _time(app, run["planned_at"]),
+        "finished_at": _time(app, run["finished_at"]),
+    }
+
+
+def runs(app: App, policy: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
+    with app.engine.transaction() as conn:
+        found = app.engine.rows(conn, "run_list", {"policy": policy, "limit": limit})
+    return [s for r in found if (s := run_summary(app, r["id"])) is not None]
+
+
+def policies(app: App) -> list[dict[str, Any]]:
+    out = []
+    cleanup = app.cleanup
+    for policy in cleanup.policies if cleanup else []:
+        last = runs(app, policy.name, 1)
+        assert cleanup is not None
+        watermark = cleanup.watermark(policy.name)
+        out.append({
+            "name": policy.name,
+            "table": policy.table,
+            "action": policy.action,
+            "retain": format_duration(policy.retain),
+            "schedule": policy.schedule,
+            "timezone": policy.timezone,
+            "watermark_seconds": round(watermark, 3),
+            "watermark": format_duration(round(watermark)),
+            "last_run": last[0] if last else None,
+        })
+    return out
+
+
+def queue(app: App) -> dict[str, Any]:
+    stats = app.queue.stats()
+    return {
+        "jobs_by_queue_and_state": stats.by_state,
+        "oldest_due_seconds": {q: round(a, 3) for q, a in stats.oldest_due_seconds.items()},
+        "running": [{"queue": q, "job": k, "held_seconds": round(h, 3)} for q, k, h in stats.running],
+        "retries_by_kind": stats.retries_by_kind,
+        "dead": stats.dead,
+    }

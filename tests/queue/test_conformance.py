@@ -1,0 +1,471 @@
+"""The queue conformance suite: every test runs once on SQLite and once on PostgreSQL.
+
+Each test gets a fresh migrated database (tests/conftest.py). Time is moved by
+SQL on expiry's own tables (tests/queue/_support.py), never by faking a clock:
+the queue's times all come from the database.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+
+from _support import age_finished, execute, expire_leases, make_due, sql
+from expiry import retry
+from expiry.engines import Engine, open_engine
+from expiry.errors import LeaseLost, MigrationError, PayloadTooLarge
+from expiry.queue import Queue, new_job
+from expiry.types import JobState
+
+
+def state_of(queue: Queue, key: str) -> JobState:
+    job = queue.get(key)
+    assert job is not None, f"job {key} is missing"
+    return job.state
+
+
+def job_count(engine: Engine) -> int:
+    return int(execute(engine, "select count(*) as n from expiry.jobs")[0]["n"])
+
+
+# -- enqueue ---------------------------------------------------------------------
+
+
+def test_enqueue_same_key_twice_adds_one_row(queue: Queue, engine: Engine) -> None:
+    first = queue.enqueue("noop", {"v": 1}, None, "dup")
+    second = queue.enqueue("noop", {"v": 2}, None, "dup")
+
+    assert (first.key, first.enqueued) == ("dup", True)
+    assert (second.key, second.enqueued) == ("dup", False)
+    assert job_count(engine) == 1
+    job = queue.get("dup")
+    assert job is not None and job.payload == {"v": 1}
+
+
+def test_enqueue_many_5000_with_duplicates_in_batch_and_in_table(
+    queue: Queue, engine: Engine
+) -> None:
+    queue.enqueue("noop", {"old": True}, None, "k-00010")
+    queue.enqueue("noop", {"old": True}, None, "k-04999")
+    batch = [new_job("noop", {"i": i}, None, f"k-{i:05d}") for i in range(4_900)]
+    # 100 repeats of keys earlier in the same batch, and one key repeated last.
+    batch += [new_job("noop", {"repeat": i}, None, f"k-{i:05d}") for i in range(100)]
+    batch[-1] = new_job("noop", {"i": 4999}, None, "k-04999")
+    assert len(batch) == 5_000
+
+    results = queue.enqueue_many(batch)
+
+    assert [r.key for r in results] == [j.key for j in batch]
+    enqueued = [r.key for r in results if r.enqueued]
+    assert len(enqueued) == len(set(enqueued)) == 4_899  # 4,900 new keys minus k-00010
+    assert "k-00010" not in enqueued and "k-04999" not in enqueued
+    assert not any(r.enqueued for r in results[4_900:])
+    assert job_count(engine) == 4_901
+    # The row that already existed keeps its payload; within the batch the first wins.
+    assert queue.get("k-00010").payload == {"old": True}  # type: ignore[union-attr]
+    assert queue.get("k-00050").payload == {"i": 50}  # type: ignore[union-attr]
+    assert queue.enqueue_many([]) == []
+
+
+def test_payload_over_256_kib_is_refused(queue: Queue, engine: Engine) -> None:
+    with pytest.raises(PayloadTooLarge, match="256 KiB"):
+        queue.enqueue("noop", {"blob": "x" * (256 * 1024)}, None, "big")
+    with pytest.raises(PayloadTooLarge, match="256 KiB"):
+        queue.enqueue_many([new_job("noop", {}, None, "ok"), new_job("noop", {"b": "x" * 300_000})])
+
+    assert job_count(engine) == 0
+    assert queue.enqueue("noop", {"blob": "x" * (200 * 1024)}, None, "fits").enqueued
+
+
+# -- delays and order --------------------------------------------------------------
+
+
+def test_delayed_jobs_are_not_claimable_until_due(queue: Queue, engine: Engine) -> None:
+    queue.enqueue("noop", {}, 2, "seconds")
+    queue.enqueue("noop", {}, timedelta(seconds=2), "timedelta")
+    queue.enqueue("noop", {}, engine.now() + timedelta(seconds=2), "datetime")
+    queue.enqueue("noop", {}, None, "now")
+
+    assert [j.key for j in queue.claim(10)] == ["now"]
+    assert queue.claim(10) == []
+    for key in ("seconds", "timedelta", "datetime"):
+        assert state_of(queue, key) is JobState.SCHEDULED
+
+    time.sleep(2.2)
+
+    claimed = queue.claim(10)
+    assert sorted(j.key for j in claimed) == ["datetime", "seconds", "timedelta"]
+    assert all(j.state is JobState.RUNNING and j.attempt == 1 for j in claimed)
+
+
+def test_lower_priority_value_first_then_earlier_run_at(queue: Queue, engine: Engine) -> None:
+    now = engine.now()
+    queue.enqueue("noop", {}, now - timedelta(seconds=60), "p5-oldest", priority=5)
+    queue.enqueue("noop", {}, now - timedelta(seconds=5), "p1-newer", priority=1)
+    queue.enqueue("noop", {}, now - timedelta(seconds=10), "p1-older", priority=1)
+    queue.enqueue("noop", {}, now - timedelta(seconds=1), "p0", priority=0)
+
+    order = [job.key for _ in range(4) for job in queue.claim(1)]
+
+    assert order == ["p0", "p1-older", "p1-newer", "p5-oldest"]
+
+
+def test_claim_returns_at_most_n_in_claim_order(queue: Queue) -> None:
+    queue.enqueue_many(new_job("noop", {}, None, f"j{i}", priority=9 - i) for i in range(10))
+
+    first = queue.claim(3)
+    assert [j.key for j in first] == ["j9", "j8", "j7"]
+    assert len(queue.claim(5)) == 5
+    assert len(queue.claim(5)) == 2
+    assert queue.claim(5) == []
+
+
+def test_claim_counts_the_attempt_and_takes_only_named_queues(queue: Queue) -> None:
+    queue.enqueue("noop", {}, None, "a")
+    queue.enqueue("noop", {}, None, "b", queue="other")
+
+    [job] = queue.claim(5, 30, owner="w1")
+    assert (job.key, job.attempt, job.state, job.lease_owner) == ("a", 1, JobState.RUNNING, "w1")
+    assert job.lease_token and job.lease_expires_at is not None and job.attempted_at is not None
+    assert queue.get("a").attempt == 1  # type: ignore[union-attr]
+    assert [j.key for j in queue.claim(5, 30, queues=("other",))] == ["b"]
+
+
+# -- leases ------------------------------------------------------------------------
+
+
+def test_only_the_current_lease_token_may_heartbeat_complete_or_fail(
+    queue: Queue, engine: Engine
+) -> None:
+    queue.enqueue("noop", {}, None, "k", max_attempts=5)
+    [stale] = queue.claim(1, lease=0.2)
+    assert queue.heartbeat(stale, 0.2)
+    time.sleep(0.35)
+
+    assert queue.rescue() == 1
+    rescued = queue.get("k")
+    assert rescued is not None and rescued.state is JobState.RETRYABLE
+    # Rescued but not yet re-claimed: the old token is already worthless.
+    assert not queue.heartbeat(stale)
+    with pytest.raises(LeaseLost):
+        queue.complete(stale)
+
+    [fresh] = queue.claim(1, lease=30)
+    assert fresh.attempt == 2 and fresh.lease_token != stale.lease_token
+    assert not queue.heartbeat(stale)
+    with pytest.raises(LeaseLost):
+        queue.complete(stale)
+    assert queue.fail(stale, "late failure") is None
+    assert queue.release(stale) is False
+    assert state_of(queue, "k") is JobState.RUNNING
+
+    assert queue.heartbeat(fresh, 30)
+    queue.complete(fresh)
+    done = queue.get("k")
+    assert done is not None and done.state is JobState.COMPLETED and done.finished_at is not None
+    with pytest.raises(LeaseLost):
+        queue.complete(fresh)  # completing twice is refused too
+
+
+def test_transient_failure_retries_within_the_backoff_ceiling(
+    queue: Queue, engine: Engine
+) -> None:
+    queue.enqueue("noop", {}, None, "k", max_attempts=8)
+    for attempt in (1, 2, 3):
+        make_due(engine)
+        [job] = queue.claim(1)
+        assert job.attempt == attempt
+        before = engine.now()
+        assert queue.fail(job, f"boom {attempt}") is JobState.RETRYABLE
+        after = engine.now()
+        failed = queue.get("k")
+        assert failed is not None and failed.state is JobState.RETRYABLE
+        assert before <= failed.run_at <= after + timedelta(seconds=retry.ceiling(attempt))
+        assert (failed.last_error, failed.last_error_kind) == (f"boom {attempt}", "transient")
+        assert failed.lease_token is None and failed.finished_at is None
+    assert [e["attempt"] for e in failed.errors] == [1, 2, 3]
+    assert [e["error"] for e in failed.errors] == ["boom 1", "boom 2", "boom 3"]
+
+
+def test_permanent_failure_goes_straight_to_dead(queue: Queue) -> None:
+    queue.enqueue("noop", {}, None, "k", max_attempts=8)
+    [job] = queue.claim(1)
+
+    assert queue.fail(job, "no such thing", transient=False) is JobState.DEAD
+
+    dead = queue.get("k")
+    assert dead is not None and dead.state is JobState.DEAD and dead.attempt == 1
+    assert (dead.last_error, dead.last_error_kind) == ("no such thing", "permanent")
+    assert dead.finished_at is not None
+    assert [j.key for j in queue.dead()] == ["k"]
+    assert queue.claim(1) == []
+
+
+def test_exhausting_max_attempts_dead_letters(queue: Queue, engine: Engine) -> None:
+    queue.enqueue("noop", {}, None, "k", max_attempts=3)
+    states = []
+    for _ in range(3):
+        make_due(engine)
+        [job] = queue.claim(1)
+        states.append(queue.fail(job, f"try {job.attempt}", kind="lock_timeout"))
+
+    assert states == [JobState.RETRYABLE, JobState.RETRYABLE, JobState.DEAD]
+    dead = queue.get("k")
+    assert dead is not None and dead.attempt == 3 and dead.last_error == "try 3"
+    make_due(engine)
+    assert queue.claim(1) == []
+    assert queue.stats().retries_by_kind == {"lock_timeout": 1}
+
+
+def test_rescue_returns_an_expired_claim_to_the_queue(queue: Queue) -> None:
+    queue.enqueue("noop", {}, None, "k", max_attempts=3)
+    queue.enqueue("noop", {}, None, "held", max_attempts=3)
+    [job] = queue.claim(1, lease=0.2, owner="crashed")
+    [held] = queue.claim(1, lease=60, owner="alive")
+    assert queue.rescue() == 0  # nothing has expired yet
+    time.sleep(0.35)
+
+    assert queue.rescue() == 1
+
+    rescued = queue.get(job.key)
+    assert rescued is not None and rescued.state is JobState.RETRYABLE
+    assert rescued.last_error_kind == "lease_expired" and "crashed" in (rescued.last_error or "")
+    assert rescued.lease_token is None and rescued.errors[-1]["kind"] == "lease_expired"
+    assert state_of(queue, held.key) is JobState.RUNNING
+    [again] = queue.claim(1)
+    assert again.key == job.key and again.attempt == 2
+
+
+def test_a_lease_that_expires_on_the_last_attempt_is_dead(queue: Queue) -> None:
+    queue.enqueue("noop", {}, None, "k", max_attempts=1)
+    queue.claim(1, lease=0.1)
+    time.sleep(0.25)
+
+    assert queue.rescue() == 1
+
+    dead = queue.get("k")
+    assert dead is not None and dead.state is JobState.DEAD and dead.attempt == 1
+    assert dead.last_error_kind == "lease_expired" and dead.finished_at is not None
+    assert queue.claim(1) == []
+
+
+def test_release_gives_a_job_back_without_spending_its_attempt(
+    queue: Queue, engine: Engine
+) -> None:
+    queue.enqueue("noop", {}, None, "k")
+    [job] = queue.claim(1)
+
+    assert queue.release(job)
+
+    back = queue.get("k")
+    assert back is not None and back.state is JobState.AVAILABLE and back.attempt == 0
+    [again] = queue.claim(1)
+    assert again.attempt == 1
+    assert queue.release(again, delay=3600)
+    assert state_of(queue, "k") is JobState.SCHEDULED
+    assert queue.claim(1) == []
+
+
+# -- dead-letter review --------------------------------------------------------------
+
+
+def kill(queue: Queue, *keys: str) -> None:
+    for key in keys:
+        queue.enqueue("noop", {"policy": "p" if key.startswith("p") else "q"}, None, key)
+    for job in queue.claim(len(keys)):
+        assert queue.fail(job, f"bad {job.key}", transient=False) is JobState.DEAD
+
+
+def test_redrive_one_several_and_all(queue: Queue, engine: Engine) -> None:
+    kill(queue, "a", "b", "c", "d", "e")
+    queue.enqueue("noop", {}, None, "waiting")
+
+    assert queue.redrive(["a"]) == ["a"]
+    assert sorted(queue.redrive(["b", "c", "waiting", "missing"])) == ["b", "c"]
+    assert sorted(queue.redrive(all=True)) == ["d", "e"]
+    assert queue.redrive(all=True) == []
+
+    for key in "abcde":
+        job = queue.get(key)
+        assert job is not None and job.state is JobState.AVAILABLE and job.attempt == 0
+        assert job.finished_at is None
+        assert [e["error"] for e in job.errors] == [f"bad {key}"]  # history kept
+    assert len(queue.claim(10)) == 6
+    actions = [row["action"] for row in engine.audit_list()]
+    assert actions.count("job.redriven") == 5
+
+
+def test_redrive_by_policy(queue: Queue) -> None:
+    kill(queue, "p1", "p2", "q1")
+
+    assert sorted(queue.redrive(all=True, policy="p")) == ["p1", "p2"]
+    assert state_of(queue, "q1") is JobState.DEAD
+
+
+def test_discard_cancels_dead_and_waiting_jobs_only(queue: Queue, engine: Engine) -> None:
+    kill(queue, "dead")
+    queue.enqueue("noop", {}, None, "running")
+    [running] = queue.claim(1)
+    queue.enqueue("noop", {}, None, "waiting")
+    queue.enqueue("noop", {}, 3600, "scheduled")
+
+    assert sorted(queue.discard(["dead", "running", "waiting", "scheduled", "nope"])) == [
+        "dead",
+        "scheduled",
+        "waiting",
+    ]
+
+    for key in ("dead", "waiting", "scheduled"):
+        job = queue.get(key)
+        assert job is not None and job.state is JobState.CANCELLED and job.finished_at is not None
+    assert state_of(queue, "running") is JobState.RUNNING
+    assert queue.redrive(["dead"]) == []  # a cancelled job is not dead any more
+    assert queue.claim(5) == []
+    assert [row["job_key"] for row in engine.audit_list() if row["action"] == "job.discarded"]
+
+
+def test_prune_deletes_only_old_completed_and_cancelled(queue: Queue, engine: Engine) -> None:
+    kill(queue, "old-dead")
+    for key in ("old-done-1", "old-done-2", "new-done"):
+        queue.enqueue("noop", {}, None, key)
+    for job in queue.claim(3):
+        queue.complete(job)
+    queue.enqueue("noop", {}, None, "old-cancelled")
+    queue.discard(["old-cancelled"])
+    queue.enqueue("noop", {}, None, "waiting")
+    age_finished(engine, ["old-dead", "old-done-1", "old-done-2", "old-cancelled"], 7200)
+
+    assert queue.prune(older_than=3600, batch=1) == 3
+
+    left = {row["key"] for row in execute(engine, "select key from expiry.jobs")}
+    assert left == {"old-dead", "new-done", "waiting"}
+    assert queue.prune(older_than=3600) == 0
+    time.sleep(0.01)
+    assert queue.prune(older_than=0) == 1
+    assert {row["key"] for row in execute(engine, "select key from expiry.jobs")} == {
+        "old-dead",
+        "waiting",
+    }
+
+
+# -- transactions ------------------------------------------------------------------
+
+
+def test_complete_inside_the_callers_transaction_rolls_back_with_it(
+    queue: Queue, engine: Engine
+) -> None:
+    execute(engine, "create table scratch (id integer primary key)")
+    queue.enqueue("noop", {}, None, "k")
+    [job] = queue.claim(1)
+    insert = "insert into scratch (id) values (%s)"
+
+    with pytest.raises(RuntimeError, match="handler blew up"):
+        with engine.transaction() as tx:
+            execute_in(engine, tx, insert, 1)
+            queue.complete(job, tx)
+            raise RuntimeError("handler blew up")
+
+    assert state_of(queue, "k") is JobState.RUNNING
+    assert execute(engine, "select id from scratch") == []
+
+    with engine.transaction() as tx:
+        execute_in(engine, tx, insert, 2)
+        queue.complete(job, tx)
+
+    assert state_of(queue, "k") is JobState.COMPLETED
+    assert execute(engine, "select id from scratch") == [{"id": 2}]
+
+
+def test_lease_lost_inside_the_callers_transaction_rolls_its_effect_back(
+    queue: Queue, engine: Engine
+) -> None:
+    execute(engine, "create table scratch (id integer primary key)")
+    queue.enqueue("noop", {}, None, "k")
+    [stale] = queue.claim(1, lease=30)
+    expire_leases(engine)
+    queue.rescue()
+    [fresh] = queue.claim(1)
+
+    with pytest.raises(LeaseLost):
+        with engine.transaction() as tx:
+            execute_in(engine, tx, "insert into scratch (id) values (%s)", 1)
+            queue.complete(stale, tx)
+
+    assert execute(engine, "select id from scratch") == []
+    queue.complete(fresh)
+
+
+def execute_in(engine: Engine, tx: object, statement: str, *params: object) -> None:
+    tx.execute(sql(engine, statement), params)  # type: ignore[attr-defined]
+
+
+# -- migrations --------------------------------------------------------------------
+
+
+def test_migrate_twice_is_a_no_op(engine: Engine) -> None:
+    version = engine.schema_version()
+    assert version == engine.migrations[-1][0]
+    assert engine.migrate() == []
+    assert engine.migrate() == []
+    assert engine.schema_version() == version
+
+
+def test_migrate_from_empty_then_again(engine: Engine) -> None:
+    if engine.dialect == "postgres":
+        execute(engine, "drop schema expiry cascade")
+    else:
+        for table in ("jobs", "ledger", "runs", "audit", "schema_migrations"):
+            execute(engine, f"drop table expiry_{table}")
+    assert engine.schema_version() == 0
+
+    assert engine.migrate() == [version for version, _ in engine.migrations]
+    assert engine.migrate() == []
+    assert Queue(engine).enqueue("noop", {}, None, "k").enqueued
+
+
+def test_a_database_from_a_newer_expiry_is_refused(db_url: str, engine: Engine) -> None:
+    execute(engine, "insert into expiry.schema_migrations (version, applied_at) values (999, {now})")
+
+    with pytest.raises(MigrationError, match="999"):
+        engine.migrate()
+
+    other = open_engine(db_url)
+    try:
+        assert other.schema_version() == 999
+        with pytest.raises(MigrationError, match="newer"):
+            other.migrate()
+    finally:
+        other.close()
+
+
+# -- stats ---------------------------------------------------------------------------
+
+
+def test_stats_by_state_oldest_due_running_and_dead(queue: Queue, engine: Engine) -> None:
+    kill(queue, "doomed")
+    queue.enqueue("noop", {}, None, "run", priority=-1)
+    [running] = queue.claim(1)
+    assert running.key == "run"
+    now = engine.now()
+    queue.enqueue("noop", {}, now - timedelta(seconds=30), "old")
+    queue.enqueue("noop", {}, None, "due")
+    queue.enqueue("noop", {}, 3600, "later")
+    queue.enqueue("noop", {}, None, "elsewhere", queue="other")
+
+    stats = queue.stats()
+
+    assert stats.by_state == {
+        "default": {"available": 2, "scheduled": 1, "running": 1, "dead": 1},
+        "other": {"available": 1},
+    }
+    assert 30 <= stats.oldest_due_seconds["default"] < 60
+    assert 0 <= stats.oldest_due_seconds["other"] < 30
+    assert [(q, key) for q, key, _ in stats.running] == [("default", "run")]
+    assert 0 <= stats.running[0][2] < 30
+    assert stats.dead == 1
+    assert stats.retries_by_kind == {"permanent": 1}
+    assert queue.pending() == 5  # not final: 3 waiting, 1 running, 1 elsewhere
+    assert queue.pending(due_only=True) == 4
+    assert queue.pending("other") == 1

@@ -1,0 +1,205 @@
+"""The worker against real databases: outcomes, retries, once(), graceful shutdown."""
+
+from __future__ import annotations
+
+import random
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from _support import execute, finish, make_due, placeholder, spawn, wait_for
+from expiry.app import App
+from expiry.errors import PermanentError
+from expiry.queue import new_job
+from expiry.types import Job, JobState
+from expiry.worker import Worker
+
+
+def make_worker(app: App, **kwargs: Any) -> Worker:
+    options: dict[str, Any] = {
+        "until_idle": True,
+        "poll": 0.05,
+        "rescue_every": 0.2,
+        "rng": random.Random(0),
+    }
+    return Worker(app, **{**options, **kwargs})
+
+
+def effects_table(app: App) -> None:
+    execute(app.engine, "create table effects (id integer primary key, job text not null)")
+
+
+def effects(app: App) -> list[tuple[int, str]]:
+    rows = execute(app.engine, "select id, job from effects order by id")
+    return [(row["id"], row["job"]) for row in rows]
+
+
+def get(app: App, key: str) -> Job:
+    job = app.queue.get(key)
+    assert job is not None, f"job {key} is missing"
+    return job
+
+
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_until_idle_runs_every_due_job_then_exits(app: App, concurrency: int) -> None:
+    effects_table(app)
+    mark = placeholder(app.engine)
+
+    @app.handler("record")
+    def record(job: Job, tx: Any) -> None:
+        tx.execute(
+            f"insert into effects (id, job) values ({mark}, {mark})", (job.payload["i"], job.key)
+        )
+
+    app.queue.enqueue_many(new_job("record", {"i": i}, None, f"r{i}") for i in range(40))
+    app.queue.enqueue("record", {"i": 999}, 3600, "later")
+    worker = make_worker(app, concurrency=concurrency, batch=4)
+
+    assert worker.run() == 0
+
+    assert worker.processed == 40
+    assert [i for i, _ in effects(app)] == list(range(40))
+    assert all(get(app, f"r{i}").state is JobState.COMPLETED for i in range(40))
+    assert get(app, "later").state is JobState.SCHEDULED
+    assert app.queue.pending(due_only=True) == 0
+
+
+def test_permanent_error_dead_letters_after_one_attempt_with_its_reason(app: App) -> None:
+    effects_table(app)
+    mark = placeholder(app.engine)
+    calls: list[int] = []
+
+    @app.handler("doomed")
+    def doomed(job: Job, tx: Any) -> None:
+        calls.append(job.attempt)
+        tx.execute(f"insert into effects (id, job) values (1, {mark})", (job.key,))
+        raise PermanentError("listing 42 has no owner")
+
+    app.queue.enqueue("doomed", {}, None, "d", max_attempts=5)
+    assert make_worker(app).run() == 0
+
+    job = get(app, "d")
+    assert calls == [1]
+    assert job.state is JobState.DEAD and job.attempt == 1
+    assert job.last_error == "PermanentError: listing 42 has no owner"
+    assert job.last_error_kind == "PermanentError"
+    assert effects(app) == []  # the handler's effect rolled back with the failure
+    assert [j.key for j in app.queue.dead()] == ["d"]
+
+
+def test_unknown_handler_is_dead_lettered(app: App) -> None:
+    app.queue.enqueue("nobody_handles_this", {}, None, "orphan")
+
+    assert make_worker(app).run() == 0
+
+    job = get(app, "orphan")
+    assert job.state is JobState.DEAD and "nobody_handles_this" in (job.last_error or "")
+
+
+def test_plain_exception_retries_exactly_max_attempts_then_dead(app: App) -> None:
+    calls: list[int] = []
+
+    @app.handler("flaky")
+    def flaky(job: Job, tx: Any) -> None:
+        calls.append(job.attempt)
+        raise ValueError(f"still broken on attempt {job.attempt}")
+
+    app.queue.enqueue("flaky", {}, None, "f", max_attempts=3)
+    for _ in range(6):  # bounded: three runs are needed, six would be a bug
+        assert make_worker(app).run() == 0
+        if get(app, "f").state is JobState.DEAD:
+            break
+        assert get(app, "f").state is JobState.RETRYABLE
+        make_due(app.engine, ["f"])  # skip the backoff wait
+
+    job = get(app, "f")
+    assert calls == [1, 2, 3]
+    assert job.state is JobState.DEAD and job.attempt == 3
+    assert job.last_error == "ValueError: still broken on attempt 3"
+    assert [e["kind"] for e in job.errors] == ["ValueError"] * 3
+    make_due(app.engine)
+    assert make_worker(app).run() == 0
+    assert calls == [1, 2, 3]
+
+
+def test_once_with_form_completes_a_repeated_operation_as_a_duplicate(app: App) -> None:
+    effects_table(app)
+    mark = placeholder(app.engine)
+    ran: list[str] = []
+
+    @app.handler("expire_listing")
+    def expire_listing(job: Job, tx: Any) -> None:
+        ran.append(job.key)
+        with app.once(tx, f"expire-listing:{job.payload['id']}:revision-{job.payload['rev']}"):
+            tx.execute(f"insert into effects (id, job) values ({mark}, {mark})",
+                       (job.payload["id"], job.key))
+
+    app.queue.enqueue("expire_listing", {"id": 7, "rev": 3}, None, "first")
+    assert make_worker(app).run() == 0
+    app.queue.enqueue("expire_listing", {"id": 7, "rev": 3}, None, "second")
+    assert make_worker(app).run() == 0
+
+    assert ran == ["first", "second"]
+    assert effects(app) == [(7, "first")]  # no second effect
+    for key in ("first", "second"):
+        job = get(app, key)
+        assert job.state is JobState.COMPLETED and job.attempt == 1 and job.errors == []
+    ledger = app.engine.ledger_get("expire-listing:7:revision-3")
+    assert ledger is not None and ledger["action"] == "once"
+
+
+def test_once_if_form_guards_each_operation(app: App) -> None:
+    effects_table(app)
+    mark = placeholder(app.engine)
+
+    @app.handler("purge")
+    def purge(job: Job, tx: Any) -> None:
+        for upload in job.payload["uploads"]:
+            if app.once(tx, f"purge-upload:{upload}"):
+                tx.execute(f"insert into effects (id, job) values ({mark}, {mark})",
+                           (upload, job.key))
+
+    app.queue.enqueue("purge", {"uploads": [1, 2]}, None, "a")
+    app.queue.enqueue("purge", {"uploads": [2, 3]}, None, "b")
+    assert make_worker(app, batch=1).run() == 0
+
+    assert effects(app) == [(1, "a"), (2, "a"), (3, "b")]
+    assert get(app, "b").state is JobState.COMPLETED
+
+
+def test_run_restores_the_signal_handlers_it_replaced(app: App) -> None:
+    before = (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT))
+
+    assert make_worker(app).run() == 0
+
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+
+
+def test_sigterm_finishes_the_job_in_hand_and_releases_the_rest(
+    db_url: str, app: App, tmp_path: Path
+) -> None:
+    app.queue.enqueue_many(
+        new_job("slow", {"seconds": 1.5}, None, f"s{i}", priority=i) for i in range(4)
+    )
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    proc = spawn("worker", db_url, "--batch", "4", "--lease", "60", "--marks", str(marks))
+    try:
+        wait_for(lambda: any(marks.iterdir()), what="the first job to start")
+    except AssertionError:
+        proc.kill()
+        raise AssertionError(finish(proc)[1]) from None
+
+    proc.send_signal(signal.SIGTERM)
+    code, err = finish(proc)
+
+    assert code == 0, err
+    assert [p.name for p in marks.iterdir()] == ["s0.1.started"]
+    done = get(app, "s0")
+    assert done.state is JobState.COMPLETED and done.attempt == 1
+    for key in ("s1", "s2", "s3"):
+        job = get(app, key)
+        assert job.state is JobState.AVAILABLE, key
+        assert job.attempt == 0 and job.lease_token is None and job.errors == []
