@@ -1,14 +1,14 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint typecheck bench clean
+.PHONY: demo test lint bench clean
 
-$(VENV)/bin/python:
+$(PY):
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
-$(STAMP): pyproject.toml | $(VENV)/bin/python
+$(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	touch $(STAMP)
 
@@ -28,4 +28,4 @@ bench: $(STAMP)
 	$(PY) bench/cleanup_throughput.py
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache expiry-demo.db* expiry-demo.toml

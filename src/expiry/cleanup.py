@@ -154,17 +154,38 @@ class Cleanup:
                 now = engine.now(conn).replace(microsecond=0)
                 cutoff = now - timedelta(seconds=policy.retain)
             rid = run_id(name, cutoff)
-            created = bool(engine.rows(conn, "run_insert", {
-                "id": rid, "policy": name, "cutoff": engine.time_param(cutoff),
-                "opened_by": opened_by}))
+            created = bool(
+                engine.rows(
+                    conn,
+                    "run_insert",
+                    {
+                        "id": rid,
+                        "policy": name,
+                        "cutoff": engine.time_param(cutoff),
+                        "opened_by": opened_by,
+                    },
+                )
+            )
             if created:
-                plan = new_job(PLAN, {"policy": name, "run_id": rid, "cutoff": format_time(cutoff)},
-                               key=f"{rid}:plan", max_attempts=policy.max_attempts,
-                               priority=policy.priority)
+                plan = new_job(
+                    PLAN,
+                    {"policy": name, "run_id": rid, "cutoff": format_time(cutoff)},
+                    key=f"{rid}:plan",
+                    max_attempts=policy.max_attempts,
+                    priority=policy.priority,
+                )
                 engine.job_insert_many([plan], conn)
-                engine.audit_append(conn, "run.opened", actor=actor, policy=name, run_id=rid,
-                                    detail={"cutoff": format_time(cutoff), "opened_by": opened_by})
-        log.info("run opened" if created else "run already open", extra={"policy": name, "run": rid})
+                engine.audit_append(
+                    conn,
+                    "run.opened",
+                    actor=actor,
+                    policy=name,
+                    run_id=rid,
+                    detail={"cutoff": format_time(cutoff), "opened_by": opened_by},
+                )
+        log.info(
+            "run opened" if created else "run already open", extra={"policy": name, "run": rid}
+        )
         return RunOpened(rid, name, cutoff, created)
 
     def finish_runs(self, run_ids: set[str]) -> None:
@@ -180,11 +201,16 @@ class Cleanup:
         engine = self.app.engine
         policy, target = self.policy(p["policy"]), self.target(p["policy"])
         cutoff = parse_time(p["cutoff"])
-        after, max_key = p.get("after"), p.get("max")
+        after: int | None = p.get("after")
+        max_key: int = p.get("max") or 0
         if after is None:
-            pending = engine.one(tx, "run_pending_elsewhere", {"policy": policy.name, "id": p["run_id"]})
+            pending = engine.one(
+                tx, "run_pending_elsewhere", {"policy": policy.name, "id": p["run_id"]}
+            )
             if pending and pending["n"]:
-                raise Snooze(OVERLAP_WAIT_SECONDS, f"{pending['n']} jobs of an earlier run are pending")
+                raise Snooze(
+                    OVERLAP_WAIT_SECONDS, f"{pending['n']} jobs of an earlier run are pending"
+                )
             bounds = target.bounds(tx, cutoff)
             if bounds is None:
                 engine.rows(tx, "run_add_windows", {"id": p["run_id"], "windows": 0, "done": True})
@@ -192,25 +218,50 @@ class Cleanup:
             after, max_key = bounds[0] - 1, bounds[1]
         los = target.plan_page(tx, cutoff, after, max_key, defaults.PLAN_PAGE)
         jobs = [
-            new_job(WINDOW, {"policy": policy.name, "run_id": p["run_id"], "cutoff": p["cutoff"],
-                             "lo": lo, "hi": lo + policy.window},
-                    key=f"{p['run_id']}:{lo}", max_attempts=policy.max_attempts,
-                    priority=policy.priority)
+            new_job(
+                WINDOW,
+                {
+                    "policy": policy.name,
+                    "run_id": p["run_id"],
+                    "cutoff": p["cutoff"],
+                    "lo": lo,
+                    "hi": lo + policy.window,
+                },
+                key=f"{p['run_id']}:{lo}",
+                max_attempts=policy.max_attempts,
+                priority=policy.priority,
+            )
             for lo in los
         ]
         last_page = len(los) < defaults.PLAN_PAGE
         if not last_page:
             cursor = los[-1] + policy.window
-            jobs.append(new_job(PLAN, {**p, "after": cursor, "max": max_key},
-                                key=f"{p['run_id']}:plan:{cursor}",
-                                max_attempts=policy.max_attempts, priority=policy.priority))
+            jobs.append(
+                new_job(
+                    PLAN,
+                    {**p, "after": cursor, "max": max_key},
+                    key=f"{p['run_id']}:plan:{cursor}",
+                    max_attempts=policy.max_attempts,
+                    priority=policy.priority,
+                )
+            )
         engine.job_insert_many(jobs, tx)
-        engine.rows(tx, "run_add_windows", {"id": p["run_id"], "windows": len(los), "done": last_page})
+        engine.rows(
+            tx, "run_add_windows", {"id": p["run_id"], "windows": len(los), "done": last_page}
+        )
         return len(los)
 
     def after_plan(self, job: Job, windows: int, seconds: float) -> None:
-        log.info("planned %d windows", windows, extra={"policy": job.payload["policy"],
-                 "run": job.payload["run_id"], "job": job.key, "attempt": job.attempt})
+        log.info(
+            "planned %d windows",
+            windows,
+            extra={
+                "policy": job.payload["policy"],
+                "run": job.payload["run_id"],
+                "job": job.key,
+                "attempt": job.attempt,
+            },
+        )
         self.finish_runs({job.payload["run_id"]})
 
     # -- the window job -----------------------------------------------------------
@@ -223,11 +274,25 @@ class Cleanup:
         target.set_timeouts(tx)
         lo, hi = int(p["lo"]), int(p["hi"])
         upto = min(hi, lo + self._pace(policy).chunk)
-        fresh = engine.ledger_insert(tx, job.key, policy=policy.name, run_id=p["run_id"], lo=lo,
-                                     hi=upto, action=policy.action, worker=job.lease_owner)
+        fresh = engine.ledger_insert(
+            tx,
+            job.key,
+            policy=policy.name,
+            run_id=p["run_id"],
+            lo=lo,
+            hi=upto,
+            action=policy.action,
+            worker=job.lease_owner,
+        )
         if not fresh:
-            engine.audit_append(tx, "window.duplicate", actor=job.lease_owner or "worker",
-                                policy=policy.name, run_id=p["run_id"], job_key=job.key)
+            engine.audit_append(
+                tx,
+                "window.duplicate",
+                actor=job.lease_owner or "worker",
+                policy=policy.name,
+                run_id=p["run_id"],
+                job_key=job.key,
+            )
             return WindowResult(policy.name, 0, True)
         try:
             rows = target.apply(tx, parse_time(p["cutoff"]), lo, upto)
@@ -235,12 +300,23 @@ class Cleanup:
             raise PermanentError(str(exc)) from exc
         engine.ledger_set_rows(tx, job.key, rows)
         if upto < hi:
-            rest = new_job(WINDOW, {**p, "lo": upto, "hi": hi}, key=f"{p['run_id']}:{upto}",
-                           max_attempts=policy.max_attempts, priority=policy.priority)
+            rest = new_job(
+                WINDOW,
+                {**p, "lo": upto, "hi": hi},
+                key=f"{p['run_id']}:{upto}",
+                max_attempts=policy.max_attempts,
+                priority=policy.priority,
+            )
             engine.job_insert_many([rest], tx)
-        engine.audit_append(tx, "window.applied", actor=job.lease_owner or "worker",
-                            policy=policy.name, run_id=p["run_id"], job_key=job.key,
-                            detail={"lo": lo, "hi": upto, "rows": rows, "action": policy.action})
+        engine.audit_append(
+            tx,
+            "window.applied",
+            actor=job.lease_owner or "worker",
+            policy=policy.name,
+            run_id=p["run_id"],
+            job_key=job.key,
+            detail={"lo": lo, "hi": upto, "rows": rows, "action": policy.action},
+        )
         return WindowResult(policy.name, rows, False)
 
     def _pace(self, policy: Policy) -> _Pace:
@@ -265,10 +341,20 @@ class Cleanup:
                 pace.chunk = min(policy.window, pace.chunk * 2)
             if policy.max_rows_per_second:
                 pace.not_before = max(pace.not_before, time.monotonic()) + (
-                    result.rows / policy.max_rows_per_second)
-        log.info("window applied" if not result.duplicate else "window already applied: duplicate skipped",
-                 extra={"policy": policy.name, "run": job.payload["run_id"], "job": job.key,
-                        "attempt": job.attempt, "rows": result.rows})
+                    result.rows / policy.max_rows_per_second
+                )
+        log.info(
+            "window applied"
+            if not result.duplicate
+            else "window already applied: duplicate skipped",
+            extra={
+                "policy": policy.name,
+                "run": job.payload["run_id"],
+                "job": job.key,
+                "attempt": job.attempt,
+                "rows": result.rows,
+            },
+        )
         self.finish_runs({job.payload["run_id"]})
 
     # -- reading ------------------------------------------------------------------
@@ -300,13 +386,20 @@ class Cleanup:
                     after = page[-1] + policy.window
                     if len(page) < defaults.PLAN_PAGE:
                         break
-        return PlanPreview(name, cutoff, candidates, len(windows),
-                           [(lo, lo + policy.window) for lo in windows[:limit]])
+        return PlanPreview(
+            name,
+            cutoff,
+            candidates,
+            len(windows),
+            [(lo, lo + policy.window) for lo in windows[:limit]],
+        )
 
 
 def register_cleanup(app: App) -> Cleanup:
     """Register the built-in planning and window handlers on ``app``."""
     cleanup = Cleanup(app)
     app.handler(PLAN, after=cleanup.after_plan)(cleanup.plan_page)
-    app.handler(WINDOW, before=cleanup.before_window, after=cleanup.after_window)(cleanup.apply_window)
+    app.handler(WINDOW, before=cleanup.before_window, after=cleanup.after_window)(
+        cleanup.apply_window
+    )
     return cleanup

@@ -38,50 +38,82 @@ def env(name: str, default: str | None = None) -> str | None:
 
 def common() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--config", default=env("CONFIG"), help="path to expiry.toml [EXPIRY_CONFIG]")
-    parser.add_argument("--database-url", default=env("DATABASE_URL"),
-                        help="overrides [database] url [EXPIRY_DATABASE_URL]")
+    parser.add_argument(
+        "--config", default=env("CONFIG"), help="path to expiry.toml [EXPIRY_CONFIG]"
+    )
+    parser.add_argument(
+        "--database-url",
+        default=env("DATABASE_URL"),
+        help="overrides [database] url [EXPIRY_DATABASE_URL]",
+    )
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
-    parser.add_argument("--log-format", choices=["text", "json"], default=env("LOG_FORMAT", "text"),
-                        help="[EXPIRY_LOG_FORMAT]")
+    parser.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default=env("LOG_FORMAT", "text"),
+        help="[EXPIRY_LOG_FORMAT]",
+    )
     parser.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"), help="[EXPIRY_LOG_LEVEL]")
-    parser.add_argument("--debug", action="store_true", default=bool(env("DEBUG")),
-                        help="show tracebacks [EXPIRY_DEBUG]")
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        default=bool(env("DEBUG")),
+        help="show tracebacks [EXPIRY_DEBUG]",
+    )
     return parser
 
 
 def build_parser() -> argparse.ArgumentParser:
     parent = common()
-    parser = argparse.ArgumentParser(prog="expiry", description="Durable, idempotent retention cleanup.",
-                                     parents=[parent])
+    parser = argparse.ArgumentParser(
+        prog="expiry", description="Durable, idempotent retention cleanup.", parents=[parent]
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def add(name: str, fn: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
+    def add(
+        name: str, fn: Callable[[argparse.Namespace], int], help: str
+    ) -> argparse.ArgumentParser:
         p = sub.add_parser(name, parents=[parent], help=help, description=help)
         p.set_defaults(fn=fn)
         return p
 
     demo = add("demo", cmd_demo, "build a sample SQLite marketplace and clean it, with a report")
-    demo.add_argument("--path", default=env("DEMO_PATH", "expiry-demo.db"), help="[EXPIRY_DEMO_PATH]")
-    demo.add_argument("--rows", type=int, default=int(env("DEMO_ROWS", "1000000") or 0),
-                      help="rows across the four tables [EXPIRY_DEMO_ROWS]")
+    demo.add_argument(
+        "--path", default=env("DEMO_PATH", "expiry-demo.db"), help="[EXPIRY_DEMO_PATH]"
+    )
+    demo.add_argument(
+        "--rows",
+        type=int,
+        default=int(env("DEMO_ROWS", "1000000") or 0),
+        help="rows across the four tables [EXPIRY_DEMO_ROWS]",
+    )
     demo.add_argument("--workers", type=int, default=int(env("DEMO_WORKERS", "2") or 2))
 
     add("migrate", cmd_migrate, "create or upgrade expiry's own tables")
     add("check", cmd_check, "validate expiry.toml and every policy against the live schema")
 
     worker = add("worker", cmd_worker, "run jobs")
-    worker.add_argument("--app", default=env("APP"), help="MODULE:ATTR of an App with handlers [EXPIRY_APP]")
-    worker.add_argument("--concurrency", type=int, default=int(env("CONCURRENCY", "0") or 0),
-                        help="job threads (default: [worker] concurrency) [EXPIRY_CONCURRENCY]")
+    worker.add_argument(
+        "--app", default=env("APP"), help="MODULE:ATTR of an App with handlers [EXPIRY_APP]"
+    )
+    worker.add_argument(
+        "--concurrency",
+        type=int,
+        default=int(env("CONCURRENCY", "0") or 0),
+        help="job threads (default: [worker] concurrency) [EXPIRY_CONCURRENCY]",
+    )
     worker.add_argument("--queue", action="append", default=None, help="queue to work (repeatable)")
-    worker.add_argument("--until-idle", action="store_true", help="exit 0 once nothing is due or running")
+    worker.add_argument(
+        "--until-idle", action="store_true", help="exit 0 once nothing is due or running"
+    )
 
     trigger = add("trigger", cmd_trigger, "start a run now (idempotent for the same cutoff)")
     trigger.add_argument("policy")
     trigger.add_argument("--cutoff", help="ISO-8601 cutoff (default: database now() - retain)")
     trigger.add_argument("--dry-run", action="store_true", help="show what the run would do")
-    trigger.add_argument("--wait", action="store_true", help="wait for the run; exit 1 if a window died")
+    trigger.add_argument(
+        "--wait", action="store_true", help="wait for the run; exit 1 if a window died"
+    )
     trigger.add_argument("--actor", default=env("ACTOR", getpass.getuser()))
 
     plan = add("plan", cmd_plan, "dry-run: cutoff, candidate rows and windows; mutates nothing")
@@ -145,8 +177,11 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     app = open_app(args)
     applied = app.migrate()
     version = app.engine.schema_version()
-    emit(args, {"applied": applied, "version": version},
-         lambda: out.print(f"applied {applied or 'nothing'}; schema version {version}"))
+    emit(
+        args,
+        {"applied": applied, "version": version},
+        lambda: out.print(f"applied {applied or 'nothing'}; schema version {version}"),
+    )
     return 0
 
 
@@ -156,8 +191,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     assert app.cleanup is not None
     warnings = app.cleanup.check()
     names = [p.name for p in app.cleanup.policies]
-    emit(args, {"ok": True, "policies": names, "warnings": warnings},
-         lambda: out.print("\n".join([f"warning: {w}" for w in warnings] + [f"ok: {len(names)} policies"])))
+    emit(
+        args,
+        {"ok": True, "policies": names, "warnings": warnings},
+        lambda: out.print(
+            "\n".join([f"warning: {w}" for w in warnings] + [f"ok: {len(names)} policies"])
+        ),
+    )
     return 0
 
 
@@ -193,11 +233,20 @@ def cmd_trigger(args: argparse.Namespace) -> int:
     if args.dry_run:
         return _print_preview(args, cleanup.preview(args.policy, cutoff))
     opened = cleanup.open_run(args.policy, cutoff, opened_by="cli", actor=args.actor)
-    data = {"run_id": opened.run_id, "policy": opened.policy, "cutoff": format_time(opened.cutoff),
-            "created": opened.created}
+    data = {
+        "run_id": opened.run_id,
+        "policy": opened.policy,
+        "cutoff": format_time(opened.cutoff),
+        "created": opened.created,
+    }
     if not args.wait:
-        emit(args, data, lambda: out.print(
-            f"run {opened.run_id} {'opened' if opened.created else 'was already open'}"))
+        emit(
+            args,
+            data,
+            lambda: out.print(
+                f"run {opened.run_id} {'opened' if opened.created else 'was already open'}"
+            ),
+        )
         return 0
     summary = _wait(app, opened.run_id, show=not args.json)
     emit(args, summary, lambda: _print_run(summary))
@@ -240,14 +289,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def _print_preview(args: argparse.Namespace, preview: Any) -> int:
     from .cleanup import format_time
 
-    data = {"policy": preview.policy, "cutoff": format_time(preview.cutoff),
-            "candidates": preview.candidates, "windows": preview.windows,
-            "first_windows": [{"lo": lo, "hi": hi} for lo, hi in preview.first_windows],
-            "dry_run": True}
+    data = {
+        "policy": preview.policy,
+        "cutoff": format_time(preview.cutoff),
+        "candidates": preview.candidates,
+        "windows": preview.windows,
+        "first_windows": [{"lo": lo, "hi": hi} for lo, hi in preview.first_windows],
+        "dry_run": True,
+    }
 
     def render() -> None:
-        out.print(f"policy {preview.policy}: cutoff {data['cutoff']}, {preview.candidates} candidate "
-                  f"rows in {preview.windows} windows (dry run: nothing changed)")
+        out.print(
+            f"policy {preview.policy}: cutoff {data['cutoff']}, {preview.candidates} candidate "
+            f"rows in {preview.windows} windows (dry run: nothing changed)"
+        )
         for lo, hi in preview.first_windows:
             out.print(f"  window ({lo}, {hi}]")
 
@@ -258,7 +313,7 @@ def _print_preview(args: argparse.Namespace, preview: Any) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     app = open_app(args)
     app.migrate()
-    data = {"policies": status.policies(app), "queue": status.queue(app)}
+    data: dict[str, Any] = {"policies": status.policies(app), "queue": status.queue(app)}
 
     def render() -> None:
         table = Table(title="policies")
@@ -266,9 +321,15 @@ def cmd_status(args: argparse.Namespace) -> int:
             table.add_column(col)
         for p in data["policies"]:
             last = p["last_run"]
-            table.add_row(p["name"], p["table"], p["action"], p["retain"], p["schedule"] or "-",
-                          p["watermark"], f"{last['state']} {last['jobs_done']}/{last['jobs_total']}"
-                          if last else "-")
+            table.add_row(
+                p["name"],
+                p["table"],
+                p["action"],
+                p["retain"],
+                p["schedule"] or "-",
+                p["watermark"],
+                f"{last['state']} {last['jobs_done']}/{last['jobs_total']}" if last else "-",
+            )
         out.print(table)
         q = data["queue"]
         states = Table(title="queue")
@@ -278,8 +339,10 @@ def cmd_status(args: argparse.Namespace) -> int:
             for state, n in sorted(by_state.items()):
                 states.add_row(name, state, str(n))
         out.print(states)
-        out.print(f"oldest due: {q['oldest_due_seconds'] or 'none'}; running: {len(q['running'])}; "
-                  f"retries by kind: {q['retries_by_kind'] or 'none'}; dead-letter depth: {q['dead']}")
+        out.print(
+            f"oldest due: {q['oldest_due_seconds'] or 'none'}; running: {len(q['running'])}; "
+            f"retries by kind: {q['retries_by_kind'] or 'none'}; dead-letter depth: {q['dead']}"
+        )
 
     emit(args, data, render)
     return 0
@@ -303,9 +366,15 @@ def cmd_runs(args: argparse.Namespace) -> int:
         for col in ("run", "state", "windows done/total", "rows", "duplicates", "retries", "dead"):
             table.add_column(col)
         for r in found:
-            table.add_row(r["id"], r["state"], f"{r['jobs_done']}/{r['jobs_total']}",
-                          str(r["rows_affected"]), str(r["duplicates_skipped"]), str(r["retries"]),
-                          str(r["jobs_dead"]))
+            table.add_row(
+                r["id"],
+                r["state"],
+                f"{r['jobs_done']}/{r['jobs_total']}",
+                str(r["rows_affected"]),
+                str(r["duplicates_skipped"]),
+                str(r["retries"]),
+                str(r["jobs_dead"]),
+            )
         out.print(table)
 
     emit(args, found, render)
@@ -323,16 +392,30 @@ def cmd_dlq(args: argparse.Namespace) -> int:
     queue = app.queue
     if args.action == "list":
         dead = queue.dead(limit=1000)
-        data = [{"key": j.key, "handler": j.handler, "attempt": j.attempt, "error": j.last_error,
-                 "kind": j.last_error_kind, "failed_at": j.finished_at} for j in dead]
+        data = [
+            {
+                "key": j.key,
+                "handler": j.handler,
+                "attempt": j.attempt,
+                "error": j.last_error,
+                "kind": j.last_error_kind,
+                "failed_at": j.finished_at,
+            }
+            for j in dead
+        ]
 
         def render() -> None:
             table = Table(title=f"dead-letter queue ({len(dead)})")
             for col in ("key", "handler", "attempts", "kind", "error"):
                 table.add_column(col)
             for j in dead:
-                table.add_row(j.key, j.handler, str(j.attempt), j.last_error_kind or "",
-                              (j.last_error or "")[:80])
+                table.add_row(
+                    j.key,
+                    j.handler,
+                    str(j.attempt),
+                    j.last_error_kind or "",
+                    (j.last_error or "")[:80],
+                )
             out.print(table)
 
         emit(args, data, render)
@@ -343,10 +426,16 @@ def cmd_dlq(args: argparse.Namespace) -> int:
         job = queue.get(args.keys[0])
         if job is None:
             raise ConfigError(f"no job with key {args.keys[0]!r}")
-        data = {"key": job.key, "handler": job.handler, "state": job.state.value,
-                "payload": job.payload, "attempt": job.attempt, "max_attempts": job.max_attempts,
-                "errors": job.errors}
-        emit(args, data, lambda: out.print_json(json.dumps(data, default=str)))
+        shown = {
+            "key": job.key,
+            "handler": job.handler,
+            "state": job.state.value,
+            "payload": job.payload,
+            "attempt": job.attempt,
+            "max_attempts": job.max_attempts,
+            "errors": job.errors,
+        }
+        emit(args, shown, lambda: out.print_json(json.dumps(shown, default=str)))
         return 0
     if args.action == "redrive":
         if not (args.keys or args.all or args.policy):
@@ -394,8 +483,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         if args.debug:
             raise
-        print(f"expiry: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
-              file=sys.stderr)
+        print(
+            f"expiry: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+            file=sys.stderr,
+        )
         return 1
 
 

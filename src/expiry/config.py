@@ -36,8 +36,10 @@ Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 def check_identifier(value: str, *, qualified: bool = False) -> str:
     parts = value.split(".")
-    if (qualified and len(parts) > 2) or (not qualified and len(parts) > 1) or not all(
-        IDENTIFIER.match(p) for p in parts
+    if (
+        (qualified and len(parts) > 2)
+        or (not qualified and len(parts) > 1)
+        or not all(IDENTIFIER.match(p) for p in parts)
     ):
         shape = "name or schema.name" if qualified else "column name"
         raise ValueError(
@@ -111,7 +113,9 @@ class Policy(Strict):
         try:
             ZoneInfo(value)
         except (ZoneInfoNotFoundError, ValueError):
-            raise ValueError(f"{value!r} is not an IANA time zone, e.g. \"UTC\" or \"Europe/Paris\"") from None
+            raise ValueError(
+                f'{value!r} is not an IANA time zone, e.g. "UTC" or "Europe/Paris"'
+            ) from None
         return value
 
     @field_validator("schedule")
@@ -160,7 +164,9 @@ class Config(Strict):
                 return policy
         known = [p.name for p in self.policy]
         hint = difflib.get_close_matches(name, known, n=1)
-        suggestion = f"; did you mean {hint[0]!r}?" if hint else f"; known: {', '.join(known) or 'none'}"
+        suggestion = (
+            f"; did you mean {hint[0]!r}?" if hint else f"; known: {', '.join(known) or 'none'}"
+        )
         raise ConfigError(f"no policy named {name!r}{suggestion}")
 
 
@@ -179,7 +185,11 @@ def _describe(error: dict[str, Any], data: dict[str, Any]) -> str:
     if section == "policy" and len(loc) >= 2 and isinstance(loc[1], int):
         index = loc[1]
         policies = data.get("policy") or []
-        name = policies[index].get("name") if index < len(policies) and isinstance(policies[index], dict) else None
+        name = (
+            policies[index].get("name")
+            if index < len(policies) and isinstance(policies[index], dict)
+            else None
+        )
         where = f"policy {name!r}" if name else f"policy #{index + 1}"
         loc = loc[2:]
         section = "policy"
@@ -191,7 +201,9 @@ def _describe(error: dict[str, Any], data: dict[str, Any]) -> str:
     if error["type"] == "extra_forbidden":
         model = _SECTIONS.get(section, Config)
         close = difflib.get_close_matches(field, list(model.model_fields), n=1)
-        fix = f"did you mean {close[0]!r}?" if close else f"allowed: {', '.join(model.model_fields)}"
+        fix = (
+            f"did you mean {close[0]!r}?" if close else f"allowed: {', '.join(model.model_fields)}"
+        )
         return f"{where}: unknown field {field!r}: {fix}"
     if error["type"] == "missing":
         return f"{where}: field {field!r} is required"
@@ -224,7 +236,9 @@ def load_config(path: Path | None = None) -> Config:
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise ConfigError(f"no config file at {path}: pass --config PATH or set EXPIRY_CONFIG") from None
+        raise ConfigError(
+            f"no config file at {path}: pass --config PATH or set EXPIRY_CONFIG"
+        ) from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

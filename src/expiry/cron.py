@@ -39,8 +39,9 @@ def check_expression(expr: str) -> str:
             "(minute hour day-of-month month day-of-week) or @hourly/@daily/@weekly/@monthly"
         )
     if any(mark in text.upper() for mark in _NONSTANDARD):
-        raise ValueError(f"{expr!r} uses a nonstandard extension (L, W, # or ?); "
-                         "use standard 5-field cron")
+        raise ValueError(
+            f"{expr!r} uses a nonstandard extension (L, W, # or ?); use standard 5-field cron"
+        )
     try:
         CronSim(text, datetime(2000, 1, 1))
     except CronSimError as exc:

@@ -122,8 +122,10 @@ def _time_sql(n: int, past: str, future: str) -> str:
     """Epoch seconds for row i: expired rows spread over the last ``past`` seconds
     (ending an hour ago); live rows spread from an hour ahead to ``future``."""
     cut = int(n * EXPIRED_SHARE)
-    return (f"(case when i <= {cut} then unixepoch() - 3600 - ({past}) * (1.0 - i * 1.0 / {cut}) "
-            f"else unixepoch() + 3600 + abs({future}) * (i - {cut}) * 1.0 / {max(1, n - cut)} end)")
+    return (
+        f"(case when i <= {cut} then unixepoch() - 3600 - ({past}) * (1.0 - i * 1.0 / {cut}) "
+        f"else unixepoch() + 3600 + abs({future}) * (i - {cut}) * 1.0 / {max(1, n - cut)} end)"
+    )
 
 
 def build_database(path: Path, rows: int) -> dict[str, int]:
@@ -134,17 +136,21 @@ def build_database(path: Path, rows: int) -> dict[str, int]:
     counts = {}
     for table, share in TABLES.items():
         n = max(1, int(rows * share))
-        fill = re.sub(r"\$time\(([^,]+), ([^)]+)\)",
-                      lambda m: _time_sql(n, m.group(1), m.group(2)), FILL[table])
-        conn.execute(f"with recursive c(i) as (select 1 union all select i + 1 from c where i < {n}) "
-                     + fill)
+        fill = FILL[table]
+        for match in re.finditer(r"\$time\(([^,]+), ([^)]+)\)", fill):
+            fill = fill.replace(match.group(0), _time_sql(n, match.group(1), match.group(2)))
+        # Our own fixed statements with integer counts: nothing here comes from input.
+        series = f"with recursive c(i) as (select 1 union all select i + 1 from c where i < {n}) "
+        conn.execute(series + fill)
         counts[table] = n
     conn.commit()
     conn.close()
     return counts
 
 
-def run_demo(path: Path, *, rows: int = 1_000_000, workers: int = 2, show: bool = True) -> dict[str, Any]:
+def run_demo(
+    path: Path, *, rows: int = 1_000_000, workers: int = 2, show: bool = True
+) -> dict[str, Any]:
     console = Console(stderr=not show, quiet=not show)
     if not console.is_terminal:
         console.width = max(console.width, 132)
@@ -162,12 +168,16 @@ def run_demo(path: Path, *, rows: int = 1_000_000, workers: int = 2, show: bool 
     assert cleanup is not None
     cleanup.check()
     before = {p.name: cleanup.watermark(p.name) for p in cleanup.policies}
-    console.print(f"built {sum(counts.values()):,} rows in {time.monotonic() - started:.1f}s; "
-                  f"config written to {config_file}")
+    console.print(
+        f"built {sum(counts.values()):,} rows in {time.monotonic() - started:.1f}s; "
+        f"config written to {config_file}"
+    )
 
     cleaning = time.monotonic()
-    runs = {p.name: cleanup.open_run(p.name, opened_by="demo", actor="demo").run_id
-            for p in cleanup.policies}
+    runs = {
+        p.name: cleanup.open_run(p.name, opened_by="demo", actor="demo").run_id
+        for p in cleanup.policies
+    }
     worker = Worker(app, concurrency=workers, until_idle=True, poll=0.05, name="demo-worker")
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
@@ -209,8 +219,13 @@ def run_demo(path: Path, *, rows: int = 1_000_000, workers: int = 2, show: bool 
 
 
 def _progress(console: Console, app: App, runs: dict[str, str], thread: threading.Thread) -> None:
-    columns = (TextColumn("{task.description:<20}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("windows"), TimeElapsedColumn())
+    columns = (
+        TextColumn("{task.description:<20}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("windows"),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=console, transient=False) as progress:
         tasks = {name: progress.add_task(name, total=None) for name in runs}
         while True:
@@ -218,8 +233,11 @@ def _progress(console: Console, app: App, runs: dict[str, str], thread: threadin
             for name, rid in runs.items():
                 s = status.run_summary(app, rid)
                 if s is not None:
-                    progress.update(tasks[name], total=max(s["jobs_total"], 1),
-                                    completed=s["jobs_done"] + s["jobs_dead"])
+                    progress.update(
+                        tasks[name],
+                        total=max(s["jobs_total"], 1),
+                        completed=s["jobs_done"] + s["jobs_dead"],
+                    )
             if not alive:
                 return
             time.sleep(0.1)
@@ -234,22 +252,42 @@ def _redeliver(app: App, runs: dict[str, str], per_run: int) -> int:
             cur = conn.execute(
                 "update expiry_jobs set state = 'available', run_at = 0, finished_at = null "
                 "where id in (select id from expiry_jobs where run_id = ? and handler = 'expiry.window' "
-                "and state = 'completed' order by id limit ?)", (rid, per_run))
+                "and state = 'completed' order by id limit ?)",
+                (rid, per_run),
+            )
             total += cur.rowcount
     return total
 
 
 def _print_report(console: Console, report: dict[str, Any]) -> None:
     table = Table(title=f"expiry demo: cleaned in {report['seconds_cleaning']}s")
-    for col in ("policy", "action", "rows", "windows", "duplicates skipped", "retries", "dead",
-                "watermark before", "after"):
+    for col in (
+        "policy",
+        "action",
+        "rows",
+        "windows",
+        "duplicates skipped",
+        "retries",
+        "dead",
+        "watermark before",
+        "after",
+    ):
         table.add_column(col, justify="left" if col in ("policy", "action") else "right")
     for p in report["policies"]:
-        table.add_row(p["policy"], p["action"], f"{p['rows_affected']:,}", str(p["windows"]),
-                      str(p["duplicates_skipped"]), str(p["retries"]), str(p["dead"]),
-                      format_duration(round(p["watermark_before_seconds"])),
-                      format_duration(round(p["watermark_after_seconds"])))
+        table.add_row(
+            p["policy"],
+            p["action"],
+            f"{p['rows_affected']:,}",
+            str(p["windows"]),
+            str(p["duplicates_skipped"]),
+            str(p["retries"]),
+            str(p["dead"]),
+            format_duration(round(p["watermark_before_seconds"])),
+            format_duration(round(p["watermark_after_seconds"])),
+        )
     console.print(table)
-    console.print(f"{report['redelivered_windows']} completed windows were delivered a second time "
-                  "(as after a lost ack); the ledger turned each into a no-op. "
-                  f"Inspect with: expiry --config {Path(report['database']).with_suffix('.toml')} status")
+    console.print(
+        f"{report['redelivered_windows']} completed windows were delivered a second time "
+        "(as after a lost ack); the ledger turned each into a no-op. "
+        f"Inspect with: expiry --config {Path(report['database']).with_suffix('.toml')} status"
+    )

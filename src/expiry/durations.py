@@ -11,7 +11,7 @@ _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 def parse_duration(text: str | int | float) -> float:
     """Seconds in a duration; a bare number is seconds. Raises ValueError."""
     if isinstance(text, bool):
-        raise ValueError("expected a duration like \"30d\", \"12h\", \"90m\" or \"0s\"")
+        raise ValueError('expected a duration like "30d", "12h", "90m" or "0s"')
     if isinstance(text, int | float):
         if text < 0:
             raise ValueError("a duration cannot be negative")
@@ -19,8 +19,8 @@ def parse_duration(text: str | int | float) -> float:
     compact = text.strip().replace(" ", "")
     if not compact or _PART.sub("", compact) != "":
         raise ValueError(
-            f"{text!r} is not a duration: write a number and a unit, like \"30d\", \"12h\", "
-            "\"90m\", \"45s\" or \"250ms\" (units: ms, s, m, h, d, w)"
+            f'{text!r} is not a duration: write a number and a unit, like "30d", "12h", '
+            '"90m", "45s" or "250ms" (units: ms, s, m, h, d, w)'
         )
     return sum(float(n) * _UNITS[unit] for n, unit in _PART.findall(compact))
 

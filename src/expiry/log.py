@@ -16,7 +16,9 @@ FIELDS = ("policy", "run", "job", "attempt", "state", "rows", "error", "worker",
 class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
-        extras = [f"{k}={getattr(record, k)}" for k in FIELDS if getattr(record, k, None) is not None]
+        extras = [
+            f"{k}={getattr(record, k)}" for k in FIELDS if getattr(record, k, None) is not None
+        ]
         return f"{line} {' '.join(extras)}" if extras else line
 
 

@@ -75,13 +75,12 @@ class Queue:
         conn: Any | None = None,
     ) -> EnqueueResult:
         """Enqueue one job; ``.enqueued`` is False when its key already existed."""
-        job = new_job(name, payload, run_at, key, queue=queue, priority=priority,
-                      max_attempts=max_attempts)
+        job = new_job(
+            name, payload, run_at, key, queue=queue, priority=priority, max_attempts=max_attempts
+        )
         return self.engine.job_insert_many([job], conn)[0]
 
-    def enqueue_many(
-        self, jobs: Iterable[NewJob], conn: Any | None = None
-    ) -> list[EnqueueResult]:
+    def enqueue_many(self, jobs: Iterable[NewJob], conn: Any | None = None) -> list[EnqueueResult]:
         """Enqueue many jobs in one statement (one round trip)."""
         return self.engine.job_insert_many(list(jobs), conn)
 
@@ -110,7 +109,9 @@ class Queue:
         """Transient: retry after backoff while attempts remain; else dead.
         Returns the new state, or None when the lease had been lost."""
         delay = retry.backoff(job.attempt, self.rng) if transient else None
-        return self.engine.job_fail(job, error, kind or ("transient" if transient else "permanent"), delay)
+        return self.engine.job_fail(
+            job, error, kind or ("transient" if transient else "permanent"), delay
+        )
 
     def release(self, job: Job, delay: float = 0.0) -> bool:
         """Give a job back unrun, without spending an attempt."""
@@ -120,8 +121,10 @@ class Queue:
         """Make jobs whose lease expired available again (or dead if exhausted)."""
         rescued = self.engine.job_rescue()
         for row in rescued:
-            log.warning("lease expired; job returned to the queue", extra={
-                "job": row["key"], "attempt": row["attempt"], "state": row["state"]})
+            log.warning(
+                "lease expired; job returned to the queue",
+                extra={"job": row["key"], "attempt": row["attempt"], "state": row["state"]},
+            )
         return len(rescued)
 
     def get(self, key: str) -> Job | None:
@@ -142,16 +145,23 @@ class Queue:
         """Send dead jobs back with a fresh attempt budget; audited."""
         rows = self.engine.job_redrive(keys, all=all, policy=policy)
         for row in rows:
-            self.engine.audit_append(None, "job.redriven", actor=actor, job_key=row["key"],
-                                     run_id=row["run_id"], policy=policy)
+            self.engine.audit_append(
+                None,
+                "job.redriven",
+                actor=actor,
+                job_key=row["key"],
+                run_id=row["run_id"],
+                policy=policy,
+            )
         return [row["key"] for row in rows]
 
     def discard(self, keys: Sequence[str], *, actor: str = "operator") -> list[str]:
         """Cancel dead or waiting jobs; audited."""
         rows = self.engine.job_discard(keys)
         for row in rows:
-            self.engine.audit_append(None, "job.discarded", actor=actor, job_key=row["key"],
-                                     run_id=row["run_id"])
+            self.engine.audit_append(
+                None, "job.discarded", actor=actor, job_key=row["key"], run_id=row["run_id"]
+            )
         return [row["key"] for row in rows]
 
     def prune(self, older_than: float = defaults.PRUNE_AFTER_SECONDS, batch: int = 10_000) -> int:

@@ -13,7 +13,9 @@ import random
 from .defaults import BACKOFF_BASE_SECONDS, BACKOFF_CAP_SECONDS
 
 
-def ceiling(attempt: int, base: float = BACKOFF_BASE_SECONDS, cap: float = BACKOFF_CAP_SECONDS) -> float:
+def ceiling(
+    attempt: int, base: float = BACKOFF_BASE_SECONDS, cap: float = BACKOFF_CAP_SECONDS
+) -> float:
     """The largest delay retry ``attempt`` may wait."""
     return min(cap, base * 2.0 ** max(0, min(attempt, 62)))
 
@@ -28,6 +30,8 @@ def backoff(
     return (rng or random).uniform(0.0, ceiling(attempt, base, cap))
 
 
-def schedule(max_attempts: int, base: float = BACKOFF_BASE_SECONDS, cap: float = BACKOFF_CAP_SECONDS) -> list[tuple[int, float]]:
+def schedule(
+    max_attempts: int, base: float = BACKOFF_BASE_SECONDS, cap: float = BACKOFF_CAP_SECONDS
+) -> list[tuple[int, float]]:
     """[(failed attempt, longest wait before the next)] for every retry."""
     return [(n, ceiling(n, base, cap)) for n in range(1, max_attempts)]

@@ -46,8 +46,11 @@ def run_summary(app: App, run_id: str) -> dict[str, Any] | None:
         "rows_affected": int(ledger["rows"]),
         "duplicates_skipped": int(duplicates["n"]),
         "retries": sum(int(j["failures"]) for j in windows),
-        "redelivered": sum(int(j["attempts"]) - int(j["n"]) - int(j["failures"])
-                           for j in windows if j["state"] == "completed"),
+        "redelivered": sum(
+            int(j["attempts"]) - int(j["n"]) - int(j["failures"])
+            for j in windows
+            if j["state"] == "completed"
+        ),
         "opened_at": _time(app, run["opened_at"]),
         "planned_at": _time(app, run["planned_at"]),
         "finished_at": _time(app, run["finished_at"]),
@@ -67,17 +70,19 @@ def policies(app: App) -> list[dict[str, Any]]:
         last = runs(app, policy.name, 1)
         assert cleanup is not None
         watermark = cleanup.watermark(policy.name)
-        out.append({
-            "name": policy.name,
-            "table": policy.table,
-            "action": policy.action,
-            "retain": format_duration(policy.retain),
-            "schedule": policy.schedule,
-            "timezone": policy.timezone,
-            "watermark_seconds": round(watermark, 3),
-            "watermark": format_duration(round(watermark)),
-            "last_run": last[0] if last else None,
-        })
+        out.append(
+            {
+                "name": policy.name,
+                "table": policy.table,
+                "action": policy.action,
+                "retain": format_duration(policy.retain),
+                "schedule": policy.schedule,
+                "timezone": policy.timezone,
+                "watermark_seconds": round(watermark, 3),
+                "watermark": format_duration(round(watermark)),
+                "last_run": last[0] if last else None,
+            }
+        )
     return out
 
 
@@ -86,7 +91,9 @@ def queue(app: App) -> dict[str, Any]:
     return {
         "jobs_by_queue_and_state": stats.by_state,
         "oldest_due_seconds": {q: round(a, 3) for q, a in stats.oldest_due_seconds.items()},
-        "running": [{"queue": q, "job": k, "held_seconds": round(h, 3)} for q, k, h in stats.running],
+        "running": [
+            {"queue": q, "job": k, "held_seconds": round(h, 3)} for q, k, h in stats.running
+        ],
         "retries_by_kind": stats.retries_by_kind,
         "dead": stats.dead,
     }

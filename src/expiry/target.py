@@ -56,10 +56,14 @@ DELETE = "delete from {table} where " + WINDOW
 
 # PostgreSQL moves rows in one statement; SQLite (no DELETE in a CTE) copies then
 # deletes inside its single-writer transaction, and checks the two counts agree.
-ARCHIVE_MOVE = """
-with moved as (delete from {table} where """ + WINDOW + """ returning {columns})
+ARCHIVE_MOVE = (
+    """
+with moved as (delete from {table} where """
+    + WINDOW
+    + """ returning {columns})
 insert into {archive} ({columns}) select {columns} from moved
 """
+)
 ARCHIVE_COPY = "insert into {archive} ({columns}) select {columns} from {table} where " + WINDOW
 
 COUNT = "select count(*) as n from {table} where {pred}"
@@ -145,8 +149,10 @@ class Target:
         if self.engine.dialect == "postgres":
             conn.execute(
                 "select set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)",
-                (f"{int(self.policy.lock_timeout * 1000)}ms",
-                 f"{int(self.policy.statement_timeout * 1000)}ms"),
+                (
+                    f"{int(self.policy.lock_timeout * 1000)}ms",
+                    f"{int(self.policy.statement_timeout * 1000)}ms",
+                ),
             )
 
     def bounds(self, conn: Any, cutoff: datetime) -> tuple[int, int] | None:
@@ -155,10 +161,19 @@ class Target:
             return None
         return int(row["lo"]), int(row["hi"])
 
-    def plan_page(self, conn: Any, cutoff: datetime, after: int, max_key: int, page: int) -> list[int]:
+    def plan_page(
+        self, conn: Any, cutoff: datetime, after: int, max_key: int, page: int
+    ) -> list[int]:
         """Lower bounds of up to ``page`` windows (lo, lo + window] after ``after``."""
-        rows = self.run(conn, PLAN_PAGE, cutoff=cutoff, after=after, max=max_key,
-                        window=self.policy.window, page=page).fetchall()
+        rows = self.run(
+            conn,
+            PLAN_PAGE,
+            cutoff=cutoff,
+            after=after,
+            max=max_key,
+            window=self.policy.window,
+            page=page,
+        ).fetchall()
         return [int(row["lo"]) for row in rows]
 
     def apply(self, conn: Any, cutoff: datetime, lo: int, hi: int) -> int:
@@ -186,32 +201,43 @@ class Target:
         p = self.policy
         columns = self._columns(conn, p.table)
         if not columns:
-            raise SchemaError(f"policy {p.name!r}: table {p.table!r} does not exist "
-                              "(fix: create it, or correct 'table')")
+            raise SchemaError(
+                f"policy {p.name!r}: table {p.table!r} does not exist "
+                "(fix: create it, or correct 'table')"
+            )
         by_name = {c.name: c for c in columns}
         for field, column in (("key", p.key), ("timestamp", p.timestamp)):
             if column not in by_name:
                 raise SchemaError(
                     f"policy {p.name!r}: {field} column {column!r} is not in table {p.table!r} "
-                    f"(columns: {', '.join(by_name)})")
+                    f"(columns: {', '.join(by_name)})"
+                )
         if "int" not in by_name[p.key].type.lower():
-            raise SchemaError(f"policy {p.name!r}: key column {p.key!r} is {by_name[p.key].type}, "
-                              "not an integer type; windows need a monotonic integer key")
+            raise SchemaError(
+                f"policy {p.name!r}: key column {p.key!r} is {by_name[p.key].type}, "
+                "not an integer type; windows need a monotonic integer key"
+            )
         self.ts_kind = self._ts_kind(conn, by_name[p.timestamp])
         warnings = []
         if not by_name[p.timestamp].indexed:
-            warnings.append(f"policy {p.name!r}: timestamp column {p.timestamp!r} has no index; "
-                            "planning and the watermark will scan the table")
+            warnings.append(
+                f"policy {p.name!r}: timestamp column {p.timestamp!r} has no index; "
+                "planning and the watermark will scan the table"
+            )
         self.columns = [c.name for c in columns]
         if p.action == "archive":
             assert p.archive_table is not None
             archive = {c.name for c in self._columns(conn, p.archive_table)}
             if not archive:
-                raise SchemaError(f"policy {p.name!r}: archive_table {p.archive_table!r} does not exist")
+                raise SchemaError(
+                    f"policy {p.name!r}: archive_table {p.archive_table!r} does not exist"
+                )
             missing = [c for c in self.columns if c not in archive]
             if missing:
-                raise SchemaError(f"policy {p.name!r}: archive_table {p.archive_table!r} lacks "
-                                  f"columns {', '.join(missing)}")
+                raise SchemaError(
+                    f"policy {p.name!r}: archive_table {p.archive_table!r} lacks "
+                    f"columns {', '.join(missing)}"
+                )
         if p.where:
             self._explain_where(conn)
         self.checked = True
@@ -229,8 +255,10 @@ class Target:
             if savepoint:
                 conn.execute("rollback to savepoint expiry_explain")
             first = str(exc).splitlines()[0]
-            raise SchemaError(f"policy {self.policy.name!r}: where = {self.policy.where!r} "
-                              f"is not a valid predicate on {self.policy.table!r}: {first}") from exc
+            raise SchemaError(
+                f"policy {self.policy.name!r}: where = {self.policy.where!r} "
+                f"is not a valid predicate on {self.policy.table!r}: {first}"
+            ) from exc
 
     def _columns(self, conn: Any, table: str) -> list[Column]:
         if self.engine.dialect == "postgres":
@@ -253,14 +281,18 @@ class Target:
             info = conn.execute(f"pragma index_info({quote(index['name'])})").fetchall()
             if info:
                 first_columns.add(info[0]["name"])
-        return [Column(r["name"], r["type"] or "", r["name"] in first_columns or r["pk"] == 1)
-                for r in rows]
+        return [
+            Column(r["name"], r["type"] or "", r["name"] in first_columns or r["pk"] == 1)
+            for r in rows
+        ]
 
     def _ts_kind(self, conn: Any, column: Column) -> str:
         if self.engine.dialect == "postgres":
             if not any(t in column.type for t in ("timestamp", "date")):
-                raise SchemaError(f"policy {self.policy.name!r}: timestamp column {column.name!r} is "
-                                  f"{column.type}; use timestamptz, timestamp or date")
+                raise SchemaError(
+                    f"policy {self.policy.name!r}: timestamp column {column.name!r} is "
+                    f"{column.type}; use timestamptz, timestamp or date"
+                )
             return "timestamp"
         declared = column.type.upper()
         if any(t in declared for t in ("INT", "REAL", "FLOA", "DOUB", "NUM")):

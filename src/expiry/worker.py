@@ -74,9 +74,19 @@ class Worker:
 
     def run(self) -> int:
         """Run until stopped (or idle with ``until_idle``). Returns an exit code."""
+        # The handlers are put back on return, so that a worker run inside a
+        # larger program (or a test run) leaves Ctrl-C working as before.
+        previous: dict[signal.Signals, Any] = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(sig, self._on_signal)
+                previous[sig] = signal.signal(sig, self._on_signal)
+        try:
+            return self._run_loops()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _run_loops(self) -> int:
         log.info("worker started", extra={"worker": self.name})
         helpers = [
             threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True),
@@ -108,8 +118,9 @@ class Worker:
         failures = 0
         while not self.stopping.is_set():
             try:
-                jobs = self.app.queue.claim(self.batch, self.lease, queues=self.queues,
-                                            owner=self.name)
+                jobs = self.app.queue.claim(
+                    self.batch, self.lease, queues=self.queues, owner=self.name
+                )
                 failures = 0
             except Exception as exc:  # the database went away: back off, reconnect
                 failures += 1
@@ -143,8 +154,9 @@ class Worker:
                 self.app.queue.release(job)
                 log.info("job released on shutdown", extra=job_fields(job))
             except Exception as exc:
-                log.warning("could not release job; its lease will expire: %s", exc,
-                            extra=job_fields(job))
+                log.warning(
+                    "could not release job; its lease will expire: %s", exc, extra=job_fields(job)
+                )
             with self._lock:
                 self._held.pop(job.id, None)
 
@@ -185,8 +197,14 @@ class Worker:
         fields = job_fields(job)
         handler = self.app.handlers.get(job.handler)
         if handler is None:
-            self._fail(job, KeyError(f"no handler {job.handler!r} is registered in this "
-                                     "worker (start it with --app MODULE:APP)"), transient=False)
+            self._fail(
+                job,
+                KeyError(
+                    f"no handler {job.handler!r} is registered in this "
+                    "worker (start it with --app MODULE:APP)"
+                ),
+                transient=False,
+            )
             return
         log.debug("job running", extra=fields)
         try:
@@ -205,8 +223,9 @@ class Worker:
             log.info("job snoozed: %s", snooze, extra={**fields, "delay": snooze.delay})
             return
         except LeaseLost:
-            log.warning("lease lost; the work was rolled back and belongs to its new owner",
-                        extra=fields)
+            log.warning(
+                "lease lost; the work was rolled back and belongs to its new owner", extra=fields
+            )
             return
         except Exception as exc:
             self._fail(job, exc)
@@ -218,8 +237,10 @@ class Worker:
     def _complete_duplicate(self, job: Job) -> None:
         try:
             self.app.queue.complete(job)
-            log.info("job completed as a duplicate: already applied",
-                     extra={**job_fields(job), "state": "completed"})
+            log.info(
+                "job completed as a duplicate: already applied",
+                extra={**job_fields(job), "state": "completed"},
+            )
         except LeaseLost:
             log.warning("lease lost", extra=job_fields(job))
 
@@ -231,11 +252,17 @@ class Worker:
         try:
             state = self.app.engine.job_fail(job, error, kind, delay)
         except Exception as db_exc:
-            log.error("could not record failure; the lease will expire and the job retry: %s",
-                      db_exc, extra=job_fields(job))
+            log.error(
+                "could not record failure; the lease will expire and the job retry: %s",
+                db_exc,
+                extra=job_fields(job),
+            )
             return
-        fields = {**job_fields(job), "state": state.value if state else "lease_lost",
-                  "error": error.splitlines()[0][:300]}
+        fields = {
+            **job_fields(job),
+            "state": state.value if state else "lease_lost",
+            "error": error.splitlines()[0][:300],
+        }
         if state is JobState.RETRYABLE:
             log.warning("job failed; retrying", extra={**fields, "delay": round(delay or 0, 3)})
         elif state is JobState.DEAD:

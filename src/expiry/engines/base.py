@@ -20,9 +20,9 @@ from datetime import datetime
 from importlib import resources
 from typing import Any
 
+from ..defaults import MAX_PAYLOAD_BYTES
 from ..errors import LeaseLost, MigrationError, PayloadTooLarge
 from ..types import EnqueueResult, Job, JobState, NewJob, QueueStats
-from ..defaults import MAX_PAYLOAD_BYTES
 
 Row = dict[str, Any]
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
@@ -169,8 +169,8 @@ class Engine(abc.ABC):
             seen.add(job.key)
         return results
 
-    def _notify(self, conn: Any, due_keys: set[str], jobs: Sequence[NewJob]) -> None:
-        """Hint listeners that due work arrived (PostgreSQL only)."""
+    def _notify(self, conn: Any, due_keys: set[str], jobs: Sequence[NewJob]) -> None:  # noqa: B027
+        """Hint listeners that due work arrived (PostgreSQL only; others poll)."""
 
     def job_claim(
         self, queues: Sequence[str], n: int, lease_seconds: float, owner: str
@@ -232,7 +232,9 @@ class Engine(abc.ABC):
 
     def job_list(self, state: JobState, queue: str | None = None, limit: int = 100) -> list[Job]:
         with self.transaction() as conn:
-            found = self.rows(conn, "job_list", {"state": state.value, "queue": queue, "limit": limit})
+            found = self.rows(
+                conn, "job_list", {"state": state.value, "queue": queue, "limit": limit}
+            )
         return [self._job(row) for row in found]
 
     def job_prune(self, older_than_seconds: float, limit: int = 10_000) -> int:
@@ -285,8 +287,15 @@ class Engine(abc.ABC):
         worker: str | None = None,
     ) -> bool:
         """True if this transaction now owns ``key``; False if it committed before."""
-        params = {"key": key, "policy": policy, "run_id": run_id, "lo": lo, "hi": hi,
-                  "action": action, "worker": worker}
+        params = {
+            "key": key,
+            "policy": policy,
+            "run_id": run_id,
+            "lo": lo,
+            "hi": hi,
+            "action": action,
+            "worker": worker,
+        }
         return bool(self.rows(conn, "ledger_insert", params))
 
     def ledger_set_rows(self, conn: Any, key: str, rows: int) -> None:
@@ -306,8 +315,14 @@ class Engine(abc.ABC):
         job_key: str | None = None,
         detail: dict[str, Any] | None = None,
     ) -> None:
-        params = {"actor": actor, "action": action, "policy": policy, "run_id": run_id,
-                  "job_key": job_key, "detail": json.dumps(detail or {}, default=str)}
+        params = {
+            "actor": actor,
+            "action": action,
+            "policy": policy,
+            "run_id": run_id,
+            "job_key": job_key,
+            "detail": json.dumps(detail or {}, default=str),
+        }
         with self._tx(conn) as c:
             self.rows(c, "audit_append", params)
 

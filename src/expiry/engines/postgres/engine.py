@@ -126,8 +126,10 @@ class PostgresEngine(Engine):
             "max_attempts": [j.max_attempts for j in jobs],
             "run_ats": [j.run_at for j in jobs],
             "delays": [float(j.delay) for j in jobs],
-            "run_ids": [j.payload.get("run_id") if isinstance(j.payload.get("run_id"), str)
-                        else None for j in jobs],
+            "run_ids": [
+                j.payload.get("run_id") if isinstance(j.payload.get("run_id"), str) else None
+                for j in jobs
+            ],
         }
 
     def _notify(self, conn: Any, due_keys: set[str], jobs: Sequence[NewJob]) -> None:
@@ -229,7 +231,9 @@ class PostgresEngine(Engine):
                     conn.execute(sql.encode())
                 except psycopg.Error as exc:
                     raise MigrationError(f"migration {version:04d} failed: {exc}") from exc
-                conn.execute("insert into expiry.schema_migrations (version) values (%s)", (version,))
+                conn.execute(
+                    "insert into expiry.schema_migrations (version) values (%s)", (version,)
+                )
                 applied.append(version)
         for version in applied:
             log.info("applied migration %04d", version)

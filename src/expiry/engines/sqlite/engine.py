@@ -58,9 +58,7 @@ class SQLiteEngine(Engine):
     def __init__(self, url: str) -> None:
         self.url = url
         self.path = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else url
-        self.queries = load_queries(
-            __package__ or "expiry.engines.sqlite", {"$now": NOW_SQL}
-        )
+        self.queries = load_queries(__package__ or "expiry.engines.sqlite", {"$now": NOW_SQL})
         self.migrations = load_migrations(__package__ or "expiry.engines.sqlite")
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
@@ -131,7 +129,8 @@ class SQLiteEngine(Engine):
                 "max_attempts": j.max_attempts,
                 "run_at": None if j.run_at is None else epoch(j.run_at),
                 "delay": float(j.delay),
-                "run_id": j.payload.get("run_id") if isinstance(j.payload.get("run_id"), str)
+                "run_id": j.payload.get("run_id")
+                if isinstance(j.payload.get("run_id"), str)
                 else None,
             }
             for j, payload in zip(jobs, payloads, strict=True)
