@@ -37,7 +37,9 @@ def test_no_job_is_claimed_twice_by_concurrent_processes(
         code, err = finish(proc, timeout=120)
         assert code == 0, err
 
-    claimed: list[int] = [i for out in outs for i in json.loads(out.read_text())]
+    per_process = [json.loads(out.read_text()) for out in outs]
+    print("claims per process:", [len(ids) for ids in per_process])
+    claimed: list[int] = [i for ids in per_process for i in ids]
     assert len(claimed) == len(set(claimed)), "a job was claimed twice"
     assert set(claimed) == ids
     stats = app.queue.stats()
@@ -58,8 +60,10 @@ def test_a_killed_workers_claim_is_rescued_and_completed(
     db_url: str, app: App, tmp_path: Path
 ) -> None:
     app.queue.enqueue("sleep_forever", {}, None, "stuck", max_attempts=3)
-    proc = spawn("worker", db_url, "--lease", "1", "--marks", str(tmp_path))
-    wait_for(lambda: (tmp_path / "stuck.1.started").exists(), what="the job to start")
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    proc = spawn("worker", db_url, "--lease", "1", "--marks", str(marks))
+    wait_for(lambda: (marks / "stuck.1.started").exists(), what="the job to start")
     proc.send_signal(signal.SIGKILL)
     code, _ = finish(proc)
     assert code == -signal.SIGKILL
@@ -81,11 +85,13 @@ def test_a_killed_workers_claim_is_rescued_and_completed(
 
 def test_a_job_that_kills_every_worker_ends_dead(db_url: str, app: App, tmp_path: Path) -> None:
     app.queue.enqueue("kill_self", {}, None, "poison", max_attempts=2)
+    marks = tmp_path / "marks"
+    marks.mkdir()
     for attempt in (1, 2):  # the second worker rescues the first one's claim, then dies too
-        proc = spawn("worker", db_url, "--lease", "1", "--marks", str(tmp_path))
+        proc = spawn("worker", db_url, "--lease", "1", "--marks", str(marks))
         code, err = finish(proc)
         assert code == -signal.SIGKILL, err
-        assert (tmp_path / f"poison.{attempt}.started").exists()
+        assert (marks / f"poison.{attempt}.started").exists()
     ran: list[int] = []
 
     @app.handler("kill_self")
@@ -103,4 +109,4 @@ def test_a_job_that_kills_every_worker_ends_dead(db_url: str, app: App, tmp_path
     # A worker started now has nothing to do and exits at once.
     code, err = finish(spawn("worker", db_url, "--lease", "1", "--until-idle"), timeout=30)
     assert code == 0, err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["poison.1.started", "poison.2.started"]
+    assert sorted(p.name for p in marks.iterdir()) == ["poison.1.started", "poison.2.started"]

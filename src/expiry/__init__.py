@@ -1,0 +1,58 @@
+"""expiry: durable, idempotent retention cleanup for PostgreSQL and SQLite.
+
+The public API. Everything else is an implementation detail.
+"""
+
+from __future__ import annotations
+
+from .app import App, Once
+from .config import Config, Policy, load_config, parse_config
+from .engines import Engine, open_engine
+from .errors import (
+    AlreadyApplied,
+    ConfigError,
+    ExpiryError,
+    JobError,
+    LeaseLost,
+    MigrationError,
+    PayloadTooLarge,
+    PermanentError,
+    SchemaError,
+    Snooze,
+    TransientError,
+)
+from .queue import Queue, new_job
+from .types import EnqueueResult, Job, JobState, NewJob, QueueStats
+from .worker import Worker
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AlreadyApplied",
+    "App",
+    "Config",
+    "ConfigError",
+    "EnqueueResult",
+    "Engine",
+    "ExpiryError",
+    "Job",
+    "JobError",
+    "JobState",
+    "LeaseLost",
+    "MigrationError",
+    "NewJob",
+    "Once",
+    "PayloadTooLarge",
+    "PermanentError",
+    "Policy",
+    "Queue",
+    "QueueStats",
+    "SchemaError",
+    "Snooze",
+    "TransientError",
+    "Worker",
+    "load_config",
+    "new_job",
+    "open_engine",
+    "parse_config",
+]

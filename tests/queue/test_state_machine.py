@@ -1,0 +1,225 @@
+"""Random walks through the job state machine, checked against a Python model.
+
+Hypothesis drives enqueue, claim, heartbeat, complete, fail, release, redrive,
+discard and rescue on a real engine; after every step the database must hold
+exactly the states, attempts and lease tokens the model predicts. Jobs only
+become due when a rule says so (the model cannot guess a random backoff):
+a transient failure's run_at is checked against the backoff ceiling and then
+moved into the past, and "make_due" releases delayed jobs.
+
+    scheduled ─┐
+    available ─┼─ claim ─► running ─ complete ─► completed
+    retryable ─┘              │ fail (transient, attempts left) ─► retryable
+                              │ fail (permanent or exhausted)   ─► dead ─ redrive ─► available
+                              │ release ─► available (the attempt is given back)
+                              └ lease expired ─► rescue ─► retryable (or dead if exhausted)
+    scheduled/available/retryable/dead ─ discard ─► cancelled
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    invariant,
+    multiple,
+    rule,
+    run_state_machine_as_test,
+)
+
+from _support import execute, expire_leases, make_due
+from expiry import retry
+from expiry.engines import Engine, open_engine
+from expiry.errors import LeaseLost
+from expiry.queue import Queue
+from expiry.types import FINAL_STATES, WAITING_STATES, Job, JobState
+
+KEYS = [f"k{i}" for i in range(5)]
+SETTINGS = settings(max_examples=30, stateful_step_count=30, deadline=None)
+S = JobState
+
+
+@dataclass
+class Modelled:
+    state: JobState
+    attempt: int
+    max_attempts: int
+    due: bool
+    token: str | None = None
+
+
+class QueueMachine(RuleBasedStateMachine):
+    leases = Bundle("leases")
+
+    def __init__(self, engine: Engine, teardown: Callable[[], None]) -> None:
+        super().__init__()
+        self.engine = engine
+        self.queue = Queue(engine, rng=random.Random(0))
+        self.model: dict[str, Modelled] = {}
+        self._teardown = teardown
+
+    def teardown(self) -> None:
+        self._teardown()
+
+    def current(self, job: Job) -> bool:
+        """Does ``job`` (as claimed, maybe long ago) still hold its lease?"""
+        known = self.model[job.key]
+        return known.state is S.RUNNING and known.token == job.lease_token
+
+    # -- rules -----------------------------------------------------------------
+
+    @rule(key=st.sampled_from(KEYS), delayed=st.booleans(), max_attempts=st.integers(1, 3))
+    def enqueue(self, key: str, delayed: bool, max_attempts: int) -> None:
+        result = self.queue.enqueue(
+            "sm", {"key": key}, 3600 if delayed else None, key, max_attempts=max_attempts
+        )
+        assert result.enqueued == (key not in self.model)
+        if result.enqueued:
+            state = S.SCHEDULED if delayed else S.AVAILABLE
+            self.model[key] = Modelled(state, 0, max_attempts, due=not delayed)
+
+    @rule(target=leases, n=st.integers(1, 3))
+    def claim(self, n: int) -> object:
+        due = {k for k, m in self.model.items() if m.state in WAITING_STATES and m.due}
+        jobs = self.queue.claim(n, lease=600)
+        keys = [job.key for job in jobs]
+        assert len(keys) == len(set(keys)) == min(n, len(due))
+        assert set(keys) <= due
+        for job in jobs:
+            known = self.model[job.key]
+            known.attempt += 1
+            assert job.attempt == known.attempt
+            assert job.state is S.RUNNING and job.lease_token
+            known.state, known.token = S.RUNNING, job.lease_token
+        return multiple(*jobs)
+
+    @rule(job=leases)
+    def heartbeat(self, job: Job) -> None:
+        assert self.queue.heartbeat(job, 600) == self.current(job)
+
+    @rule(job=leases)
+    def complete(self, job: Job) -> None:
+        if self.current(job):
+            self.queue.complete(job)
+            known = self.model[job.key]
+            known.state, known.token = S.COMPLETED, None
+        else:
+            with pytest.raises(LeaseLost):
+                self.queue.complete(job)
+
+    @rule(job=leases, transient=st.booleans())
+    def fail(self, job: Job, transient: bool) -> None:
+        current = self.current(job)
+        before = self.engine.now()
+        state = self.queue.fail(job, "boom", transient=transient)
+        after = self.engine.now()
+        if not current:
+            assert state is None
+            return
+        known = self.model[job.key]
+        expected = S.RETRYABLE if transient and known.attempt < known.max_attempts else S.DEAD
+        assert state is expected
+        known.state, known.token = expected, None
+        if expected is S.RETRYABLE:
+            stored = self.queue.get(job.key)
+            assert stored is not None
+            ceiling = timedelta(seconds=retry.ceiling(known.attempt))
+            assert before <= stored.run_at <= after + ceiling
+            make_due(self.engine, [job.key])
+            known.due = True
+
+    @rule(job=leases)
+    def release(self, job: Job) -> None:
+        current = self.current(job)
+        assert self.queue.release(job) == current
+        if current:
+            known = self.model[job.key]
+            known.state, known.token, known.due = S.AVAILABLE, None, True
+            known.attempt -= 1
+
+    @rule(keys=st.lists(st.sampled_from(KEYS), max_size=3, unique=True), everything=st.booleans())
+    def redrive(self, keys: list[str], everything: bool) -> None:
+        dead = {k for k, m in self.model.items() if m.state is S.DEAD}
+        expected = dead if everything else dead & set(keys)
+        assert set(self.queue.redrive(keys, all=everything)) == expected
+        for key in expected:
+            known = self.model[key]
+            known.state, known.attempt, known.due = S.AVAILABLE, 0, True
+
+    @rule(keys=st.lists(st.sampled_from(KEYS), max_size=3, unique=True))
+    def discard(self, keys: list[str]) -> None:
+        expected = {
+            k
+            for k in keys
+            if k in self.model and self.model[k].state in (*WAITING_STATES, S.DEAD)
+        }
+        assert set(self.queue.discard(keys)) == expected
+        for key in expected:
+            self.model[key].state = S.CANCELLED
+
+    @rule()
+    def expire_and_rescue(self) -> None:
+        running = [k for k, m in self.model.items() if m.state is S.RUNNING]
+        expire_leases(self.engine)
+        assert self.queue.rescue() == len(running)
+        for key in running:
+            known = self.model[key]
+            exhausted = known.attempt >= known.max_attempts
+            known.state, known.token, known.due = (S.DEAD if exhausted else S.RETRYABLE), None, True
+
+    @rule()
+    def make_due(self) -> None:
+        make_due(self.engine)
+        for known in self.model.values():
+            if known.state in WAITING_STATES:
+                known.due = True
+
+    # -- invariants ----------------------------------------------------------------
+
+    @invariant()
+    def database_matches_model(self) -> None:
+        rows = execute(self.engine, "select key, state, attempt, lease_token from expiry.jobs")
+        actual = {r["key"]: (S(r["state"]), r["attempt"], r["lease_token"]) for r in rows}
+        expected = {k: (m.state, m.attempt, m.token) for k, m in self.model.items()}
+        assert actual == expected
+
+    @invariant()
+    def counts_match_model(self) -> None:
+        stats = self.queue.stats()
+        assert stats.dead == sum(m.state is S.DEAD for m in self.model.values())
+        unfinished = sum(m.state not in FINAL_STATES for m in self.model.values())
+        assert self.queue.pending() == unfinished
+
+
+def test_state_machine_sqlite(tmp_path: Path) -> None:
+    counter = itertools.count()
+
+    def fresh() -> QueueMachine:
+        engine = open_engine(f"sqlite:///{tmp_path / f'example-{next(counter)}.db'}")
+        engine.migrate()
+        return QueueMachine(engine, engine.close)
+
+    run_state_machine_as_test(fresh, settings=SETTINGS)
+
+
+def test_state_machine_postgres(pg_url: str) -> None:
+    engine = open_engine(pg_url)
+
+    def fresh() -> QueueMachine:
+        execute(engine, "truncate expiry.jobs restart identity")
+        return QueueMachine(engine, lambda: None)
+
+    try:
+        run_state_machine_as_test(fresh, settings=SETTINGS)
+    finally:
+        engine.close()
