@@ -12,6 +12,7 @@ transaction; the worker completes the job in that same transaction.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -74,6 +75,7 @@ class App:
         if not self.url:
             raise ConfigError("no database url: set [database] url or EXPIRY_DATABASE_URL")
         self.pool_size = pool_size
+        self.config_file: Path | None = None
         self.handlers: dict[str, Handler] = {}
         self._engine: Engine | None = None
         self._queue: Queue | None = None
@@ -85,9 +87,28 @@ class App:
 
     @classmethod
     def from_config(cls, path: str | os.PathLike[str] | None = None, **kwargs: Any) -> App:
+        from .config import config_path, load_config
+
+        app = cls(config=load_config(Path(path) if path else None), **kwargs)
+        app.config_file = config_path(Path(path) if path else None)
+        return app
+
+    def reload(self) -> None:
+        """Re-read the config file (SIGHUP); a bad file keeps the old config."""
+        if self.config_file is None:
+            return
         from .config import load_config
 
-        return cls(config=load_config(Path(path) if path else None), **kwargs)
+        try:
+            config = load_config(self.config_file)
+        except ConfigError as exc:
+            logging.getLogger("expiry.app").error(
+                "config reload refused, keeping the old one: %s", exc
+            )
+            return
+        self.config = config
+        if self.cleanup is not None:
+            self.cleanup.forget_targets()
 
     @property
     def engine(self) -> Engine:

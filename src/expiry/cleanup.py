@@ -111,18 +111,24 @@ class Cleanup:
 
     # -- the schema check ---------------------------------------------------------
 
-    def target(self, name: str) -> Target:
+    def target(self, name: str, conn: Any | None = None) -> Target:
         """The policy's table, checked against the live schema once per process."""
         with self._lock:
             target = self._targets.get(name)
         if target is None:
             target = Target(self.app.engine, self.policy(name))
-            with self.app.engine.transaction() as conn:
-                for warning in target.check(conn):
+            with self.app.engine._tx(conn) as tx:
+                for warning in target.check(tx):
                     log.warning(warning)
             with self._lock:
                 self._targets[name] = target
         return target
+
+    def forget_targets(self) -> None:
+        """After a config reload: check each policy's table again on next use."""
+        with self._lock:
+            self._targets.clear()
+            self._paces.clear()
 
     def check(self) -> list[str]:
         """Check every policy now; raises SchemaError on the first that does not fit."""
@@ -144,19 +150,21 @@ class Cleanup:
         *,
         opened_by: str = "trigger",
         actor: str = "operator",
+        conn: Any | None = None,
     ) -> RunOpened:
-        """Open the run for ``cutoff`` (default: the database's now() - retain)."""
+        """Open the run for ``cutoff`` (default: the database's now() - retain),
+        inside ``conn``'s transaction when given."""
         policy = self.policy(name)
-        self.target(name)
         engine = self.app.engine
-        with engine.transaction() as conn:
+        with engine._tx(conn) as tx:
+            self.target(name, tx)
             if cutoff is None:
-                now = engine.now(conn).replace(microsecond=0)
+                now = engine.now(tx).replace(microsecond=0)
                 cutoff = now - timedelta(seconds=policy.retain)
             rid = run_id(name, cutoff)
             created = bool(
                 engine.rows(
-                    conn,
+                    tx,
                     "run_insert",
                     {
                         "id": rid,
@@ -174,9 +182,9 @@ class Cleanup:
                     max_attempts=policy.max_attempts,
                     priority=policy.priority,
                 )
-                engine.job_insert_many([plan], conn)
+                engine.job_insert_many([plan], tx)
                 engine.audit_append(
-                    conn,
+                    tx,
                     "run.opened",
                     actor=actor,
                     policy=name,
@@ -199,7 +207,7 @@ class Cleanup:
         """Emit one page of windows and, unless it was the last, the next page."""
         p = job.payload
         engine = self.app.engine
-        policy, target = self.policy(p["policy"]), self.target(p["policy"])
+        policy, target = self.policy(p["policy"]), self.target(p["policy"], tx)
         cutoff = parse_time(p["cutoff"])
         after: int | None = p.get("after")
         max_key: int = p.get("max") or 0
@@ -270,7 +278,7 @@ class Cleanup:
         """Ledger row, delete or archive, audit: all in the worker's transaction."""
         p = job.payload
         engine = self.app.engine
-        policy, target = self.policy(p["policy"]), self.target(p["policy"])
+        policy, target = self.policy(p["policy"]), self.target(p["policy"], tx)
         target.set_timeouts(tx)
         lo, hi = int(p["lo"]), int(p["hi"])
         upto = min(hi, lo + self._pace(policy).chunk)

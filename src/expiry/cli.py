@@ -69,11 +69,16 @@ def build_parser() -> argparse.ArgumentParser:
         prog="expiry", description="Durable, idempotent retention cleanup.", parents=[parent]
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # The common options after the command: without a default of their own, or
+    # the subparser would overwrite `expiry --config X cmd` with its default.
+    after = common()
+    for action in after._actions:
+        action.default = argparse.SUPPRESS
 
     def add(
         name: str, fn: Callable[[argparse.Namespace], int], help: str
     ) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, parents=[parent], help=help, description=help)
+        p = sub.add_parser(name, parents=[after], help=help, description=help)
         p.set_defaults(fn=fn)
         return p
 
@@ -121,6 +126,14 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--cutoff")
 
     add("status", cmd_status, "policies, watermarks, queue and DLQ at a glance")
+
+    add("scheduler", cmd_scheduler, "fire cron schedules only")
+    serve = add("serve", cmd_serve, "scheduler and workers in one process")
+    serve.add_argument("--concurrency", type=int, default=int(env("CONCURRENCY", "0") or 0))
+    for verb in ("pause", "resume"):
+        p = add(verb, cmd_pause if verb == "pause" else cmd_resume, f"{verb} a policy's schedule")
+        p.add_argument("policy")
+        p.add_argument("--actor", default=env("ACTOR", getpass.getuser()))
 
     runs = add("runs", cmd_runs, "recent runs, or `runs show RUN_ID`")
     runs.add_argument("args", nargs="*", metavar="POLICY | show RUN_ID")
@@ -220,6 +233,69 @@ def cmd_worker(args: argparse.Namespace) -> int:
         until_idle=args.until_idle,
     )
     return worker.run()
+
+
+def cmd_scheduler(args: argparse.Namespace) -> int:
+    from .scheduler import Scheduler
+
+    app = open_app(args, need_config=True)
+    app.migrate()
+    assert app.cleanup is not None
+    for warning in app.cleanup.check():
+        logger.warning(warning)
+    return Scheduler(app).run()
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Scheduler in a thread, workers in this one; SIGTERM stops both cleanly."""
+    import threading
+
+    from .scheduler import Scheduler
+    from .worker import Worker
+
+    app = open_app(args, need_config=True)
+    app.migrate()
+    assert app.cleanup is not None and app.config is not None
+    for warning in app.cleanup.check():
+        logger.warning(warning)
+    scheduler = Scheduler(app)
+    settings = app.config.worker
+    worker = Worker(
+        app,
+        concurrency=args.concurrency or settings.concurrency,
+        lease=settings.lease,
+        batch=settings.claim_batch,
+        prune_after=settings.prune_after,
+    )
+    thread = threading.Thread(target=scheduler.run, name="scheduler", daemon=True)
+    thread.start()
+    code = worker.run()
+    scheduler.stopping.set()
+    thread.join(5)
+    return code
+
+
+def cmd_pause(args: argparse.Namespace) -> int:
+    return _set_paused(args, True)
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    return _set_paused(args, False)
+
+
+def _set_paused(args: argparse.Namespace, paused: bool) -> int:
+    from .scheduler import Scheduler
+
+    app = open_app(args, need_config=True)
+    app.migrate()
+    Scheduler(app).set_paused(args.policy, paused, actor=args.actor)
+    verb = "paused" if paused else "resumed"
+    emit(
+        args,
+        {"policy": args.policy, "paused": paused},
+        lambda: out.print(f"policy {args.policy} {verb}"),
+    )
+    return 0
 
 
 def cmd_trigger(args: argparse.Namespace) -> int:

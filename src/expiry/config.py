@@ -88,6 +88,8 @@ class Policy(Strict):
     window: int = Field(defaults.WINDOW, ge=1, le=10_000_000)
     schedule: str | None = None
     timezone: str = "UTC"
+    catch_up: Literal["latest", "all", "none"] = "latest"
+    max_catch_up: int = Field(10, ge=1, le=1000)
     max_attempts: int = Field(defaults.MAX_ATTEMPTS, ge=1, le=100)
     lock_timeout: Duration = parse_duration(defaults.LOCK_TIMEOUT)
     statement_timeout: Duration = parse_duration(defaults.STATEMENT_TIMEOUT)
@@ -154,7 +156,10 @@ class Config(Strict):
         seen: set[str] = set()
         for policy in self.policy:
             if policy.name in seen:
-                raise ValueError(f"policy name {policy.name!r} is used twice; names must be unique")
+                raise ValueError(
+                    f"policy {policy.name!r}: field 'name' is used by two policies: "
+                    "rename one (names must be unique)"
+                )
             seen.add(policy.name)
         return self
 
@@ -198,6 +203,11 @@ def _describe(error: dict[str, Any], data: dict[str, Any]) -> str:
         loc = loc[1:]
     field = ".".join(str(part) for part in loc if not str(part).startswith("function-"))
     message = str(error["msg"]).removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden" and not field:
+        # An unknown top-level section: loc is just its name.
+        close = difflib.get_close_matches(section, list(Config.model_fields), n=1)
+        fix = f"did you mean {close[0]!r}?" if close else f"allowed: {', '.join(_SECTIONS)}"
+        return f"config: unknown section {section!r}: {fix}"
     if error["type"] == "extra_forbidden":
         model = _SECTIONS.get(section, Config)
         close = difflib.get_close_matches(field, list(model.model_fields), n=1)
@@ -206,7 +216,9 @@ def _describe(error: dict[str, Any], data: dict[str, Any]) -> str:
         )
         return f"{where}: unknown field {field!r}: {fix}"
     if error["type"] == "missing":
-        return f"{where}: field {field!r} is required"
+        if not field:
+            return f"{where} is required: add the section with its fields"
+        return f"{where}: field {field!r} is required: add {field} = ..."
     if error["type"] == "literal_error":
         return f"{where}: field {field!r}: {message}"
     if field:
@@ -224,7 +236,8 @@ def parse_config(data: dict[str, Any], source: str = "expiry.toml") -> Config:
         return Config.model_validate(data)
     except ValidationError as exc:
         problems = [_describe(error, data) for error in exc.errors()]  # type: ignore[arg-type]
-        raise ConfigError(f"{source} is invalid:\n  " + "\n  ".join(problems)) from None
+        # One line, so that the CLI's error is one line on stderr.
+        raise ConfigError(f"{source} is invalid: " + "; ".join(problems)) from None
 
 
 def config_path(path: Path | None = None) -> Path:

@@ -64,8 +64,14 @@ def runs(app: App, policy: str | None = None, limit: int = 20) -> list[dict[str,
 
 
 def policies(app: App) -> list[dict[str, Any]]:
+    from .cleanup import format_time
+    from .scheduler import Scheduler, next_fire
+
     out = []
     cleanup = app.cleanup
+    scheduler = Scheduler(app)
+    schedules = scheduler.states()
+    now = app.engine.now()
     for policy in cleanup.policies if cleanup else []:
         last = runs(app, policy.name, 1)
         assert cleanup is not None
@@ -78,6 +84,8 @@ def policies(app: App) -> list[dict[str, Any]]:
                 "retain": format_duration(policy.retain),
                 "schedule": policy.schedule,
                 "timezone": policy.timezone,
+                "paused": bool(schedules.get(policy.name, {}).get("paused", False)),
+                "next_fire": format_time(next_fire(policy, now)) if policy.schedule else None,
                 "watermark_seconds": round(watermark, 3),
                 "watermark": format_duration(round(watermark)),
                 "last_run": last[0] if last else None,

@@ -212,7 +212,12 @@ class Target:
                     f"policy {p.name!r}: {field} column {column!r} is not in table {p.table!r} "
                     f"(columns: {', '.join(by_name)})"
                 )
-        if "int" not in by_name[p.key].type.lower():
+        key_type = by_name[p.key].type.lower()
+        if self.engine.dialect == "postgres":  # "interval" and "point" contain "int"
+            integer = key_type in ("smallint", "integer", "bigint")
+        else:  # SQLite's own rule for integer affinity
+            integer = "int" in key_type
+        if not integer:
             raise SchemaError(
                 f"policy {p.name!r}: key column {p.key!r} is {by_name[p.key].type}, "
                 "not an integer type; windows need a monotonic integer key"
@@ -248,7 +253,9 @@ class Target:
         try:
             if savepoint:
                 conn.execute("savepoint expiry_explain")
-            conn.execute(self.statement(EXPLAIN_WHERE))
+            # Bound with (empty) parameters, as every other statement is, so
+            # that the '%%' escaping of a '%' in the predicate is undone.
+            conn.execute(self.statement(EXPLAIN_WHERE), {})
             if savepoint:
                 conn.execute("release savepoint expiry_explain")
         except Exception as exc:

@@ -33,6 +33,7 @@ from hypothesis.stateful import (
     RuleBasedStateMachine,
     invariant,
     multiple,
+    precondition,
     rule,
     run_state_machine_as_test,
 )
@@ -76,6 +77,12 @@ class QueueMachine(RuleBasedStateMachine):
         known = self.model[job.key]
         return known.state is S.RUNNING and known.token == job.lease_token
 
+    def due(self) -> set[str]:
+        return {k for k, m in self.model.items() if m.state in WAITING_STATES and m.due}
+
+    def having(self, state: JobState) -> list[str]:
+        return [k for k, m in self.model.items() if m.state is state]
+
     # -- rules -----------------------------------------------------------------
 
     @rule(key=st.sampled_from(KEYS), delayed=st.booleans(), max_attempts=st.integers(1, 3))
@@ -88,9 +95,12 @@ class QueueMachine(RuleBasedStateMachine):
             state = S.SCHEDULED if delayed else S.AVAILABLE
             self.model[key] = Modelled(state, 0, max_attempts, due=not delayed)
 
+    # Preconditions keep each step useful: claiming from an empty queue or
+    # rescuing when nothing runs is covered by the conformance suite.
+    @precondition(lambda self: self.due())
     @rule(target=leases, n=st.integers(1, 3))
     def claim(self, n: int) -> object:
-        due = {k for k, m in self.model.items() if m.state in WAITING_STATES and m.due}
+        due = self.due()
         jobs = self.queue.claim(n, lease=600)
         keys = [job.key for job in jobs]
         assert len(keys) == len(set(keys)) == min(n, len(due))
@@ -147,6 +157,7 @@ class QueueMachine(RuleBasedStateMachine):
             known.state, known.token, known.due = S.AVAILABLE, None, True
             known.attempt -= 1
 
+    @precondition(lambda self: self.having(S.DEAD))
     @rule(keys=st.lists(st.sampled_from(KEYS), max_size=3, unique=True), everything=st.booleans())
     def redrive(self, keys: list[str], everything: bool) -> None:
         dead = {k for k, m in self.model.items() if m.state is S.DEAD}
@@ -156,7 +167,8 @@ class QueueMachine(RuleBasedStateMachine):
             known = self.model[key]
             known.state, known.attempt, known.due = S.AVAILABLE, 0, True
 
-    @rule(keys=st.lists(st.sampled_from(KEYS), max_size=3, unique=True))
+    @precondition(lambda self: self.model)
+    @rule(keys=st.lists(st.sampled_from(KEYS), min_size=1, max_size=3, unique=True))
     def discard(self, keys: list[str]) -> None:
         expected = {
             k
@@ -167,9 +179,10 @@ class QueueMachine(RuleBasedStateMachine):
         for key in expected:
             self.model[key].state = S.CANCELLED
 
+    @precondition(lambda self: self.having(S.RUNNING))
     @rule()
     def expire_and_rescue(self) -> None:
-        running = [k for k, m in self.model.items() if m.state is S.RUNNING]
+        running = self.having(S.RUNNING)
         expire_leases(self.engine)
         assert self.queue.rescue() == len(running)
         for key in running:
@@ -177,6 +190,7 @@ class QueueMachine(RuleBasedStateMachine):
             exhausted = known.attempt >= known.max_attempts
             known.state, known.token, known.due = (S.DEAD if exhausted else S.RETRYABLE), None, True
 
+    @precondition(lambda self: any(not m.due for m in self.model.values()))
     @rule()
     def make_due(self) -> None:
         make_due(self.engine)

@@ -265,3 +265,29 @@ where r.policy = %(policy)s and r.id <> %(id)s
 -- Rows and windows applied per policy, over the whole ledger.
 select policy, count(*) as windows, coalesce(sum(rows_affected), 0) as rows
 from expiry.ledger where policy is not null group by policy;
+
+-- name: schedule_register
+-- First sight of a schedule: start counting fires from now, not from the past.
+insert into expiry.schedules (policy, last_fire_at) values (%(policy)s, %(now)s)
+on conflict (policy) do nothing;
+
+-- name: schedule_list
+-- Every schedule's state.
+select policy, paused, last_fire_at, updated_at from expiry.schedules order by policy;
+
+-- name: schedule_advance
+-- Claim a fire time: only one scheduler moves last_fire_at past it, so any
+-- number of schedulers open exactly one run per fire.
+update expiry.schedules set last_fire_at = %(fire)s, updated_at = now()
+where policy = %(policy)s and not paused and (last_fire_at is null or last_fire_at < %(fire)s)
+returning policy;
+
+-- name: schedule_set_paused
+-- Pause or resume a policy's schedule.
+insert into expiry.schedules (policy, paused, last_fire_at) values (%(policy)s, %(paused)s, now())
+on conflict (policy) do update set paused = excluded.paused, updated_at = now()
+returning policy;
+
+-- name: schedule_version
+-- Changes by other processes (pause/resume) show up here.
+select coalesce(max(updated_at), 'epoch'::timestamptz) as version, count(*) as n from expiry.schedules;

@@ -265,3 +265,29 @@ where r.policy = :policy and r.id <> :id
 -- Rows and windows applied per policy, over the whole ledger.
 select policy, count(*) as windows, coalesce(sum(rows_affected), 0) as rows
 from expiry_ledger where policy is not null group by policy;
+
+-- name: schedule_register
+-- First sight of a schedule: start counting fires from now, not from the past.
+insert into expiry_schedules (policy, last_fire_at, updated_at) values (:policy, :now, $now)
+on conflict (policy) do nothing;
+
+-- name: schedule_list
+-- Every schedule's state.
+select policy, paused, last_fire_at, updated_at from expiry_schedules order by policy;
+
+-- name: schedule_advance
+-- Claim a fire time: only one scheduler moves last_fire_at past it.
+update expiry_schedules set last_fire_at = :fire, updated_at = $now
+where policy = :policy and not paused and (last_fire_at is null or last_fire_at < :fire)
+returning policy;
+
+-- name: schedule_set_paused
+-- Pause or resume a policy's schedule.
+insert into expiry_schedules (policy, paused, last_fire_at, updated_at)
+values (:policy, :paused, $now, $now)
+on conflict (policy) do update set paused = excluded.paused, updated_at = $now
+returning policy;
+
+-- name: schedule_version
+-- Changes by other processes (pause/resume) show up here.
+select coalesce(max(updated_at), 0) as version, count(*) as n from expiry_schedules;

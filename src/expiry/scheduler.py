@@ -1,0 +1,270 @@
+"""The scheduler: turns each policy's cron schedule into runs, and never loses
+a fire silently.
+
+Each pass reads the database clock, and for every scheduled, unpaused policy
+finds the fire times in (last_fire_at, now]. It claims a fire by moving
+``last_fire_at`` forward with a compare-and-set in the same transaction that
+opens the run, so any number of schedulers, on any number of hosts, open
+exactly one run per fire time. Fires missed while the scheduler was down or
+the policy paused follow the policy's ``catch_up``:
+
+    latest  one run for the latest missed fire (its later cutoff covers the rest)
+    all     a run for each missed fire, the newest ``max_catch_up`` of them
+    none    no run for a fire more than a minute late
+
+and every missed fire is recorded in the audit log either way.
+
+Time zones and daylight saving follow Debian cron (cronsim): a time that does
+not exist (spring forward) fires once, right after the gap; a time that occurs
+twice (fall back) fires once, at its first occurrence.
+
+Between passes it sleeps until the next fire, waking at least every second to
+notice pause/resume by other processes (a change of the schedules table) and
+config reloads (SIGHUP).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+from zoneinfo import ZoneInfo
+
+from cronsim import CronSim
+
+from .cleanup import format_time
+from .config import Policy
+from .cron import expand
+
+if TYPE_CHECKING:
+    from .app import App
+
+log = logging.getLogger("expiry.scheduler")
+
+LATE_GRACE = timedelta(seconds=60)
+"""A fire this late or less is on time, not missed."""
+
+MAX_SCAN = 100_000
+"""Fire times examined per policy per pass; a longer gap is reported as at least this."""
+
+
+@dataclass(frozen=True)
+class Fire:
+    policy: str
+    fire_time: datetime
+    run_id: str | None
+    """None when the fire was recorded as missed instead of run."""
+
+
+def fires_between(policy: Policy, after: datetime, until: datetime) -> tuple[list[datetime], int]:
+    """Fire times in (after, until], oldest first: (the newest MAX_SCAN, how many in all)."""
+    assert policy.schedule is not None
+    zone = ZoneInfo(policy.timezone)
+    found: list[datetime] = []
+    count = 0
+    for fire in CronSim(expand(policy.schedule), after.astimezone(zone)):
+        if fire > until:
+            break
+        count += 1
+        found.append(fire)
+        if len(found) > MAX_SCAN:
+            found.pop(0)
+        if count >= 10 * MAX_SCAN:
+            break
+    return found, count
+
+
+def next_fire(policy: Policy, after: datetime) -> datetime:
+    assert policy.schedule is not None
+    return next(CronSim(expand(policy.schedule), after.astimezone(ZoneInfo(policy.timezone))))
+
+
+def choose(
+    policy: Policy, fires: list[datetime], now: datetime
+) -> tuple[list[datetime], list[datetime]]:
+    """Split due fire times into (to run, missed) by the policy's catch_up."""
+    if not fires:
+        return [], []
+    if policy.catch_up == "latest":
+        return [fires[-1]], fires[:-1]
+    if policy.catch_up == "all":
+        return fires[-policy.max_catch_up :], fires[: -policy.max_catch_up]
+    on_time = [f for f in fires if now - f <= LATE_GRACE]
+    return on_time[-1:], [f for f in fires if f not in on_time[-1:]]
+
+
+class Scheduler:
+    def __init__(self, app: App, *, clock: Callable[[], datetime] | None = None) -> None:
+        self.app = app
+        self.clock = clock
+        self.stopping = threading.Event()
+        self.reload_requested = threading.Event()
+
+    def now(self, conn: Any | None = None) -> datetime:
+        return self.clock() if self.clock else self.app.engine.now(conn)
+
+    @property
+    def scheduled(self) -> list[Policy]:
+        cleanup = self.app.cleanup
+        return [p for p in (cleanup.policies if cleanup else []) if p.schedule]
+
+    def states(self) -> dict[str, dict[str, Any]]:
+        with self.app.engine.transaction() as conn:
+            rows = self.app.engine.rows(conn, "schedule_list")
+        return {r["policy"]: r for r in rows}
+
+    # -- one pass ------------------------------------------------------------------
+
+    def tick(self) -> list[Fire]:
+        """Fire every schedule that is due; returns what was run or recorded missed."""
+        engine = self.app.engine
+        now = self.now()
+        with engine.transaction() as conn:
+            for policy in self.scheduled:
+                engine.rows(
+                    conn,
+                    "schedule_register",
+                    {"policy": policy.name, "now": engine.time_param(now)},
+                )
+        states = self.states()
+        fired: list[Fire] = []
+        for policy in self.scheduled:
+            state = states.get(policy.name)
+            if state is None or state["paused"]:
+                continue
+            last = engine._time(state["last_fire_at"])
+            fires, total = fires_between(policy, last, now)
+            if fires:
+                fired += self._fire(policy, fires, total, now)
+        return fired
+
+    def _fire(self, policy: Policy, fires: list[datetime], total: int, now: datetime) -> list[Fire]:
+        engine = self.app.engine
+        cleanup = self.app.cleanup
+        assert cleanup is not None
+        to_run, missed = choose(policy, fires, now)
+        newest = fires[-1]
+        out: list[Fire] = []
+        with engine.transaction() as conn:
+            claimed = engine.rows(
+                conn, "schedule_advance", {"policy": policy.name, "fire": engine.time_param(newest)}
+            )
+            if not claimed:
+                return []  # another scheduler took these fires
+            for fire in missed:
+                engine.audit_append(
+                    conn,
+                    "schedule.missed",
+                    actor="scheduler",
+                    policy=policy.name,
+                    detail={"fire_time": format_time(fire), "catch_up": policy.catch_up},
+                )
+                out.append(Fire(policy.name, fire, None))
+            if total > len(fires):
+                engine.audit_append(
+                    conn,
+                    "schedule.missed",
+                    actor="scheduler",
+                    policy=policy.name,
+                    detail={
+                        "older_fires_not_listed": total - len(fires),
+                        "catch_up": policy.catch_up,
+                    },
+                )
+            for fire in to_run:
+                cutoff = fire - timedelta(seconds=policy.retain)
+                opened = cleanup.open_run(
+                    policy.name, cutoff, opened_by="scheduler", actor="scheduler", conn=conn
+                )
+                engine.audit_append(
+                    conn,
+                    "schedule.fired",
+                    actor="scheduler",
+                    policy=policy.name,
+                    run_id=opened.run_id,
+                    detail={"fire_time": format_time(fire)},
+                )
+                out.append(Fire(policy.name, fire, opened.run_id))
+        for done in out:
+            if done.run_id:
+                log.info("schedule fired", extra={"policy": done.policy, "run": done.run_id})
+            else:
+                log.warning(
+                    "missed fire at %s recorded (catch_up=%s)",
+                    format_time(done.fire_time),
+                    policy.catch_up,
+                    extra={"policy": done.policy},
+                )
+        return out
+
+    def seconds_to_next_fire(self, now: datetime) -> float | None:
+        upcoming = [next_fire(p, now) for p in self.scheduled]
+        return max(0.0, (min(upcoming) - now).total_seconds()) if upcoming else None
+
+    def _version(self) -> tuple[Any, int]:
+        row = self.app.engine.one(None, "schedule_version")
+        return (row["version"], int(row["n"])) if row else (None, 0)
+
+    def _sleep_until_next_fire(self) -> None:
+        """Sleep until the next fire; each second, look for pause/resume or SIGHUP."""
+        version = self._version()
+        remaining = self.seconds_to_next_fire(self.now())
+        while not self.stopping.is_set() and not self.reload_requested.is_set():
+            step = 1.0 if remaining is None else min(1.0, remaining)
+            if self.stopping.wait(step):
+                return
+            if remaining is not None:
+                remaining -= step
+                if remaining <= 0:
+                    return
+            if self._version() != version:
+                return
+
+    # -- pause / resume ----------------------------------------------------------
+
+    def set_paused(self, policy: str, paused: bool, *, actor: str) -> None:
+        cleanup = self.app.cleanup
+        assert cleanup is not None
+        cleanup.policy(policy)  # refuses an unknown name with "did you mean"
+        with self.app.engine.transaction() as conn:
+            self.app.engine.rows(conn, "schedule_set_paused", {"policy": policy, "paused": paused})
+            self.app.engine.audit_append(
+                conn, "policy.paused" if paused else "policy.resumed", actor=actor, policy=policy
+            )
+
+    # -- the loop ------------------------------------------------------------------
+
+    def run(self) -> int:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_stop)
+            signal.signal(signal.SIGINT, self._on_stop)
+            signal.signal(signal.SIGHUP, self._on_reload)
+        log.info("scheduler started: %d scheduled policies", len(self.scheduled))
+        failures = 0
+        while not self.stopping.is_set():
+            if self.reload_requested.is_set():
+                self.reload_requested.clear()
+                self.app.reload()
+                log.info("config reloaded: %d scheduled policies", len(self.scheduled))
+            try:
+                self.tick()
+                self._sleep_until_next_fire()
+                failures = 0
+            except Exception as exc:  # database away: keep trying, with a cap
+                failures += 1
+                wait = min(30.0, 0.5 * 2**failures)
+                log.warning("scheduler pass failed, retrying in %.1fs: %s", wait, exc)
+                self.stopping.wait(wait)
+        log.info("scheduler stopped")
+        return 0
+
+    def _on_stop(self, signum: int, frame: FrameType | None) -> None:
+        self.stopping.set()
+
+    def _on_reload(self, signum: int, frame: FrameType | None) -> None:
+        self.reload_requested.set()
