@@ -80,6 +80,9 @@ class App:
         self._engine: Engine | None = None
         self._queue: Queue | None = None
         self.cleanup: Cleanup | None = None
+        from .crons import register_crons
+
+        self.crons = register_crons(self)
         if config is not None:
             from .cleanup import register_cleanup
 

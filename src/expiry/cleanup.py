@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from . import defaults
 from .config import Policy
 from .errors import ConfigError, PermanentError, SchemaError, Snooze
+from .metrics import WINDOW_ROWS
 from .queue import new_job
 from .target import Target
 from .types import Job
@@ -341,6 +342,7 @@ class Cleanup:
     def after_window(self, job: Job, result: WindowResult, seconds: float) -> None:
         """Adapt keys per transaction toward target_transaction; book the rate limit."""
         policy = self.policy(job.payload["policy"])
+        WINDOW_ROWS.labels(policy.name).observe(result.rows)
         pace = self._pace(policy)
         with pace.lock:
             if result.rows and seconds > policy.target_transaction * 1.5:

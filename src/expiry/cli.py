@@ -128,12 +128,20 @@ def build_parser() -> argparse.ArgumentParser:
     add("status", cmd_status, "policies, watermarks, queue and DLQ at a glance")
 
     add("scheduler", cmd_scheduler, "fire cron schedules only")
-    serve = add("serve", cmd_serve, "scheduler and workers in one process")
+    serve = add("serve", cmd_serve, "scheduler, workers and the HTTP API in one process")
     serve.add_argument("--concurrency", type=int, default=int(env("CONCURRENCY", "0") or 0))
+    serve.add_argument(
+        "--listen", default=env("LISTEN"), help="HOST:PORT (default: [http] listen) [EXPIRY_LISTEN]"
+    )
+    serve.add_argument("--no-workers", action="store_true", help="serve the API and scheduler only")
     for verb in ("pause", "resume"):
         p = add(verb, cmd_pause if verb == "pause" else cmd_resume, f"{verb} a policy's schedule")
         p.add_argument("policy")
         p.add_argument("--actor", default=env("ACTOR", getpass.getuser()))
+
+    keys = add("keys", cmd_keys, "API keys for the HTTP API: create NAME, list, revoke NAME")
+    keys.add_argument("action", choices=["create", "list", "revoke"])
+    keys.add_argument("name", nargs="?")
 
     runs = add("runs", cmd_runs, "recent runs, or `runs show RUN_ID`")
     runs.add_argument("args", nargs="*", metavar="POLICY | show RUN_ID")
@@ -247,9 +255,13 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Scheduler in a thread, workers in this one; SIGTERM stops both cleanly."""
+    """HTTP API in the main thread (uvicorn handles SIGTERM), scheduler and
+    workers in threads; when the server stops, they stop too."""
     import threading
 
+    import uvicorn
+
+    from .http import create_app
     from .scheduler import Scheduler
     from .worker import Worker
 
@@ -258,8 +270,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     assert app.cleanup is not None and app.config is not None
     for warning in app.cleanup.check():
         logger.warning(warning)
-    scheduler = Scheduler(app)
     settings = app.config.worker
+    scheduler = Scheduler(app)
     worker = Worker(
         app,
         concurrency=args.concurrency or settings.concurrency,
@@ -267,12 +279,73 @@ def cmd_serve(args: argparse.Namespace) -> int:
         batch=settings.claim_batch,
         prune_after=settings.prune_after,
     )
-    thread = threading.Thread(target=scheduler.run, name="scheduler", daemon=True)
-    thread.start()
-    code = worker.run()
+    threads = [threading.Thread(target=scheduler.run, name="scheduler", daemon=True)]
+    if not args.no_workers:
+        threads.append(threading.Thread(target=worker.run, name="worker", daemon=True))
+    for thread in threads:
+        thread.start()
+    host, _, port = (args.listen or app.config.http.listen).rpartition(":")
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(app),
+            host=host,
+            port=int(port),
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+        )
+    )
+    logger.info("serving on http://%s:%s", host, port)
+    server.run()
     scheduler.stopping.set()
-    thread.join(5)
-    return code
+    worker.stop()
+    for thread in threads:
+        thread.join(10)
+    return 0
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    from .http.security import create_key, list_keys, revoke_key
+
+    app = open_app(args)
+    app.migrate()
+    if args.action == "list":
+        found = [
+            {
+                "name": k["name"],
+                "created_at": str(app.engine._time(k["created_at"])),
+                "revoked": k["revoked_at"] is not None,
+            }
+            for k in list_keys(app)
+        ]
+        emit(
+            args,
+            found,
+            lambda: out.print(
+                "\n".join(f"{k['name']}  {'revoked' if k['revoked'] else 'active'}" for k in found)
+                or "no keys"
+            ),
+        )
+        return 0
+    if not args.name:
+        raise ConfigError(f"usage: expiry keys {args.action} NAME")
+    if args.action == "create":
+        try:
+            secret = create_key(app, args.name)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        emit(
+            args,
+            {"name": args.name, "key": secret},
+            lambda: out.print(
+                f"key {args.name}: {secret}\n(shown once; send it as Authorization: Bearer KEY)"
+            ),
+        )
+        return 0
+    if not revoke_key(app, args.name):
+        raise ConfigError(f"no active key named {args.name!r}")
+    emit(args, {"name": args.name, "revoked": True}, lambda: out.print(f"key {args.name} revoked"))
+    return 0
 
 
 def cmd_pause(args: argparse.Namespace) -> int:

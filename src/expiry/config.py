@@ -67,6 +67,17 @@ class DatabaseConfig(Strict):
 class HttpConfig(Strict):
     listen: str = "127.0.0.1:8080"
     allowed_hosts: list[str] = []
+    rate_limit_per_second: float = Field(50.0, gt=0)
+    rate_limit_burst: int = Field(100, ge=1)
+    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        host, _, port = value.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError('write HOST:PORT, e.g. "127.0.0.1:8080"')
+        return value
 
 
 class WorkerConfig(Strict):

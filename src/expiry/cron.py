@@ -45,7 +45,10 @@ def check_expression(expr: str) -> str:
     try:
         CronSim(text, datetime(2000, 1, 1))
     except CronSimError as exc:
-        raise ValueError(f"{expr!r} is not a valid cron expression: {exc}") from None
+        raise ValueError(
+            f"{expr!r} is not a valid cron expression: {exc}; write standard 5-field cron "
+            "(minute 0-59, hour 0-23, day-of-month 1-31, month 1-12, day-of-week 0-6)"
+        ) from None
     return expr
 
 

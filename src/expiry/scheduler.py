@@ -79,6 +79,15 @@ def fires_between(policy: Policy, after: datetime, until: datetime) -> tuple[lis
     return found, count
 
 
+def _cron_fires(schedule: str, timezone: str, after: datetime, until: datetime) -> list[datetime]:
+    found: list[datetime] = []
+    for fire in CronSim(expand(schedule), after.astimezone(ZoneInfo(timezone))):
+        if fire > until or len(found) >= MAX_SCAN:
+            break
+        found.append(fire)
+    return found
+
+
 def next_fire(policy: Policy, after: datetime) -> datetime:
     assert policy.schedule is not None
     return next(CronSim(expand(policy.schedule), after.astimezone(ZoneInfo(policy.timezone))))
@@ -141,7 +150,38 @@ class Scheduler:
             fires, total = fires_between(policy, last, now)
             if fires:
                 fired += self._fire(policy, fires, total, now)
+        fired += self._fire_crons(now)
         return fired
+
+    def _fire_crons(self, now: datetime) -> list[Fire]:
+        """HTTP cron targets: one call per latest due fire (catch_up = latest)."""
+        engine = self.app.engine
+        out = []
+        for row in self.app.crons.rows():
+            if row["paused"] or row["last_fire_at"] is None:
+                continue
+            try:
+                fires = list(
+                    _cron_fires(
+                        row["schedule"], row["timezone"], engine._time(row["last_fire_at"]), now
+                    )
+                )
+            except ValueError as exc:
+                log.error("cron target %s: %s", row["name"], exc)
+                continue
+            if not fires:
+                continue
+            with engine.transaction() as conn:
+                if self.app.crons.fire(row, fires[-1], conn):
+                    for missed in fires[:-1]:
+                        engine.audit_append(
+                            conn,
+                            "cron.missed",
+                            actor="scheduler",
+                            detail={"name": row["name"], "fire_time": format_time(missed)},
+                        )
+                    out.append(Fire(f"cron:{row['name']}", fires[-1], None))
+        return out
 
     def _fire(self, policy: Policy, fires: list[datetime], total: int, now: datetime) -> list[Fire]:
         engine = self.app.engine

@@ -23,6 +23,7 @@ from typing import Any
 from . import defaults, retry
 from .app import App
 from .errors import AlreadyApplied, LeaseLost, Snooze
+from .metrics import JOB_SECONDS
 from .types import Job, JobState
 
 log = logging.getLogger("expiry.worker")
@@ -230,6 +231,7 @@ class Worker:
         except Exception as exc:
             self._fail(job, exc)
             return
+        JOB_SECONDS.labels(job.handler, "completed").observe(elapsed)
         log.info("job completed", extra={**fields, "state": "completed"})
         if handler.after is not None:
             handler.after(job, result, elapsed)

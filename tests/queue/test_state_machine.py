@@ -29,10 +29,8 @@ import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
-    Bundle,
     RuleBasedStateMachine,
     invariant,
-    multiple,
     precondition,
     rule,
     run_state_machine_as_test,
@@ -46,7 +44,7 @@ from expiry.queue import Queue
 from expiry.types import FINAL_STATES, WAITING_STATES, Job, JobState
 
 KEYS = [f"k{i}" for i in range(5)]
-SETTINGS = settings(max_examples=30, stateful_step_count=30, deadline=None)
+SETTINGS = settings(max_examples=100, stateful_step_count=40, deadline=None)
 S = JobState
 
 
@@ -59,14 +57,21 @@ class Modelled:
     token: str | None = None
 
 
-class QueueMachine(RuleBasedStateMachine):
-    leases = Bundle("leases")
+# Which claimed Job a lease rule acts on: (stale?, index). Half the draws take a
+# Job whose lease is current, half one that lost it (completed, failed,
+# released, rescued...), so both the success and the refusal paths run often.
+PICK = st.tuples(st.booleans(), st.integers(0, 10**6))
+has_leases = precondition(lambda self: bool(self.leases))
 
+
+class QueueMachine(RuleBasedStateMachine):
     def __init__(self, engine: Engine, teardown: Callable[[], None]) -> None:
         super().__init__()
         self.engine = engine
         self.queue = Queue(engine, rng=random.Random(0))
         self.model: dict[str, Modelled] = {}
+        self.leases: list[Job] = []
+        """Every Job a claim returned, current or stale, as a worker would hold it."""
         self._teardown = teardown
 
     def teardown(self) -> None:
@@ -77,8 +82,18 @@ class QueueMachine(RuleBasedStateMachine):
         known = self.model[job.key]
         return known.state is S.RUNNING and known.token == job.lease_token
 
+    def pick(self, choice: tuple[bool, int]) -> Job:
+        stale, index = choice
+        current = [job for job in self.leases if self.current(job)]
+        others = [job for job in self.leases if not self.current(job)]
+        pool = (others or current) if stale else (current or others)
+        return pool[index % len(pool)]
+
     def due(self) -> set[str]:
-        return {k for k, m in self.model.items() if m.state in WAITING_STATES and m.due}
+        return {k for k in self.waiting() if self.model[k].due}
+
+    def waiting(self) -> list[str]:
+        return [k for k, m in self.model.items() if m.state in WAITING_STATES]
 
     def having(self, state: JobState) -> list[str]:
         return [k for k, m in self.model.items() if m.state is state]
@@ -98,8 +113,8 @@ class QueueMachine(RuleBasedStateMachine):
     # Preconditions keep each step useful: claiming from an empty queue or
     # rescuing when nothing runs is covered by the conformance suite.
     @precondition(lambda self: self.due())
-    @rule(target=leases, n=st.integers(1, 3))
-    def claim(self, n: int) -> object:
+    @rule(n=st.integers(1, 3))
+    def claim(self, n: int) -> None:
         due = self.due()
         jobs = self.queue.claim(n, lease=600)
         keys = [job.key for job in jobs]
@@ -111,14 +126,18 @@ class QueueMachine(RuleBasedStateMachine):
             assert job.attempt == known.attempt
             assert job.state is S.RUNNING and job.lease_token
             known.state, known.token = S.RUNNING, job.lease_token
-        return multiple(*jobs)
+        self.leases.extend(jobs)
 
-    @rule(job=leases)
-    def heartbeat(self, job: Job) -> None:
+    @has_leases
+    @rule(choice=PICK)
+    def heartbeat(self, choice: tuple[bool, int]) -> None:
+        job = self.pick(choice)
         assert self.queue.heartbeat(job, 600) == self.current(job)
 
-    @rule(job=leases)
-    def complete(self, job: Job) -> None:
+    @has_leases
+    @rule(choice=PICK)
+    def complete(self, choice: tuple[bool, int]) -> None:
+        job = self.pick(choice)
         if self.current(job):
             self.queue.complete(job)
             known = self.model[job.key]
@@ -127,8 +146,10 @@ class QueueMachine(RuleBasedStateMachine):
             with pytest.raises(LeaseLost):
                 self.queue.complete(job)
 
-    @rule(job=leases, transient=st.booleans())
-    def fail(self, job: Job, transient: bool) -> None:
+    @has_leases
+    @rule(choice=PICK, transient=st.booleans())
+    def fail(self, choice: tuple[bool, int], transient: bool) -> None:
+        job = self.pick(choice)
         current = self.current(job)
         before = self.engine.now()
         state = self.queue.fail(job, "boom", transient=transient)
@@ -148,8 +169,10 @@ class QueueMachine(RuleBasedStateMachine):
             make_due(self.engine, [job.key])
             known.due = True
 
-    @rule(job=leases)
-    def release(self, job: Job) -> None:
+    @has_leases
+    @rule(choice=PICK)
+    def release(self, choice: tuple[bool, int]) -> None:
+        job = self.pick(choice)
         current = self.current(job)
         assert self.queue.release(job) == current
         if current:
@@ -190,13 +213,12 @@ class QueueMachine(RuleBasedStateMachine):
             exhausted = known.attempt >= known.max_attempts
             known.state, known.token, known.due = (S.DEAD if exhausted else S.RETRYABLE), None, True
 
-    @precondition(lambda self: any(not m.due for m in self.model.values()))
+    @precondition(lambda self: any(not self.model[k].due for k in self.waiting()))
     @rule()
     def make_due(self) -> None:
         make_due(self.engine)
-        for known in self.model.values():
-            if known.state in WAITING_STATES:
-                known.due = True
+        for key in self.waiting():
+            self.model[key].due = True
 
     # -- invariants ----------------------------------------------------------------
 

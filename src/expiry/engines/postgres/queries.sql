@@ -291,3 +291,83 @@ returning policy;
 -- name: schedule_version
 -- Changes by other processes (pause/resume) show up here.
 select coalesce(max(updated_at), 'epoch'::timestamptz) as version, count(*) as n from expiry.schedules;
+
+-- name: key_insert
+-- Store a new API key's hash (the secret itself is never stored).
+insert into expiry.api_keys (name, hash) values (%(name)s, %(hash)s)
+on conflict (name) do nothing returning name;
+
+-- name: key_list
+-- Every API key, without secrets.
+select name, created_at, revoked_at from expiry.api_keys order by name;
+
+-- name: key_revoke
+-- Revoke a key; it stops working at once.
+update expiry.api_keys set revoked_at = now() where name = %(name)s and revoked_at is null
+returning name;
+
+-- name: key_active
+-- Hashes of every key still in force.
+select name, hash from expiry.api_keys where revoked_at is null;
+
+-- name: idempotency_begin
+-- Record that a request with this key is in flight; no row back means it exists.
+insert into expiry.idempotency (api_key, key, request_hash) values (%(api_key)s, %(key)s, %(hash)s)
+on conflict (api_key, key) do nothing returning key;
+
+-- name: idempotency_get
+-- A stored request: its body hash and, once finished, its response.
+select request_hash, status, body from expiry.idempotency
+where api_key = %(api_key)s and key = %(key)s and created_at > now() - interval '24 hours';
+
+-- name: idempotency_finish
+-- Store the first response for replay.
+update expiry.idempotency set status = %(status)s, body = %(body)s
+where api_key = %(api_key)s and key = %(key)s;
+
+-- name: idempotency_forget
+-- Drop an in-flight record whose request failed before answering, or one expired.
+delete from expiry.idempotency
+where (api_key = %(api_key)s and key = %(key)s) or created_at < now() - interval '24 hours';
+
+-- name: cron_insert
+-- Create a cron target; the name is unique.
+insert into expiry.cron_targets (name, http_url, schedule, timezone, secret, last_fire_at)
+values (%(name)s, %(http_url)s, %(schedule)s, %(timezone)s, %(secret)s, now())
+on conflict (name) do nothing returning name;
+
+-- name: cron_list
+-- Every cron target.
+select * from expiry.cron_targets order by name;
+
+-- name: cron_get
+-- One cron target.
+select * from expiry.cron_targets where name = %(name)s;
+
+-- name: cron_delete
+-- Delete a cron target (its call history stays).
+delete from expiry.cron_targets where name = %(name)s returning name;
+
+-- name: cron_set_paused
+-- Pause or resume a cron target.
+update expiry.cron_targets set paused = %(paused)s, updated_at = now() where name = %(name)s
+returning name;
+
+-- name: cron_advance
+-- Claim a cron target's fire time (compare-and-set, as for policies).
+update expiry.cron_targets set last_fire_at = %(fire)s, updated_at = now()
+where name = %(name)s and not paused and last_fire_at < %(fire)s
+returning name;
+
+-- name: cron_call_insert
+-- Record one call's outcome.
+insert into expiry.cron_calls (name, fire_time, attempt, status, duration_ms, response, error)
+values (%(name)s, %(fire_time)s, %(attempt)s, %(status)s, %(duration_ms)s, %(response)s, %(error)s);
+
+-- name: cron_calls
+-- A cron target's newest calls.
+select * from expiry.cron_calls where name = %(name)s order by id desc limit %(limit)s;
+
+-- name: audit_counts
+-- Audited events by action and policy, for metrics.
+select action, policy, count(*) as n from expiry.audit group by action, policy;

@@ -291,3 +291,85 @@ returning policy;
 -- name: schedule_version
 -- Changes by other processes (pause/resume) show up here.
 select coalesce(max(updated_at), 0) as version, count(*) as n from expiry_schedules;
+
+-- name: key_insert
+-- Store a new API key's hash (the secret itself is never stored).
+insert into expiry_api_keys (name, hash, created_at) values (:name, :hash, $now)
+on conflict (name) do nothing returning name;
+
+-- name: key_list
+-- Every API key, without secrets.
+select name, created_at, revoked_at from expiry_api_keys order by name;
+
+-- name: key_revoke
+-- Revoke a key; it stops working at once.
+update expiry_api_keys set revoked_at = $now where name = :name and revoked_at is null
+returning name;
+
+-- name: key_active
+-- Hashes of every key still in force.
+select name, hash from expiry_api_keys where revoked_at is null;
+
+-- name: idempotency_begin
+-- Record that a request with this key is in flight; no row back means it exists.
+insert into expiry_idempotency (api_key, key, request_hash, created_at)
+values (:api_key, :key, :hash, $now)
+on conflict (api_key, key) do nothing returning key;
+
+-- name: idempotency_get
+-- A stored request: its body hash and, once finished, its response.
+select request_hash, status, body from expiry_idempotency
+where api_key = :api_key and key = :key and created_at > $now - 86400;
+
+-- name: idempotency_finish
+-- Store the first response for replay.
+update expiry_idempotency set status = :status, body = :body
+where api_key = :api_key and key = :key;
+
+-- name: idempotency_forget
+-- Drop an in-flight record whose request failed before answering, or one expired.
+delete from expiry_idempotency
+where (api_key = :api_key and key = :key) or created_at < $now - 86400;
+
+-- name: cron_insert
+-- Create a cron target; the name is unique.
+insert into expiry_cron_targets (name, http_url, schedule, timezone, secret, last_fire_at,
+                                 created_at, updated_at)
+values (:name, :http_url, :schedule, :timezone, :secret, $now, $now, $now)
+on conflict (name) do nothing returning name;
+
+-- name: cron_list
+-- Every cron target.
+select * from expiry_cron_targets order by name;
+
+-- name: cron_get
+-- One cron target.
+select * from expiry_cron_targets where name = :name;
+
+-- name: cron_delete
+-- Delete a cron target (its call history stays).
+delete from expiry_cron_targets where name = :name returning name;
+
+-- name: cron_set_paused
+-- Pause or resume a cron target.
+update expiry_cron_targets set paused = :paused, updated_at = $now where name = :name
+returning name;
+
+-- name: cron_advance
+-- Claim a cron target's fire time (compare-and-set, as for policies).
+update expiry_cron_targets set last_fire_at = :fire, updated_at = $now
+where name = :name and not paused and last_fire_at < :fire
+returning name;
+
+-- name: cron_call_insert
+-- Record one call's outcome.
+insert into expiry_cron_calls (name, fire_time, attempt, status, duration_ms, response, error, at)
+values (:name, :fire_time, :attempt, :status, :duration_ms, :response, :error, $now);
+
+-- name: cron_calls
+-- A cron target's newest calls.
+select * from expiry_cron_calls where name = :name order by id desc limit :limit;
+
+-- name: audit_counts
+-- Audited events by action and policy, for metrics.
+select action, policy, count(*) as n from expiry_audit group by action, policy;

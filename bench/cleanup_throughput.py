@@ -1,0 +1,617 @@
+"""Cleanup throughput: expiry against a hand-written loop of the same PK-window DELETEs.
+
+    .venv/bin/python bench/cleanup_throughput.py                  # 2,000,000 rows, window 10,000, 2 conns
+    .venv/bin/python bench/cleanup_throughput.py --rows 500000 --window 5000 --connections 4
+    .venv/bin/python bench/cleanup_throughput.py --repeat 3       # three raw/expiry pairs per engine
+    .venv/bin/python bench/cleanup_throughput.py --quick          # smoke run (20,000 rows, window 1,000)
+
+The table is ``sessions (id bigint primary key, user_id bigint, expires_at
+timestamptz indexed, payload text of 100 bytes)``, 80% of its rows expired and
+scattered over the key space (exactly 800 of every 1,000 consecutive ids). On
+each engine, in the same run, the table is built, cleaned by one method, built
+again identically, and cleaned by the other:
+
+* raw: the hand-written loop. ``select min(id), max(id)`` of the expired rows,
+  then N connections (threads) take PK windows ``(lo, lo + window]`` from a
+  shared counter and run ``DELETE FROM sessions WHERE id > lo AND id <= hi AND
+  expires_at < cutoff``, each window its own transaction (autocommit);
+* expiry: ``App(config=parse_config(...))`` with one delete policy of the same
+  window, ``cleanup.open_run`` and N worker processes (``Worker(until_idle=True)``,
+  concurrency 1, the config's claim batch and lease), timed from ``open_run`` to
+  the run's state being ``finished``. Each window is expiry's own transaction:
+  ledger row, the same DELETE, audit row and job completion.
+
+Both clocks start with every connection open: the raw loop's connections, and
+the worker processes after they have connected and checked the policy.
+Before each measurement the table is VACUUM ANALYZEd and a CHECKPOINT flushes
+the build's dirty pages. ``sessions`` has autovacuum off, so that a vacuum
+starting during one method and not the other does not decide the result.
+
+Both methods must leave exactly the rows that were not expired (count and two
+id checksums); a mismatch exits 1. SQLite (a file in a temporary directory,
+epoch REAL timestamps) gets one connection for both methods, since it has one
+writer, with WAL and synchronous=NORMAL as expiry's engine uses. The target
+(expiry >= 0.9x the raw loop's rows/s) is printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import sqlite3
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import partial
+from multiprocessing.process import BaseProcess
+from multiprocessing.synchronize import Barrier, Event
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql
+
+from expiry import status
+from expiry.app import App
+from expiry.config import parse_config
+from expiry.worker import Worker
+
+ADMIN_URL = os.environ.get(
+    "EXPIRY_BENCH_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
+POLICY = "expired-sessions"
+TARGET_RATIO = 0.9
+POLL_SECONDS = 0.005
+
+_CTX = mp.get_context("spawn")
+
+# -- the table ----------------------------------------------------------------------
+#
+# Row i is expired iff (i * 2654435761) mod 1000 < 800: 2654435761 = 761 (mod 1000)
+# and gcd(761, 1000) = 1, so every 1,000 consecutive ids hold exactly 800 expired
+# rows, spread out. Expired rows end 1 s to 1 day before the cutoff, live rows
+# 1 s to 1 day after it.
+
+PG_CREATE = """
+create table sessions (
+    id         bigint primary key,
+    user_id    bigint not null,
+    expires_at timestamptz not null,
+    payload    text not null
+) with (autovacuum_enabled = false)
+"""
+
+PG_FILL = """
+insert into sessions (id, user_id, expires_at, payload)
+select i, (i * 7919) %% 100003,
+       case when (i * 2654435761) %% 1000 < 800
+            then %(cutoff)s - make_interval(secs => 1 + i %% 86400)
+            else %(cutoff)s + make_interval(secs => 1 + i %% 86400) end,
+       md5(i::text) || md5((i + 1)::text) || md5((i + 2)::text) || 'sess'
+from generate_series(1, %(rows)s::bigint) as i
+"""
+
+SQLITE_CREATE = """
+create table sessions (
+    id         integer primary key,
+    user_id    integer not null,
+    expires_at real not null,
+    payload    text not null
+)
+"""
+
+SQLITE_FILL = """
+with recursive s(i) as (select 1 union all select i + 1 from s where i < :rows)
+insert into sessions (id, user_id, expires_at, payload)
+select i, (i * 7919) % 100003,
+       case when (i * 2654435761) % 1000 < 800
+            then :cutoff - (1 + i % 86400)
+            else :cutoff + (1 + i % 86400) end,
+       printf('%0100d', i * 2654435761)
+from s
+"""
+
+INDEX = "create index sessions_expires_at on sessions (expires_at)"
+
+# The hand-written loop's statements. Postgres binds %(name)s, SQLite :name.
+PG_BOUNDS = "select min(id), max(id) from sessions where expires_at < %(cutoff)s"
+PG_DELETE = "delete from sessions where id > %(lo)s and id <= %(hi)s and expires_at < %(cutoff)s"
+SQLITE_BOUNDS = "select min(id), max(id) from sessions where expires_at < :cutoff"
+SQLITE_DELETE = "delete from sessions where id > :lo and id <= :hi and expires_at < :cutoff"
+
+# What survives: (rows, sum of ids, sum of squared ids). The ``where`` is either
+# "true" or the not-expired predicate.
+PG_FINGERPRINT = (
+    "select count(*), coalesce(sum(id), 0), coalesce(sum(id::numeric * id), 0) "
+    "from sessions where {}"
+)
+SQLITE_FINGERPRINT = (
+    "select count(*), coalesce(sum(id), 0), coalesce(sum(id * id), 0) from sessions where {}"
+)
+
+Fingerprint = tuple[int, int, int]
+
+
+# -- results ------------------------------------------------------------------------
+
+
+@dataclass
+class Measured:
+    engine: str
+    method: str  # "raw" or "expiry"
+    round: int
+    connections: int
+    window: int
+    rows: int
+    windows: int  # transactions that deleted: raw DELETEs, or expiry ledger rows
+    seconds: float
+    note: str = ""
+
+    @property
+    def rate(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else float("inf")
+
+
+class Mismatch(RuntimeError):
+    """A method left different survivors than expected."""
+
+
+@dataclass(frozen=True)
+class Built:
+    """What a fresh table holds: rows to delete and the survivors' fingerprint."""
+
+    expired: int
+    survivors: Fingerprint
+
+
+def check(engine: str, method: str, built: Built, deleted: int, after: Fingerprint) -> None:
+    if deleted != built.expired or after != built.survivors:
+        raise Mismatch(
+            f"{engine} {method}: deleted {deleted:,} of {built.expired:,} expired rows; "
+            f"survivors {after} but expected {built.survivors}"
+        )
+
+
+# -- PostgreSQL -------------------------------------------------------------------
+
+
+def db_url(admin_url: str, dbname: str) -> str:
+    """The admin URL with its database replaced: postgresql://user@host:port/dbname."""
+    return urlunsplit(urlsplit(admin_url)._replace(path=f"/{dbname}"))
+
+
+@contextmanager
+def scratch_database(admin_url: str, dbname: str) -> Iterator[str]:
+    """A fresh database, dropped (even when the bench fails) at the end."""
+    name = sql.Identifier(dbname)
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("drop database if exists {} with (force)").format(name))
+        admin.execute(sql.SQL("create database {}").format(name))
+    try:
+        yield db_url(admin_url, dbname)
+    finally:
+        with psycopg.connect(admin_url, autocommit=True) as admin:
+            admin.execute(sql.SQL("drop database if exists {} with (force)").format(name))
+
+
+def pg_fingerprint(
+    conn: psycopg.Connection[Any], where: str, params: dict[str, Any] | None = None
+) -> Fingerprint:
+    row = conn.execute(PG_FINGERPRINT.format(where), params).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1]), int(row[2])
+
+
+def pg_build(url: str, rows: int, cutoff: datetime) -> Built:
+    """(Re)build ``sessions``, reset expiry's tables, VACUUM ANALYZE, CHECKPOINT."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("drop table if exists sessions")
+        conn.execute(PG_CREATE)
+        conn.execute(PG_FILL, {"cutoff": cutoff, "rows": rows})
+        conn.execute(INDEX)
+        conn.execute("truncate expiry.jobs, expiry.ledger, expiry.audit, expiry.runs")
+        conn.execute("vacuum analyze sessions")
+        conn.execute("vacuum analyze expiry.jobs, expiry.ledger, expiry.audit, expiry.runs")
+        conn.execute("checkpoint")
+        expired = conn.execute(
+            "select count(*) from sessions where expires_at < %s", (cutoff,)
+        ).fetchone()
+        assert expired is not None
+        return Built(
+            int(expired[0]), pg_fingerprint(conn, "expires_at >= %(cutoff)s", {"cutoff": cutoff})
+        )
+
+
+def pg_survivors(url: str) -> Fingerprint:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return pg_fingerprint(conn, "true")
+
+
+def raw_postgres(
+    url: str, cutoff: datetime, window: int, connections: int
+) -> tuple[int, int, float]:
+    """The hand-written loop on N connections: (rows deleted, windows, seconds)."""
+    conns = [psycopg.connect(url, autocommit=True) for _ in range(connections)]
+    try:
+        lock = threading.Lock()
+        started = time.perf_counter()
+        lo, hi = conns[0].execute(PG_BOUNDS, {"cutoff": cutoff}).fetchone() or (None, None)
+        lows = iter(range(lo - 1, hi, window) if lo is not None else ())
+
+        def loop(conn: psycopg.Connection[Any]) -> tuple[int, int]:
+            rows = windows = 0
+            while True:
+                with lock:
+                    low = next(lows, None)
+                if low is None:
+                    return rows, windows
+                params = {"lo": low, "hi": low + window, "cutoff": cutoff}
+                rows += conn.execute(PG_DELETE, params, prepare=True).rowcount
+                windows += 1
+
+        with ThreadPoolExecutor(max_workers=connections) as pool:
+            done = [f.result() for f in [pool.submit(loop, c) for c in conns]]
+        seconds = time.perf_counter() - started
+    finally:
+        for conn in conns:
+            conn.close()
+    return sum(r for r, _ in done), sum(w for _, w in done), seconds
+
+
+def pg_run_state(conn: psycopg.Connection[Any], run_id: str) -> str | None:
+    row = conn.execute("select state from expiry.runs where id = %s", (run_id,)).fetchone()
+    return None if row is None else str(row[0])
+
+
+# -- SQLite ---------------------------------------------------------------------------
+
+
+def sqlite_connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, timeout=30.0)
+    conn.execute("pragma journal_mode = wal")
+    conn.execute("pragma synchronous = normal")
+    return conn
+
+
+def sqlite_fingerprint(conn: sqlite3.Connection, where: str) -> Fingerprint:
+    row = conn.execute(SQLITE_FINGERPRINT.format(where)).fetchone()
+    return int(row[0]), int(row[1]), int(row[2])
+
+
+def sqlite_build(path: Path, rows: int, cutoff: datetime) -> Built:
+    """A new file: ``sessions``, expiry's tables, ANALYZE, a truncating checkpoint."""
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    epoch = cutoff.timestamp()
+    conn = sqlite_connect(path)
+    try:
+        conn.execute("begin")
+        conn.execute(SQLITE_CREATE)
+        conn.execute(SQLITE_FILL, {"rows": rows, "cutoff": epoch})
+        conn.execute(INDEX)
+        conn.execute("commit")
+        app = App(f"sqlite:///{path}")
+        app.migrate()
+        app.close()
+        conn.execute("analyze")
+        conn.execute("pragma wal_checkpoint(truncate)")
+        (expired,) = conn.execute(
+            "select count(*) from sessions where expires_at < ?", (epoch,)
+        ).fetchone()
+        return Built(int(expired), sqlite_fingerprint(conn, f"expires_at >= {epoch!r}"))
+    finally:
+        conn.close()
+
+
+def sqlite_survivors(path: Path) -> Fingerprint:
+    conn = sqlite_connect(path)
+    try:
+        return sqlite_fingerprint(conn, "1")
+    finally:
+        conn.close()
+
+
+def raw_sqlite(path: Path, cutoff: datetime, window: int) -> tuple[int, int, float]:
+    """The hand-written loop on one connection: (rows deleted, windows, seconds)."""
+    conn = sqlite_connect(path)
+    epoch = cutoff.timestamp()
+    try:
+        started = time.perf_counter()
+        lo, hi = conn.execute(SQLITE_BOUNDS, {"cutoff": epoch}).fetchone()
+        rows = windows = 0
+        for low in range(lo - 1, hi, window) if lo is not None else ():
+            params = {"lo": low, "hi": low + window, "cutoff": epoch}
+            rows += conn.execute(SQLITE_DELETE, params).rowcount
+            windows += 1
+        seconds = time.perf_counter() - started
+    finally:
+        conn.close()
+    return rows, windows, seconds
+
+
+def sqlite_run_state(conn: sqlite3.Connection, run_id: str) -> str | None:
+    row = conn.execute("select state from expiry_runs where id = ?", (run_id,)).fetchone()
+    return None if row is None else str(row[0])
+
+
+# -- expiry ---------------------------------------------------------------------------
+
+
+def expiry_config(url: str, window: int) -> dict[str, Any]:
+    return {
+        "database": {"url": url},
+        "policy": [
+            {
+                "name": POLICY,
+                "table": "sessions",
+                "key": "id",
+                "timestamp": "expires_at",
+                "retain": "0s",
+                "window": window,
+            }
+        ],
+    }
+
+
+def _expiry_worker(config: dict[str, Any], ready: Barrier, go: Event, results: Any) -> None:
+    """One worker process: connect and check the policy, wait for the run, work
+    until idle, report how many jobs it ran."""
+    app = App(config=parse_config(config, "bench"), pool_size=2)
+    assert app.cleanup is not None and app.config is not None
+    settings = app.config.worker
+    app.cleanup.check()
+    app.queue.pending()  # the pool is open before the clock starts
+    worker = Worker(
+        app,
+        concurrency=1,
+        batch=settings.claim_batch,
+        lease=settings.lease,
+        prune_after=settings.prune_after,
+        until_idle=True,
+    )
+    ready.wait(timeout=300)
+    if not go.wait(timeout=300):
+        raise RuntimeError("the run was never opened")
+    worker.run()
+    results.put(worker.processed)
+    app.close()
+
+
+def expiry_round(
+    url: str, cutoff: datetime, window: int, workers: int, poll: Any
+) -> tuple[int, int, float, str]:
+    """open_run, N worker processes, until the run is finished:
+    (rows deleted, windows applied, seconds, note)."""
+    config = expiry_config(url, window)
+    app = App(config=parse_config(config, "bench"), pool_size=2)
+    assert app.cleanup is not None
+    ready = _CTX.Barrier(workers + 1)
+    go = _CTX.Event()
+    results = _CTX.Queue()
+    children: list[BaseProcess] = [
+        _CTX.Process(target=_expiry_worker, args=(config, ready, go, results))
+        for _ in range(workers)
+    ]
+    try:
+        app.cleanup.check()
+        app.queue.pending()
+        for child in children:
+            child.start()
+        ready.wait(timeout=300)
+        started = time.perf_counter()
+        opened = app.cleanup.open_run(POLICY, cutoff, opened_by="bench", actor="bench")
+        go.set()
+        while (state := poll(opened.run_id)) != "finished":
+            if not any(child.is_alive() for child in children):
+                raise RuntimeError(f"every worker exited but the run is {state!r}")
+            time.sleep(POLL_SECONDS)
+        seconds = time.perf_counter() - started
+        jobs = [results.get(timeout=120) for _ in children]
+        for child in children:
+            child.join(timeout=60)
+        failed = [child.exitcode for child in children if child.exitcode != 0]
+        if failed:
+            raise RuntimeError(f"worker processes exited with {failed}")
+        summary = status.run_summary(app, opened.run_id)
+        assert summary is not None
+        if summary["jobs_dead"] or summary["retries"]:
+            raise RuntimeError(f"the run had failures: {summary}")
+        note = (
+            f"{summary['jobs_total']} window jobs, {summary['windows_applied']} ledger rows, "
+            f"jobs per worker {jobs}"
+        )
+        return int(summary["rows_affected"]), int(summary["windows_applied"]), seconds, note
+    finally:
+        app.close()
+        for child in children:
+            if child.is_alive():
+                child.terminate()
+                child.join()
+
+
+# -- one engine, both methods ---------------------------------------------------------
+
+
+def bench_postgres(args: argparse.Namespace) -> list[Measured]:
+    out: list[Measured] = []
+    n, window, rows = args.connections, args.window, args.rows
+    with scratch_database(args.admin_url, f"expiry_bench_cleanup_{os.getpid()}") as url:
+        app = App(url)
+        app.migrate()
+        with app.engine.transaction() as conn:
+            row = conn.execute("select date_trunc('second', now()) as now").fetchone()
+            assert row is not None
+            cutoff: datetime = row["now"]
+        app.close()
+        for round_ in range(1, args.repeat + 1):
+            for method in ("raw", "expiry"):
+                progress(f"postgres: building {rows:,} rows for {method} (round {round_})")
+                built = pg_build(url, rows, cutoff)
+                if method == "raw":
+                    deleted, windows, seconds = raw_postgres(url, cutoff, window, n)
+                    note = ""
+                else:
+                    with psycopg.connect(url, autocommit=True) as watcher:
+                        deleted, windows, seconds, note = expiry_round(
+                            url, cutoff, window, n, partial(pg_run_state, watcher)
+                        )
+                check("postgres", method, built, deleted, pg_survivors(url))
+                out.append(
+                    Measured("postgres", method, round_, n, window, deleted, windows, seconds, note)
+                )
+                progress(f"postgres {method:<6} {out[-1].rate:>12,.0f} rows/s  {seconds:.3f} s")
+    return out
+
+
+def bench_sqlite(args: argparse.Namespace) -> list[Measured]:
+    out: list[Measured] = []
+    window, rows = args.window, args.sqlite_rows
+    cutoff = datetime.now(UTC).replace(microsecond=0)
+    with tempfile.TemporaryDirectory(prefix="expiry_bench_cleanup_") as tmp:
+        path = Path(tmp) / "sessions.db"
+        url = f"sqlite:///{path}"
+        for round_ in range(1, args.repeat + 1):
+            for method in ("raw", "expiry"):
+                progress(f"sqlite: building {rows:,} rows for {method} (round {round_})")
+                built = sqlite_build(path, rows, cutoff)
+                if method == "raw":
+                    deleted, windows, seconds = raw_sqlite(path, cutoff, window)
+                    note = ""
+                else:
+                    watcher = sqlite3.connect(path, isolation_level=None, timeout=30.0)
+                    try:
+                        deleted, windows, seconds, note = expiry_round(
+                            url, cutoff, window, 1, partial(sqlite_run_state, watcher)
+                        )
+                    finally:
+                        watcher.close()
+                check("sqlite", method, built, deleted, sqlite_survivors(path))
+                out.append(
+                    Measured("sqlite", method, round_, 1, window, deleted, windows, seconds, note)
+                )
+                progress(f"sqlite   {method:<6} {out[-1].rate:>12,.0f} rows/s  {seconds:.3f} s")
+    return out
+
+
+# -- the report -----------------------------------------------------------------------
+
+
+def progress(message: str) -> None:
+    print(f"  {message}", flush=True)
+
+
+def ratios(results: list[Measured], engine: str) -> list[float]:
+    pairs: dict[int, dict[str, Measured]] = {}
+    for r in results:
+        if r.engine == engine:
+            pairs.setdefault(r.round, {})[r.method] = r
+    return [p["expiry"].rate / p["raw"].rate for p in pairs.values() if len(p) == 2]
+
+
+def print_table(results: list[Measured]) -> None:
+    header = (
+        f"{'engine':<9} {'method':<7} {'round':>5} {'conns':>5} {'window':>7} {'windows':>7} "
+        f"{'rows deleted':>13} {'seconds':>8} {'rows/s':>11} {'expiry/raw':>10}"
+    )
+    print(header)
+    print("-" * len(header))
+    raw = {(r.engine, r.round): r for r in results if r.method == "raw"}
+    for r in results:
+        base = raw.get((r.engine, r.round))
+        ratio = f"{r.rate / base.rate:.2f}x" if r.method == "expiry" and base else ""
+        print(
+            f"{r.engine:<9} {r.method:<7} {r.round:>5} {r.connections:>5} {r.window:>7,} "
+            f"{r.windows:>7,} {r.rows:>13,} {r.seconds:>8.3f} {r.rate:>11,.0f} {ratio:>10}"
+        )
+    notes = [r for r in results if r.note]
+    if notes:
+        print()
+        for r in notes:
+            print(f"{r.engine} {r.method} round {r.round}: {r.note}")
+
+
+def print_targets(results: list[Measured]) -> None:
+    print()
+    print(f"target (reported, not asserted): expiry >= {TARGET_RATIO}x the raw loop's rows/s")
+    for engine in ("postgres", "sqlite"):
+        found = ratios(results, engine)
+        if found:
+            median = statistics.median(found)
+            verdict = "ok" if median >= TARGET_RATIO else "MISS"
+            each = ", ".join(f"{x:.2f}x" for x in found)
+            print(f"  {engine:<9} {median:.2f}x (median of {each})  {verdict}")
+
+
+# -- main -----------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--rows", type=int, default=None, help="rows in sessions (2000000)")
+    parser.add_argument(
+        "--sqlite-rows", type=int, default=None, help="rows on SQLite (default: --rows)"
+    )
+    parser.add_argument("--window", type=int, default=None, help="keys per window (10000)")
+    parser.add_argument(
+        "--connections", type=int, default=2, help="PostgreSQL connections / worker processes (2)"
+    )
+    parser.add_argument("--repeat", type=int, default=1, help="raw/expiry pairs per engine (1)")
+    parser.add_argument(
+        "--engines",
+        type=lambda s: [e.strip() for e in s.split(",") if e.strip()],
+        default=["postgres", "sqlite"],
+        help="comma separated: postgres,sqlite",
+    )
+    parser.add_argument("--admin-url", default=ADMIN_URL, help="server to create the scratch db on")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 20,000 rows, window 1,000")
+    args = parser.parse_args(argv)
+    if args.rows is None:
+        args.rows = 20_000 if args.quick else 2_000_000
+    if args.window is None:
+        args.window = 1_000 if args.quick else 10_000
+    if args.sqlite_rows is None:
+        args.sqlite_rows = args.rows
+    if min(args.rows, args.sqlite_rows, args.window, args.connections, args.repeat) <= 0:
+        parser.error("--rows, --sqlite-rows, --window, --connections and --repeat must be positive")
+    unknown = set(args.engines) - {"postgres", "sqlite"}
+    if unknown or not args.engines:
+        parser.error(f"--engines takes postgres and/or sqlite, not {sorted(unknown)}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    # parse_config lets EXPIRY_DATABASE_URL override the url: not here.
+    os.environ.pop("EXPIRY_DATABASE_URL", None)
+    print(
+        f"cleanup throughput: {args.rows:,} rows (sqlite {args.sqlite_rows:,}), 80% expired, "
+        f"window {args.window:,}, postgres {args.connections} connections, sqlite 1, "
+        f"{args.repeat} round(s), {os.cpu_count()} cpus",
+        flush=True,
+    )
+    results: list[Measured] = []
+    try:
+        if "postgres" in args.engines:
+            results += bench_postgres(args)
+        if "sqlite" in args.engines:
+            results += bench_sqlite(args)
+    except Mismatch as exc:
+        print(f"FAIL: {exc}", file=sys.stderr)
+        return 1
+    print()
+    print_table(results)
+    print_targets(results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""Discovery: what this server can do, for callers without an SDK.
+
+``GET /v1/discovery`` lists capabilities; ``GET /v1/discovery/{capability}``
+gives method, path, request and response JSON Schema, errors, limits and
+runnable examples in curl, Python, Node.js and Go. The schemas are cut from the
+server's own OpenAPI document, which FastAPI builds from the models that
+validate requests, so discovery cannot drift from behaviour.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI
+
+CAPABILITIES: dict[str, dict[str, Any]] = {
+    "queue.publish": {
+        "method": "POST",
+        "path": "/v1/queue/publish",
+        "summary": "enqueue one delayed job with an optional dedupe key",
+        "example": {
+            "queue": "emails",
+            "message": {"user_id": 42},
+            "delay_seconds": 60,
+            "key": "welcome:42",
+        },
+    },
+    "queue.publish_batch": {
+        "method": "POST",
+        "path": "/v1/queue/publish_batch",
+        "summary": "enqueue up to 1,000 jobs in one statement",
+        "example": {
+            "queue": "cleanup",
+            "messages": [{"run_id": "r1", "start_id": 0, "end_id": 50000}],
+            "keys": ["r1:0"],
+        },
+    },
+    "queue.receive": {
+        "method": "POST",
+        "path": "/v1/queue/receive",
+        "summary": "lease jobs for a pull consumer; each comes with a receipt",
+        "example": {"queue": "emails", "max": 10, "lease_seconds": 30},
+    },
+    "queue.ack": {
+        "method": "POST",
+        "path": "/v1/queue/ack",
+        "summary": "complete a received job",
+        "example": {"receipt": "RECEIPT"},
+    },
+    "queue.nack": {
+        "method": "POST",
+        "path": "/v1/queue/nack",
+        "summary": "fail a received job: retry after delay_seconds (default backoff) or permanent",
+        "example": {"receipt": "RECEIPT", "delay_seconds": 30, "error": "smtp timeout"},
+    },
+    "queue.heartbeat": {
+        "method": "POST",
+        "path": "/v1/queue/heartbeat",
+        "summary": "extend a lease",
+        "example": {"receipt": "RECEIPT", "lease_seconds": 30},
+    },
+    "cron.create": {
+        "method": "POST",
+        "path": "/v1/cron/create",
+        "summary": "call http_url with a signed POST on a cron schedule",
+        "example": {
+            "name": "nightly-digest",
+            "http_url": "https://app.example.com/hooks/digest",
+            "schedule": "0 6 * * 1",
+            "timezone": "Europe/Paris",
+        },
+    },
+    "cleanup.trigger": {
+        "method": "POST",
+        "path": "/v1/cleanup/trigger",
+        "summary": "open a cleanup run now (idempotent for the same cutoff), or dry-run it",
+        "example": {"policy": "expired-sessions", "dry_run": True},
+    },
+    "dlq.redrive": {
+        "method": "POST",
+        "path": "/v1/dlq/redrive",
+        "summary": "send dead jobs back with a fresh attempt budget",
+        "example": {"all": True},
+    },
+}
+
+LIMITS = {
+    "message_bytes": 256 * 1024,
+    "batch_messages": 1000,
+    "idempotency_hours": 24,
+    "auth": "Authorization: Bearer KEY on every route but /v1/discovery and /v1/health",
+}
+
+ERRORS = {
+    "401": "unauthorized: missing or unknown API key",
+    "409": "idempotency_in_flight, or receipt_expired for ack/nack/heartbeat",
+    "413": "message_too_large (over 256 KiB) or body_too_large",
+    "422": "invalid_request (bad JSON, wrong types, unknown fields) or idempotency_key_reused",
+    "429": "rate_limited: wait Retry-After seconds",
+}
+
+
+def _resolve(node: Any, components: dict[str, Any]) -> Any:
+    if isinstance(node, dict):
+        if "$ref" in node:
+            name = node["$ref"].rsplit("/", 1)[-1]
+            return _resolve(components.get(name, {}), components)
+        return {k: _resolve(v, components) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_resolve(v, components) for v in node]
+    return node
+
+
+def examples(method: str, path: str, body: dict[str, Any]) -> dict[str, str]:
+    data = json.dumps(body)
+    url = f"http://127.0.0.1:8080{path}"
+    return {
+        "curl": f"curl -sS -X {method} {url} -H 'Authorization: Bearer $EXPIRY_KEY' "
+        f"-H 'Content-Type: application/json' -H 'Idempotency-Key: demo-1' -d '{data}'",
+        "python": (
+            f"import json, os, urllib.request\nreq = urllib.request.Request({url!r}, method={method!r},\n"
+            f"    data=json.dumps({body!r}).encode(),\n"
+            "    headers={'Authorization': 'Bearer ' + os.environ['EXPIRY_KEY'],\n"
+            "             'Content-Type': 'application/json'})\n"
+            "print(json.load(urllib.request.urlopen(req)))"
+        ),
+        "node": (
+            f"const res = await fetch({json.dumps(url)}, {{method: {json.dumps(method)},\n"
+            "  headers: {Authorization: `Bearer ${process.env.EXPIRY_KEY}`, 'Content-Type': 'application/json'},\n"
+            f"  body: JSON.stringify({data})}});\nconsole.log(await res.json());"
+        ),
+        "go": (
+            f"body := strings.NewReader(`{data}`)\n"
+            f"req, _ := http.NewRequest({json.dumps(method)}, {json.dumps(url)}, body)\n"
+            'req.Header.Set("Authorization", "Bearer "+os.Getenv("EXPIRY_KEY"))\n'
+            'req.Header.Set("Content-Type", "application/json")\n'
+            "res, err := http.DefaultClient.Do(req)"
+        ),
+    }
+
+
+def describe(api: FastAPI, name: str) -> dict[str, Any] | None:
+    cap = CAPABILITIES.get(name)
+    if cap is None:
+        return None
+    spec = api.openapi()
+    components = spec.get("components", {}).get("schemas", {})
+    operation = spec["paths"][cap["path"]][cap["method"].lower()]
+    request = (
+        operation.get("requestBody", {})
+        .get("content", {})
+        .get("application/json", {})
+        .get("schema")
+    )
+    responses = {
+        code: _resolve(r.get("content", {}).get("application/json", {}).get("schema"), components)
+        for code, r in operation.get("responses", {}).items()
+    }
+    return {
+        "capability": name,
+        "summary": cap["summary"],
+        "method": cap["method"],
+        "path": cap["path"],
+        "request_schema": _resolve(request, components),
+        "response_schemas": responses,
+        "errors": ERRORS,
+        "limits": LIMITS,
+        "example_request": cap["example"],
+        "examples": examples(cap["method"], cap["path"], cap["example"]),
+    }
+
+
+def discovery_router(api: FastAPI, require_key: Callable[..., str]) -> APIRouter:
+    router = APIRouter(prefix="/v1/discovery", tags=["discovery"])
+
+    @router.get("")
+    def index() -> dict[str, Any]:
+        return {
+            "capabilities": [
+                {
+                    "name": n,
+                    "method": c["method"],
+                    "path": c["path"],
+                    "summary": c["summary"],
+                    "href": f"/v1/discovery/{n}",
+                }
+                for n, c in CAPABILITIES.items()
+            ],
+            "openapi": "/openapi.json",
+            "limits": LIMITS,
+        }
+
+    @router.get("/{capability}", dependencies=[Depends(require_key)])
+    def capability(capability: str) -> dict[str, Any]:
+        found = describe(api, capability)
+        if found is None:
+            from .api import ApiError
+
+            raise ApiError(404, "not_found", f"no capability {capability!r}; see GET /v1/discovery")
+        return found
+
+    return router

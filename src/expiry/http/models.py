@@ -1,0 +1,206 @@
+"""Request and response bodies of the HTTP API. The same models validate
+requests, generate /openapi.json and fill the discovery documents, so the
+three cannot drift apart."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+QUEUE_NAME = r"^[A-Za-z0-9_.:-]{1,100}$"
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorDetail(Body):
+    code: str = Field(description="stable machine-readable code, e.g. invalid_request")
+    message: str = Field(description="what was wrong and how to fix it")
+
+
+class ErrorResponse(Body):
+    error: ErrorDetail
+
+
+class PublishRequest(Body):
+    queue: str = Field("default", pattern=QUEUE_NAME, description="queue (and handler) name")
+    message: dict[str, Any] = Field(
+        description="the job payload: identifiers, not records (<= 256 KiB)"
+    )
+    delay_seconds: float | None = Field(
+        None, ge=0, le=10 * 366 * 86400, description="run after this many seconds"
+    )
+    run_at: datetime | None = Field(None, description="run at this time (ISO-8601 with zone)")
+    key: str | None = Field(None, min_length=1, max_length=500, description="dedupe key")
+    priority: int = Field(0, ge=-100, le=100, description="lower runs first")
+    max_attempts: int = Field(8, ge=1, le=100)
+
+    @model_validator(mode="after")
+    def _one_time(self) -> PublishRequest:
+        if self.delay_seconds is not None and self.run_at is not None:
+            raise ValueError("give delay_seconds or run_at, not both")
+        if self.run_at is not None and self.run_at.tzinfo is None:
+            raise ValueError("run_at needs a time zone, e.g. 2026-12-01T00:00:00Z")
+        return self
+
+
+class Published(Body):
+    key: str
+    queue: str
+    enqueued: bool = Field(description="false when a job with this key existed already")
+
+
+class PublishBatchRequest(Body):
+    queue: str = Field("default", pattern=QUEUE_NAME)
+    messages: list[dict[str, Any]] = Field(
+        min_length=1, max_length=1000, description="message bodies"
+    )
+    keys: list[str] | None = Field(None, description="one dedupe key per message")
+    delay_seconds: float | None = Field(None, ge=0, le=10 * 366 * 86400)
+
+    @model_validator(mode="after")
+    def _keys(self) -> PublishBatchRequest:
+        if self.keys is not None and len(self.keys) != len(self.messages):
+            raise ValueError(f"keys has {len(self.keys)} items for {len(self.messages)} messages")
+        return self
+
+
+class PublishedBatch(Body):
+    results: list[Published]
+    enqueued: int
+    duplicates: int
+
+
+class ReceiveRequest(Body):
+    queue: str = Field(pattern=QUEUE_NAME)
+    max: int = Field(1, ge=1, le=100)
+    lease_seconds: float = Field(30.0, gt=0, le=3600)
+
+
+class ReceivedJob(Body):
+    receipt: str = Field(description="pass to ack, nack or heartbeat while the lease holds")
+    key: str
+    queue: str
+    message: dict[str, Any]
+    attempt: int
+    max_attempts: int
+    lease_expires_at: datetime | None
+
+
+class Received(Body):
+    jobs: list[ReceivedJob]
+
+
+class AckRequest(Body):
+    receipt: str = Field(min_length=3, max_length=200)
+
+
+class NackRequest(Body):
+    receipt: str = Field(min_length=3, max_length=200)
+    delay_seconds: float | None = Field(
+        None, ge=0, le=30 * 86400, description="retry after; default backoff"
+    )
+    permanent: bool = Field(False, description="true: straight to the dead-letter queue")
+    error: str | None = Field(None, max_length=4000)
+
+
+class HeartbeatRequest(Body):
+    receipt: str = Field(min_length=3, max_length=200)
+    lease_seconds: float = Field(30.0, gt=0, le=3600)
+
+
+class JobOutcome(Body):
+    key: str
+    state: str
+
+
+class CronCreateRequest(Body):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
+    http_url: str = Field(max_length=2000)
+    schedule: str = Field(max_length=200, description="5-field cron or @hourly, @daily, ...")
+    timezone: str = Field("UTC", max_length=100)
+
+
+class CronTarget(Body):
+    name: str
+    http_url: str
+    schedule: str
+    timezone: str
+    paused: bool
+    last_fire_at: str | None
+    created_at: str
+
+
+class CronCreated(CronTarget):
+    secret: str = Field(description="signs every call (Standard Webhooks); shown only now")
+
+
+class CronCall(Body):
+    fire_time: str
+    attempt: int
+    status: int | None
+    duration_ms: float | None
+    response: str | None
+    error: str | None
+    at: str
+
+
+class TriggerRequest(Body):
+    policy: str = Field(max_length=63)
+    cutoff: datetime | None = Field(None, description="default: database now() - retain")
+    dry_run: bool = False
+
+
+class Window(Body):
+    lo: int
+    hi: int
+
+
+class Triggered(Body):
+    policy: str
+    cutoff: str
+    dry_run: bool
+    run_id: str | None = None
+    created: bool | None = Field(None, description="false when this cutoff's run existed already")
+    candidates: int | None = None
+    windows: int | None = None
+    first_windows: list[Window] | None = None
+
+
+class RedriveRequest(Body):
+    keys: list[str] = Field(default_factory=list, max_length=10_000)
+    all: bool = False
+    policy: str | None = None
+
+    @model_validator(mode="after")
+    def _something(self) -> RedriveRequest:
+        if not (self.keys or self.all or self.policy):
+            raise ValueError("name keys, or set all = true, or give a policy")
+        return self
+
+
+class DiscardRequest(Body):
+    keys: list[str] = Field(min_length=1, max_length=10_000)
+
+
+class Keys(Body):
+    keys: list[str]
+
+
+class DeadJob(Body):
+    key: str
+    queue: str
+    handler: str
+    attempt: int
+    error: str | None
+    kind: str | None
+    payload: dict[str, Any]
+    errors: list[dict[str, Any]]
+
+
+class Paused(Body):
+    name: str
+    paused: bool

@@ -1,0 +1,205 @@
+"""API keys, per-key rate limits, Idempotency-Key replay and the body limit."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from ..app import App
+
+
+def hash_key(secret: str) -> str:
+    # Keys are 256 random bits, so one SHA-256 is enough: there is nothing to brute-force.
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def create_key(app: App, name: str) -> str:
+    """Store a new key's hash; return the secret (shown once)."""
+    secret = "exp_" + secrets.token_urlsafe(32)
+    with app.engine.transaction() as conn:
+        if not app.engine.rows(conn, "key_insert", {"name": name, "hash": hash_key(secret)}):
+            raise ValueError(f"a key named {name!r} exists already; revoke it or pick another name")
+        app.engine.audit_append(conn, "key.created", actor="operator", detail={"name": name})
+    return secret
+
+
+def revoke_key(app: App, name: str) -> bool:
+    with app.engine.transaction() as conn:
+        done = bool(app.engine.rows(conn, "key_revoke", {"name": name}))
+        if done:
+            app.engine.audit_append(conn, "key.revoked", actor="operator", detail={"name": name})
+    return done
+
+
+def list_keys(app: App) -> list[dict[str, Any]]:
+    with app.engine.transaction() as conn:
+        return app.engine.rows(conn, "key_list")
+
+
+class KeyRing:
+    """Checks bearer keys against the stored hashes, in constant time per key.
+    The hashes are re-read at most once a second, so a revoke takes effect fast."""
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+        self._hashes: list[tuple[str, str]] = []
+        self._loaded = 0.0
+        self._lock = threading.Lock()
+
+    def name_for(self, secret: str) -> str | None:
+        with self._lock:
+            if time.monotonic() - self._loaded > 1.0:
+                with self.app.engine.transaction() as conn:
+                    rows = self.app.engine.rows(conn, "key_active")
+                self._hashes = [(r["name"], r["hash"]) for r in rows]
+                self._loaded = time.monotonic()
+            hashes = list(self._hashes)
+        digest = hash_key(secret)
+        found = None
+        for name, stored in hashes:
+            if hmac.compare_digest(digest, stored):
+                found = name
+        return found
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    updated: float
+
+
+class RateLimiter:
+    """A token bucket per API key: ``rate`` requests a second, bursts of ``burst``."""
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate, self.burst = rate, burst
+        self._buckets: dict[str, _Bucket] = {}
+        self._lock = threading.Lock()
+
+    def take(self, key: str) -> float:
+        """0 if the request may go ahead, else seconds until it may."""
+        now = time.monotonic()
+        with self._lock:
+            bucket = self._buckets.setdefault(key, _Bucket(float(self.burst), now))
+            bucket.tokens = min(self.burst, bucket.tokens + (now - bucket.updated) * self.rate)
+            bucket.updated = now
+            if bucket.tokens >= 1:
+                bucket.tokens -= 1
+                return 0.0
+            return (1 - bucket.tokens) / self.rate
+
+
+def request_hash(method: str, path: str, body: bytes) -> str:
+    return hashlib.sha256(method.encode() + b" " + path.encode() + b"\n" + body).hexdigest()
+
+
+class Idempotency:
+    """First response wins for 24 hours; a different body is refused; in flight is 409."""
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+
+    def begin(self, api_key: str, key: str, digest: str) -> tuple[str, int | None, Any]:
+        """('new', None, None) | ('replay', status, body) | ('mismatch'|'in_flight', None, None)"""
+        engine = self.app.engine
+        params = {"api_key": api_key, "key": key, "hash": digest}
+        with engine.transaction() as conn:
+            if engine.rows(conn, "idempotency_begin", params):
+                return "new", None, None
+            row = engine.one(conn, "idempotency_get", params)
+            if row is None:  # expired: start over
+                engine.rows(conn, "idempotency_forget", params)
+                engine.rows(conn, "idempotency_begin", params)
+                return "new", None, None
+        if row["request_hash"] != digest:
+            return "mismatch", None, None
+        if row["status"] is None:
+            return "in_flight", None, None
+        return "replay", int(row["status"]), json.loads(row["body"])
+
+    def finish(self, api_key: str, key: str, status: int, body: Any) -> None:
+        self.app.engine.one(
+            None,
+            "idempotency_finish",
+            {
+                "api_key": api_key,
+                "key": key,
+                "status": status,
+                "body": json.dumps(body, default=str),
+            },
+        )
+
+    def forget(self, api_key: str, key: str) -> None:
+        self.app.engine.one(None, "idempotency_forget", {"api_key": api_key, "key": key})
+
+
+class BodyLimit:
+    """ASGI middleware: 413 for a body over the limit, declared or streamed; every
+    body is read as JSON."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        if scope["method"] in ("POST", "PUT", "PATCH") and not headers.get(
+            b"content-type", b""
+        ).startswith(b"application/json"):
+            # The API speaks only JSON: read a body sent without (or with curl's default)
+            # content type as JSON rather than refusing it.
+            rest = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+            scope = {**scope, "headers": [*rest, (b"content-type", b"application/json")]}
+        declared = headers.get(b"content-length")
+        if declared and declared.isdigit() and int(declared) > self.limit:
+            await self._refuse(send)
+            return
+        seen = 0
+        refused = False
+
+        async def counted() -> Message:
+            nonlocal seen, refused
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                refused = True
+                raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, counted, send)
+        except _TooLarge:
+            await self._refuse(send)
+
+    async def _refuse(self, send: Send) -> None:
+        body = json.dumps(
+            {
+                "error": {
+                    "code": "body_too_large",
+                    "message": f"request body is over {self.limit} bytes",
+                }
+            }
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+class _TooLarge(Exception):
+    pass

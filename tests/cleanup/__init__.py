@@ -1,0 +1,1 @@
+"""The cleanup suite: policies, runs, windows and their invariants on real databases."""

@@ -1,0 +1,169 @@
+"""Policies are checked against the live schema before anything runs: a table,
+column or predicate that does not fit is a SchemaError naming the policy; a
+timestamp column without an index is a warning."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from expiry.app import App
+from expiry.errors import SchemaError
+
+from .support import Db, doomed, run_worker, standard_rows
+
+Apps = Callable[..., App]
+
+
+def check_fails(app: App) -> str:
+    assert app.cleanup is not None
+    with pytest.raises(SchemaError) as caught:
+        app.cleanup.check()
+    return str(caught.value)
+
+
+def test_a_fitting_policy_checks_clean(db: Db, apps: Apps) -> None:
+    db.create_sessions()
+    app = apps(db.url)
+    assert app.cleanup is not None
+    assert app.cleanup.check() == []
+
+
+def test_missing_table(db: Db, apps: Apps) -> None:
+    message = check_fails(apps(db.url))
+    assert "policy 'expired-sessions'" in message
+    assert "table 'sessions' does not exist" in message
+    assert "create it, or correct 'table'" in message
+
+
+def test_missing_table_also_stops_a_run(db: Db, apps: Apps) -> None:
+    app = apps(db.url)
+    assert app.cleanup is not None
+    with pytest.raises(SchemaError, match="'sessions' does not exist"):
+        app.cleanup.open_run("expired-sessions")
+    assert db.expiry_counts()["runs"] == 0
+
+
+@pytest.mark.parametrize("field", ["key", "timestamp"])
+def test_missing_column(db: Db, apps: Apps, field: str) -> None:
+    db.create_sessions()
+    message = check_fails(apps(db.url, {field: "no_such_column"}))
+    assert "policy 'expired-sessions'" in message
+    assert f"{field} column 'no_such_column' is not in table 'sessions'" in message
+    assert "columns: id, user_id, expires_at" in message
+
+
+@pytest.mark.parametrize("key_type", ["text", "numeric", "real", "interval"])
+def test_non_integer_key(db: Db, apps: Apps, key_type: str) -> None:
+    if key_type == "interval" and db.dialect == "sqlite":
+        key_type = "blob"
+    db.execute(f"create table sessions (id {key_type}, expires_at timestamp, revoked_at timestamp)")
+    message = check_fails(apps(db.url))
+    assert "policy 'expired-sessions'" in message
+    assert "key column 'id'" in message
+    assert "not an integer type" in message
+
+
+@pytest.mark.parametrize("key_type", ["smallint", "integer", "bigint"])
+def test_integer_keys_are_accepted(db: Db, apps: Apps, key_type: str) -> None:
+    ts = "timestamptz" if db.dialect == "postgres" else "real"
+    db.execute(f"create table sessions (id {key_type}, expires_at {ts}, revoked_at {ts})")
+    db.execute("create index sessions_expires_at on sessions (expires_at)")
+    app = apps(db.url)
+    assert app.cleanup is not None
+    assert app.cleanup.check() == []
+
+
+def test_timestamp_of_the_wrong_type_on_postgres(pg_db: Db, apps: Apps) -> None:
+    pg_db.execute("create table sessions (id bigint primary key, expires_at text, revoked_at text)")
+    message = check_fails(apps(pg_db.url))
+    assert "policy 'expired-sessions'" in message
+    assert "timestamp column 'expires_at' is text" in message
+    assert "use timestamptz, timestamp or date" in message
+
+
+@pytest.mark.parametrize(
+    "where", ["no_such_column is null", "revoked_at is", "revoked_at + 'x' = (select"]
+)
+def test_invalid_where_is_refused_by_explain(db: Db, apps: Apps, where: str) -> None:
+    db.create_sessions()
+    message = check_fails(apps(db.url, {"where": where}))
+    assert "policy 'expired-sessions'" in message
+    assert f"where = {where!r} is not a valid predicate on 'sessions'" in message
+    assert "\n" not in message
+
+
+def test_where_with_a_percent_sign_checks_and_runs(db: Db, apps: Apps) -> None:
+    """'%' is escaped for the driver; the check and the run must both undo it."""
+    db.create_sessions()
+    rows = standard_rows(200)
+    db.insert_sessions(rows)
+    app = apps(db.url, {"where": "revoked_at is null and id % 2 = 0"})
+    assert app.cleanup is not None
+    assert app.cleanup.check() == []
+    app.cleanup.open_run("expired-sessions")
+    run_worker(app)
+    gone = {i for i in doomed(rows) if i % 2 == 0}
+    assert db.ids() == {i for i, _, _ in rows} - gone
+
+
+def test_missing_archive_table(db: Db, apps: Apps) -> None:
+    db.create_sessions()
+    message = check_fails(apps(db.url, {"action": "archive", "archive_table": "sessions_archive"}))
+    assert "policy 'expired-sessions'" in message
+    assert "archive_table 'sessions_archive' does not exist" in message
+
+
+def test_archive_table_lacking_columns(db: Db, apps: Apps) -> None:
+    db.create_sessions()
+    db.execute("create table sessions_archive (id bigint, expires_at timestamp)")
+    message = check_fails(apps(db.url, {"action": "archive", "archive_table": "sessions_archive"}))
+    assert "policy 'expired-sessions'" in message
+    assert "archive_table 'sessions_archive' lacks columns user_id, revoked_at, note" in message
+
+
+def test_timestamp_without_index_is_a_warning(db: Db, apps: Apps) -> None:
+    db.create_sessions(index=False)
+    app = apps(db.url)
+    assert app.cleanup is not None
+    warnings = app.cleanup.check()
+    assert len(warnings) == 1
+    assert "policy 'expired-sessions'" in warnings[0]
+    assert "timestamp column 'expires_at' has no index" in warnings[0]
+    db.execute("create index sessions_expires_at on sessions (expires_at)")
+    assert app.cleanup.check() == []
+
+
+def test_reserved_words_are_quoted(db: Db, apps: Apps) -> None:
+    """Names from the config are always quoted: a table called "order" works."""
+    ts = "timestamptz" if db.dialect == "postgres" else "real"
+    db.execute(f'create table "order" ("select" bigint primary key, "end" {ts} not null)')
+    db.execute('create index order_end on "order" ("end")')
+    db.execute(
+        'insert into "order" ("select", "end") values (1, {now} - '
+        + db.seconds("3600")
+        + "), (2, {now} + "
+        + db.seconds("3600")
+        + ")"
+    )
+    app = apps(db.url, {"table": "order", "key": "select", "timestamp": "end", "where": None})
+    assert app.cleanup is not None
+    assert app.cleanup.check() == []
+    app.cleanup.open_run("expired-sessions")
+    run_worker(app)
+    assert db.rows('select "select" from "order"') == [(2,)]
+
+
+def test_schema_qualified_table_on_postgres(pg_db: Db, apps: Apps) -> None:
+    pg_db.execute("create schema auth")
+    pg_db.create_sessions("auth.sessions", index=False)
+    pg_db.execute("create index on auth.sessions (expires_at)")
+    rows = standard_rows(50)
+    pg_db.insert_sessions(rows, "auth.sessions")
+    app = apps(pg_db.url, {"table": "auth.sessions"})
+    assert app.cleanup is not None
+    assert app.cleanup.check() == []
+    app.cleanup.open_run("expired-sessions")
+    run_worker(app)
+    assert pg_db.ids("auth.sessions") == {i for i, _, _ in rows} - doomed(rows)
