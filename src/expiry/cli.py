@@ -13,11 +13,12 @@ import importlib
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from rich.console import Console
 from rich.table import Table
@@ -36,8 +37,16 @@ def env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(f"EXPIRY_{name}", default)
 
 
-def common() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(add_help=False)
+class Parser(argparse.ArgumentParser):
+    """Usage errors as one line on stderr with exit code 2, like every other error
+    (argparse would print the whole usage block first). Subcommands inherit it."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def common() -> Parser:
+    parser = Parser(add_help=False)
     parser.add_argument(
         "--config", default=env("CONFIG"), help="path to expiry.toml [EXPIRY_CONFIG]"
     )
@@ -65,7 +74,7 @@ def common() -> argparse.ArgumentParser:
 
 def build_parser() -> argparse.ArgumentParser:
     parent = common()
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="expiry", description="Durable, idempotent retention cleanup.", parents=[parent]
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -296,6 +305,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     )
     logger.info("serving on http://%s:%s", host, port)
+
+    # uvicorn handles SIGTERM/SIGINT while it serves, then re-raises the signal
+    # to the handler it found: without this one, the default, which kills the
+    # process (exit -15) before the scheduler and workers are stopped.
+    def on_stop(signum: int, frame: Any) -> None:
+        server.should_exit = True
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_stop)
+        signal.signal(signal.SIGINT, on_stop)
     server.run()
     scheduler.stopping.set()
     worker.stop()
@@ -536,6 +555,8 @@ def _print_run(summary: dict[str, Any]) -> None:
 
 
 def cmd_dlq(args: argparse.Namespace) -> int:
+    from .cleanup import format_time
+
     app = open_app(args)
     app.migrate()
     queue = app.queue
@@ -548,7 +569,7 @@ def cmd_dlq(args: argparse.Namespace) -> int:
                 "attempt": j.attempt,
                 "error": j.last_error,
                 "kind": j.last_error_kind,
-                "failed_at": j.finished_at,
+                "failed_at": format_time(j.finished_at) if j.finished_at else None,
             }
             for j in dead
         ]

@@ -119,11 +119,12 @@ EXPIRED_SHARE = 0.8
 
 
 def _time_sql(n: int, past: str, future: str) -> str:
-    """Epoch seconds for row i: expired rows spread over the last ``past`` seconds
-    (ending an hour ago); live rows spread from an hour ahead to ``future``."""
+    """Epoch seconds for row i: expired rows spread over the ``past`` seconds ending
+    two hours ago (so that no token sits on the cutoff of the tokens policy, which
+    retains 1h); live rows spread from an hour ahead to ``future``."""
     cut = int(n * EXPIRED_SHARE)
     return (
-        f"(case when i <= {cut} then unixepoch() - 3600 - ({past}) * (1.0 - i * 1.0 / {cut}) "
+        f"(case when i <= {cut} then unixepoch() - 7200 - ({past}) * (1.0 - i * 1.0 / {cut}) "
         f"else unixepoch() + 3600 + abs({future}) * (i - {cut}) * 1.0 / {max(1, n - cut)} end)"
     )
 

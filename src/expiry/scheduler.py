@@ -14,9 +14,15 @@ the policy paused follow the policy's ``catch_up``:
 
 and every missed fire is recorded in the audit log either way.
 
-Time zones and daylight saving follow Debian cron (cronsim): a time that does
-not exist (spring forward) fires once, right after the gap; a time that occurs
-twice (fall back) fires once, at its first occurrence.
+Time zones and daylight saving follow Debian cron (cronsim). For a fixed-time
+schedule (neither the minute nor the hour field starts with '*', e.g.
+"30 2 * * *"), a time that does not exist (spring forward) fires once, at the
+end of the gap (03:00 local for 02:30 in New York), and a time that occurs twice
+(fall back) fires once, at its first occurrence. A schedule whose minute or
+hour field starts with '*' (e.g. "30 * * * *", "*/20 2 * * *") gets no such
+fix-up: times in the gap are skipped, and times in the repeated hour fire at
+both occurrences. Fire times are handled in UTC, so each occurrence is a
+distinct fire (and run), and cutoffs are fire time - retain in real time.
 
 Between passes it sleeps until the next fire, waking at least every second to
 notice pause/resume by other processes (a change of the schedules table) and
@@ -30,7 +36,7 @@ import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
@@ -62,12 +68,16 @@ class Fire:
 
 
 def fires_between(policy: Policy, after: datetime, until: datetime) -> tuple[list[datetime], int]:
-    """Fire times in (after, until], oldest first: (the newest MAX_SCAN, how many in all)."""
+    """Fire times in (after, until], oldest first, in UTC: (the newest MAX_SCAN, how many
+    in all). In UTC because arithmetic and equality on same-zone local times ignore
+    ``fold``: the two 01:30s of a fall-back night would be one time (one run id), and a
+    cutoff ``fire - retain`` would be wall-clock arithmetic across a DST change."""
     assert policy.schedule is not None
     zone = ZoneInfo(policy.timezone)
     found: list[datetime] = []
     count = 0
-    for fire in CronSim(expand(policy.schedule), after.astimezone(zone)):
+    for local in CronSim(expand(policy.schedule), after.astimezone(zone)):
+        fire = local.astimezone(UTC)
         if fire > until:
             break
         count += 1
@@ -89,8 +99,10 @@ def _cron_fires(schedule: str, timezone: str, after: datetime, until: datetime) 
 
 
 def next_fire(policy: Policy, after: datetime) -> datetime:
+    """The first fire time after ``after``, in UTC."""
     assert policy.schedule is not None
-    return next(CronSim(expand(policy.schedule), after.astimezone(ZoneInfo(policy.timezone))))
+    zone = ZoneInfo(policy.timezone)
+    return next(CronSim(expand(policy.schedule), after.astimezone(zone))).astimezone(UTC)
 
 
 def choose(
@@ -149,7 +161,7 @@ class Scheduler:
             last = engine._time(state["last_fire_at"])
             fires, total = fires_between(policy, last, now)
             if fires:
-                fired += self._fire(policy, fires, total, now)
+                fired += self._fire(policy, fires, total, now, state["last_fire_at"])
         fired += self._fire_crons(now)
         return fired
 
@@ -183,7 +195,11 @@ class Scheduler:
                     out.append(Fire(f"cron:{row['name']}", fires[-1], None))
         return out
 
-    def _fire(self, policy: Policy, fires: list[datetime], total: int, now: datetime) -> list[Fire]:
+    def _fire(
+        self, policy: Policy, fires: list[datetime], total: int, now: datetime, last: Any
+    ) -> list[Fire]:
+        """Claim ``fires`` by moving last_fire_at from ``last`` (the value read, as
+        stored) to the newest of them, and open their runs in the same transaction."""
         engine = self.app.engine
         cleanup = self.app.cleanup
         assert cleanup is not None
@@ -192,10 +208,12 @@ class Scheduler:
         out: list[Fire] = []
         with engine.transaction() as conn:
             claimed = engine.rows(
-                conn, "schedule_advance", {"policy": policy.name, "fire": engine.time_param(newest)}
+                conn,
+                "schedule_advance",
+                {"policy": policy.name, "last": last, "fire": engine.time_param(newest)},
             )
             if not claimed:
-                return []  # another scheduler took these fires
+                return []  # another scheduler moved last_fire_at first: it took these fires
             for fire in missed:
                 engine.audit_append(
                     conn,

@@ -56,16 +56,20 @@ def verify(secret: str, headers: dict[str, str], body: bytes, tolerance: int = 3
 
 def resolve(url: str, allowed_hosts: Sequence[str]) -> tuple[str, str, int, str]:
     """(scheme, host, port, address) for a URL that may be called; UnsafeTarget if not."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    try:
+        parts = urlsplit(url)
+        hostname, explicit_port = parts.hostname, parts.port
+    except ValueError as exc:  # a bad port or IPv6 literal
+        raise UnsafeTarget(f"{url!r}: not a valid URL ({exc})") from None
+    if parts.scheme not in ("http", "https") or not hostname:
         raise UnsafeTarget(f"{url!r}: use an http:// or https:// URL with a host")
     if parts.username or parts.password:
         raise UnsafeTarget(f"{url!r}: credentials in the URL are not allowed")
-    host = parts.hostname
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+    host = hostname
+    port = explicit_port or (443 if parts.scheme == "https" else 80)
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except socket.gaierror as exc:
+    except (socket.gaierror, ValueError) as exc:  # ValueError: e.g. a label over 63 bytes
         raise UnsafeTarget(f"{url!r}: host {host!r} does not resolve ({exc})") from None
     address = str(infos[0][4][0])
     ip = ipaddress.ip_address(address)

@@ -189,10 +189,14 @@ class Worker:
         """Run one claimed job to one of its outcomes, then forget it."""
         try:
             self._run(job)
+        except Exception:
+            # An after-commit hook, or the database failing while recording the
+            # outcome: this loop must outlive it (an unsettled job's lease expires).
+            log.exception("job loop error after running the job", extra=job_fields(job))
         finally:
-            with self._lock:
+            with self._lock:  # job loops run concurrently: count under the lock
                 self._held.pop(job.id, None)
-            self.processed += 1
+                self.processed += 1
 
     def _run(self, job: Job) -> None:
         fields = job_fields(job)

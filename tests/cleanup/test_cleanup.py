@@ -314,27 +314,23 @@ def test_custom_handler_with_once_has_one_effect(
     app: App = example.app
     try:
         app.migrate()
-        for key, listing, revision in [
-            ("a", 1, 1),
-            ("b", 1, 1),  # the same operation under another job key
-            ("c", 2, 1),
-            ("d", 2, 2),  # another revision is another operation
-        ]:
-            app.queue.enqueue(
-                "expire_listing", {"listing_id": listing, "revision": revision}, key=key
-            )
-        assert not app.queue.enqueue("expire_listing", {"listing_id": 3, "revision": 1}, key="a")
+        for key, listing in [("a", 1), ("b", 1), ("c", 2)]:  # b repeats a's operation
+            app.queue.enqueue("expire_listing", {"listing_id": listing, "revision": 1}, key=key)
+        again = app.queue.enqueue("expire_listing", {"listing_id": 3, "revision": 1}, key="a")
+        assert not again.enqueued  # a repeated job key is not enqueued again
         run_worker(app)
         # A redelivered job (lost acknowledgement) has no effect either.
         db.redeliver("c")
         run_worker(app)
+        # Listing 2 is relisted at revision 2: expiring that is a new operation.
+        db.execute("update listings set revision = 2, state = 'live' where id = 2")
+        app.queue.enqueue("expire_listing", {"listing_id": 2, "revision": 2}, key="d")
+        run_worker(app)
     finally:
         app.close()
 
-    assert db.rows("select listing, count(*) from listing_updates group by listing order by 1") == [
-        (1, 1),
-        (2, 2),
-    ]
+    expirations = "select listing, count(*) from listing_updates where state = 'expired'"
+    assert db.rows(expirations + " group by listing order by 1") == [(1, 1), (2, 2)]
     assert db.rows("select id, state from listings order by id") == [
         (1, "expired"),
         (2, "expired"),

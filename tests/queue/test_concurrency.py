@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from _support import finish, spawn, wait_for
+
 from expiry.app import App
 from expiry.queue import new_job
 from expiry.types import Job, JobState

@@ -11,8 +11,8 @@ import time
 from datetime import timedelta
 
 import pytest
-
 from _support import age_finished, execute, expire_leases, make_due, sql
+
 from expiry import retry
 from expiry.engines import Engine, open_engine
 from expiry.errors import LeaseLost, MigrationError, PayloadTooLarge
@@ -117,6 +117,7 @@ def test_claim_returns_at_most_n_in_claim_order(queue: Queue) -> None:
 
     first = queue.claim(3)
     assert [j.key for j in first] == ["j9", "j8", "j7"]
+    assert len({j.lease_token for j in first}) == 3  # one token per claim, never shared
     assert len(queue.claim(5)) == 5
     assert len(queue.claim(5)) == 2
     assert queue.claim(5) == []
@@ -169,9 +170,22 @@ def test_only_the_current_lease_token_may_heartbeat_complete_or_fail(
         queue.complete(fresh)  # completing twice is refused too
 
 
-def test_transient_failure_retries_within_the_backoff_ceiling(
-    queue: Queue, engine: Engine
-) -> None:
+def test_heartbeat_keeps_a_claim_from_being_rescued(queue: Queue) -> None:
+    queue.enqueue("noop", {}, None, "k")
+    [job] = queue.claim(1, lease=0.3)
+
+    assert queue.heartbeat(job, 60)
+    time.sleep(0.45)
+
+    assert queue.rescue() == 0
+    kept = queue.get("k")
+    assert kept is not None and kept.state is JobState.RUNNING
+    assert kept.lease_expires_at is not None and job.lease_expires_at is not None
+    assert kept.lease_expires_at > job.lease_expires_at
+    queue.complete(job)
+
+
+def test_transient_failure_retries_within_the_backoff_ceiling(queue: Queue, engine: Engine) -> None:
     queue.enqueue("noop", {}, None, "k", max_attempts=8)
     for attempt in (1, 2, 3):
         make_due(engine)
@@ -416,8 +430,9 @@ def test_migrate_from_empty_then_again(engine: Engine) -> None:
     if engine.dialect == "postgres":
         execute(engine, "drop schema expiry cascade")
     else:
-        for table in ("jobs", "ledger", "runs", "audit", "schema_migrations"):
-            execute(engine, f"drop table expiry_{table}")
+        tables = "select name from sqlite_master where type = 'table' and name like 'expiry%'"
+        for row in execute(engine, tables):
+            execute(engine, f'drop table "{row["name"]}"')
     assert engine.schema_version() == 0
 
     assert engine.migrate() == [version for version, _ in engine.migrations]
@@ -426,7 +441,9 @@ def test_migrate_from_empty_then_again(engine: Engine) -> None:
 
 
 def test_a_database_from_a_newer_expiry_is_refused(db_url: str, engine: Engine) -> None:
-    execute(engine, "insert into expiry.schema_migrations (version, applied_at) values (999, {now})")
+    execute(
+        engine, "insert into expiry.schema_migrations (version, applied_at) values (999, {now})"
+    )
 
     with pytest.raises(MigrationError, match="999"):
         engine.migrate()

@@ -26,6 +26,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from _support import execute, expire_leases, make_due
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -36,7 +37,6 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from _support import execute, expire_leases, make_due
 from expiry import retry
 from expiry.engines import Engine, open_engine
 from expiry.errors import LeaseLost
@@ -44,7 +44,7 @@ from expiry.queue import Queue
 from expiry.types import FINAL_STATES, WAITING_STATES, Job, JobState
 
 KEYS = [f"k{i}" for i in range(5)]
-SETTINGS = settings(max_examples=100, stateful_step_count=40, deadline=None)
+SETTINGS = settings(max_examples=60, stateful_step_count=40, deadline=None)
 S = JobState
 
 
@@ -194,9 +194,7 @@ class QueueMachine(RuleBasedStateMachine):
     @rule(keys=st.lists(st.sampled_from(KEYS), min_size=1, max_size=3, unique=True))
     def discard(self, keys: list[str]) -> None:
         expected = {
-            k
-            for k in keys
-            if k in self.model and self.model[k].state in (*WAITING_STATES, S.DEAD)
+            k for k in keys if k in self.model and self.model[k].state in (*WAITING_STATES, S.DEAD)
         }
         assert set(self.queue.discard(keys)) == expected
         for key in expected:

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from _support import execute, finish, make_due, placeholder, spawn, wait_for
+
 from expiry.app import App
 from expiry.errors import PermanentError
 from expiry.queue import new_job
@@ -133,8 +133,10 @@ def test_once_with_form_completes_a_repeated_operation_as_a_duplicate(app: App) 
     def expire_listing(job: Job, tx: Any) -> None:
         ran.append(job.key)
         with app.once(tx, f"expire-listing:{job.payload['id']}:revision-{job.payload['rev']}"):
-            tx.execute(f"insert into effects (id, job) values ({mark}, {mark})",
-                       (job.payload["id"], job.key))
+            tx.execute(
+                f"insert into effects (id, job) values ({mark}, {mark})",
+                (job.payload["id"], job.key),
+            )
 
     app.queue.enqueue("expire_listing", {"id": 7, "rev": 3}, None, "first")
     assert make_worker(app).run() == 0
@@ -158,8 +160,9 @@ def test_once_if_form_guards_each_operation(app: App) -> None:
     def purge(job: Job, tx: Any) -> None:
         for upload in job.payload["uploads"]:
             if app.once(tx, f"purge-upload:{upload}"):
-                tx.execute(f"insert into effects (id, job) values ({mark}, {mark})",
-                           (upload, job.key))
+                tx.execute(
+                    f"insert into effects (id, job) values ({mark}, {mark})", (upload, job.key)
+                )
 
     app.queue.enqueue("purge", {"uploads": [1, 2]}, None, "a")
     app.queue.enqueue("purge", {"uploads": [2, 3]}, None, "b")
@@ -167,6 +170,24 @@ def test_once_if_form_guards_each_operation(app: App) -> None:
 
     assert effects(app) == [(1, "a"), (2, "a"), (3, "b")]
     assert get(app, "b").state is JobState.COMPLETED
+
+
+def test_a_failing_after_hook_does_not_stop_the_worker(app: App) -> None:
+    ran: list[str] = []
+
+    def after(job: Job, result: Any, seconds: float) -> None:
+        raise RuntimeError(f"metrics for {job.key} are down")
+
+    @app.handler("hooked", after=after)
+    def hooked(job: Job, tx: Any) -> None:
+        ran.append(job.key)
+
+    app.queue.enqueue_many(new_job("hooked", {}, None, f"h{i}", priority=i) for i in range(3))
+
+    assert make_worker(app, batch=2).run() == 0
+
+    assert ran == ["h0", "h1", "h2"]  # the hook ran after commit: the jobs stay completed
+    assert all(get(app, f"h{i}").state is JobState.COMPLETED for i in range(3))
 
 
 def test_run_restores_the_signal_handlers_it_replaced(app: App) -> None:

@@ -22,6 +22,7 @@ from ..errors import ConfigError, ExpiryError, LeaseLost, PayloadTooLarge, Schem
 from ..queue import new_job
 from ..types import Job, JobState
 from . import models as m
+from .dashboard import dashboard_router
 from .discovery import discovery_router
 from .idempotency import IdempotencyMiddleware
 from .security import BodyLimit, Idempotency, KeyRing, RateLimiter
@@ -459,6 +460,7 @@ def create_app(app: "App") -> FastAPI:
 
     api.include_router(v1)
     api.include_router(discovery_router(api, require_key))
+    api.include_router(dashboard_router(app, keys))
     api.add_middleware(IdempotencyMiddleware, store=Idempotency(app), keys=keys)
     api.add_middleware(BodyLimit, limit=http.max_body_bytes if http else 16 * 1024 * 1024)
     return api

@@ -1,11 +1,16 @@
 """Idempotency-Key on POST, as ASGI middleware: the first response (status and
-body) is stored and replayed for 24 hours to the same key with the same body."""
+body) is stored and replayed for 24 hours to the same key with the same body.
+
+The store is the database, reached through blocking drivers: every call to it
+runs in the thread pool, never on the event loop, so a request waiting for a
+lock (SQLite's single writer) does not stall the other requests."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .security import Idempotency, KeyRing, request_hash
@@ -23,7 +28,7 @@ class IdempotencyMiddleware:
             return
         auth = headers.get(b"authorization", b"").decode()
         owner = (
-            self.keys.name_for(auth.removeprefix("Bearer ").strip())
+            await run_in_threadpool(self.keys.name_for, auth.removeprefix("Bearer ").strip())
             if auth.startswith("Bearer ")
             else None
         )
@@ -36,8 +41,8 @@ class IdempotencyMiddleware:
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
-        state, status, stored = self.store.begin(
-            owner, key, request_hash("POST", scope["path"], body)
+        state, status, stored = await run_in_threadpool(
+            self.store.begin, owner, key, request_hash("POST", scope["path"], body)
         )
         if state == "replay":
             assert status is not None
@@ -68,30 +73,40 @@ class IdempotencyMiddleware:
             )
             return
         captured: dict[str, Any] = {"status": 500, "body": b""}
+        held: list[Message] = []
+        body_sent = False
 
         async def replay_body() -> Message:
+            nonlocal body_sent
+            if body_sent:  # the body was read already: wait for a disconnect
+                return await receive()
+            body_sent = True
             return {"type": "http.request", "body": body, "more_body": False}
 
         async def capture(message: Message) -> None:
+            # Held back until the answer is stored: a client that has seen the
+            # answer and retries must get the replay, never "still in progress".
             if message["type"] == "http.response.start":
                 captured["status"] = message["status"]
             elif message["type"] == "http.response.body":
                 captured["body"] += message.get("body", b"")
-            await send(message)
+            held.append(message)
 
         try:
             await self.app(scope, replay_body, capture)
         except Exception:
-            self.store.forget(owner, key)
+            await run_in_threadpool(self.store.forget, owner, key)
             raise
         if captured["status"] >= 500 or captured["status"] in (401, 429):
-            self.store.forget(owner, key)
-            return
-        try:
-            parsed = json.loads(captured["body"] or b"null")
-        except ValueError:
-            parsed = None
-        self.store.finish(owner, key, captured["status"], parsed)
+            await run_in_threadpool(self.store.forget, owner, key)
+        else:
+            try:
+                parsed = json.loads(captured["body"] or b"null")
+            except ValueError:
+                parsed = None
+            await run_in_threadpool(self.store.finish, owner, key, captured["status"], parsed)
+        for message in held:
+            await send(message)
 
 
 async def _send_json(send: Send, status: int, body: Any, *, replayed: bool = False) -> None:

@@ -4,16 +4,46 @@ three cannot drift apart."""
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 QUEUE_NAME = r"^[A-Za-z0-9_.:-]{1,100}$"
 
 
+def _storable(value: Any) -> None:
+    """Refuse what parses as JSON but no database column can hold: NUL characters
+    and lone surrogates (PostgreSQL text and jsonb refuse both; neither encodes
+    as UTF-8) and NaN or Infinity (not JSON at all)."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ValueError("contains a NUL character (\\u0000), which cannot be stored")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("contains a lone surrogate (\\ud800-\\udfff), not Unicode text") from None
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError("NaN and Infinity are not JSON numbers")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _storable(key)
+            _storable(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _storable(item)
+
+
 class Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _storable(cls, value: Any) -> Any:
+        _storable(value)
+        return value
 
 
 class ErrorDetail(Body):

@@ -78,6 +78,8 @@ class PostgresEngine(Engine):
         self._listener: psycopg.Connection[Any] | None = None
         self._maintenance: psycopg.Connection[Row] | None = None
         self._maintenance_lock = threading.Lock()
+        self._listener_lock = threading.Lock()
+        self._woken = threading.Condition()
 
     def close(self) -> None:
         self.pool.close()
@@ -189,7 +191,14 @@ class PostgresEngine(Engine):
                 raise
 
     def wait_for_jobs(self, timeout: float) -> None:
-        """LISTEN for enqueue hints; polling remains the source of truth."""
+        """LISTEN for enqueue hints; polling remains the source of truth.
+
+        One thread at a time listens on the one listener connection (two would
+        race to open it and leak one); the others wait until it wakes."""
+        if not self._listener_lock.acquire(blocking=False):
+            with self._woken:
+                self._woken.wait(timeout)
+            return
         try:
             if self._listener is None or self._listener.closed:
                 self._listener = psycopg.connect(self.url, autocommit=True)
@@ -202,6 +211,10 @@ class PostgresEngine(Engine):
                 self._listener.close()
             self._listener = None
             super().wait_for_jobs(timeout)
+        finally:
+            self._listener_lock.release()
+            with self._woken:
+                self._woken.notify_all()
 
     def schema_version(self) -> int:
         with self.transaction() as conn:

@@ -276,10 +276,12 @@ on conflict (policy) do nothing;
 select policy, paused, last_fire_at, updated_at from expiry.schedules order by policy;
 
 -- name: schedule_advance
--- Claim a fire time: only one scheduler moves last_fire_at past it, so any
--- number of schedulers open exactly one run per fire.
+-- Claim the fire times after %(last)s, up to %(fire)s: a compare-and-set on the
+-- last_fire_at this scheduler read, so any number of schedulers open exactly one
+-- run per fire (one that read a stale value claims nothing and reads again).
 update expiry.schedules set last_fire_at = %(fire)s, updated_at = now()
-where policy = %(policy)s and not paused and (last_fire_at is null or last_fire_at < %(fire)s)
+where policy = %(policy)s and not paused
+  and last_fire_at = %(last)s::timestamptz and last_fire_at < %(fire)s
 returning policy;
 
 -- name: schedule_set_paused

@@ -276,9 +276,10 @@ on conflict (policy) do nothing;
 select policy, paused, last_fire_at, updated_at from expiry_schedules order by policy;
 
 -- name: schedule_advance
--- Claim a fire time: only one scheduler moves last_fire_at past it.
+-- Claim the fire times after :last, up to :fire: a compare-and-set on the
+-- last_fire_at this scheduler read (a stale reader claims nothing).
 update expiry_schedules set last_fire_at = :fire, updated_at = $now
-where policy = :policy and not paused and (last_fire_at is null or last_fire_at < :fire)
+where policy = :policy and not paused and last_fire_at = :last and last_fire_at < :fire
 returning policy;
 
 -- name: schedule_set_paused

@@ -1,0 +1,113 @@
+"""Dashboard sign-in: signed session cookies and per-session CSRF tokens.
+
+A user signs in by pasting an API key. The cookie then holds the key's name,
+the time it was issued and a random nonce, signed with HMAC-SHA256 under a key
+derived from two secrets:
+
+- a random secret made when the server starts, so a cookie cannot be minted by
+  anyone who reads the database (the key hashes live there), and
+- the stored hash of the API key the user signed in with, so revoking that key
+  (``expiry keys revoke NAME``) ends its sessions within a second.
+
+The cost of the first: a restart signs everyone out, and a dashboard behind a
+load balancer needs sticky sessions. The CSRF token is an HMAC of the session's
+nonce under the same key: it is different for every sign-in and is never
+stored server-side.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .security import KeyRing, hash_key
+
+if TYPE_CHECKING:
+    from ..app import App
+
+COOKIE = "expiry_session"
+MAX_AGE_SECONDS = 12 * 3600
+"""A session lasts 12 hours; then the key is asked for again."""
+
+
+@dataclass(frozen=True)
+class Session:
+    key_name: str
+    issued: int
+    nonce: str
+    csrf: str
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+class Sessions:
+    def __init__(self, app: App, keys: KeyRing, *, max_age: int = MAX_AGE_SECONDS) -> None:
+        self.app, self.keys, self.max_age = app, keys, max_age
+        self._server_secret = secrets.token_bytes(32)
+        self._active: dict[str, str] = {}
+        self._loaded = 0.0
+        self._lock = threading.Lock()
+
+    def _stored_hash(self, name: str) -> str | None:
+        """The hash of the active key ``name``; re-read at most once a second."""
+        with self._lock:
+            if time.monotonic() - self._loaded > 1.0:
+                with self.app.engine.transaction() as conn:
+                    rows = self.app.engine.rows(conn, "key_active")
+                self._active = {r["name"]: r["hash"] for r in rows}
+                self._loaded = time.monotonic()
+            return self._active.get(name)
+
+    def _signing_key(self, name: str, stored_hash: str) -> bytes:
+        message = f"expiry-dashboard-session\n{name}\n{stored_hash}".encode()
+        return hmac.new(self._server_secret, message, hashlib.sha256).digest()
+
+    def sign_in(self, secret: str) -> str | None:
+        """The cookie value for a valid API key, or None for a wrong one."""
+        name = self.keys.name_for(secret.strip())
+        if name is None:
+            return None
+        body = {"k": name, "t": int(time.time()), "n": secrets.token_urlsafe(16)}
+        payload = _b64(json.dumps(body, separators=(",", ":")).encode())
+        key = self._signing_key(name, hash_key(secret.strip()))
+        return payload + "." + _b64(hmac.new(key, payload.encode(), hashlib.sha256).digest())
+
+    def read(self, cookie: str | None) -> Session | None:
+        """The session in a cookie, or None if it is forged, expired or its key revoked."""
+        if not cookie or "." not in cookie:
+            return None
+        payload, _, signature = cookie.partition(".")
+        try:
+            body = json.loads(_unb64(payload))
+            name, issued, nonce = str(body["k"]), int(body["t"]), str(body["n"])
+            given = _unb64(signature)
+        except (ValueError, KeyError, TypeError):
+            return None
+        stored = self._stored_hash(name)
+        if stored is None:
+            return None
+        key = self._signing_key(name, stored)
+        expected = hmac.new(key, payload.encode(), hashlib.sha256).digest()
+        if not hmac.compare_digest(given, expected):
+            return None
+        if not 0 <= time.time() - issued < self.max_age:
+            return None
+        csrf = _b64(hmac.new(key, b"csrf\n" + nonce.encode(), hashlib.sha256).digest())
+        return Session(name, issued, nonce, csrf)
+
+    @staticmethod
+    def csrf_ok(session: Session, token: str | None) -> bool:
+        return bool(token) and hmac.compare_digest(session.csrf.encode(), (token or "").encode())

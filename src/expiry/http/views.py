@@ -1,0 +1,288 @@
+"""What the dashboard's pages show, shaped for templates: relative times, the
+watermark's level and trend, bar widths, pages of filtered lists.
+
+Nothing here renders HTML or touches a request. Lists that the engine cannot
+filter by policy or run (``job_list``, ``audit_list``) are read up to
+``SCAN_LIMIT`` rows, newest first, and filtered here; a page says when that
+bound was reached.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from ..cleanup import parse_time
+from ..config import Policy
+from ..types import Job, JobState
+
+if TYPE_CHECKING:
+    from ..app import App
+
+SCAN_LIMIT = 5000
+"""The most rows one page reads to filter and count (jobs, audit events)."""
+PAGE_SIZE = 25
+
+
+# -- time -------------------------------------------------------------------------
+
+
+def as_time(value: Any) -> datetime | None:
+    """A datetime from what the engines and status views hand out: a datetime,
+    an ISO-8601 string, or epoch seconds (SQLite)."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    if isinstance(value, int | float):
+        return datetime.fromtimestamp(float(value), UTC)
+    return parse_time(str(value))
+
+
+def short_duration(seconds: float) -> str:
+    """The two largest units: 59 -> "59 s", 200 -> "3 min 20 s", 90000 -> "1 d 1 h"."""
+    seconds = abs(seconds)
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    units = (("d", 86400), ("h", 3600), ("min", 60), ("s", 1))
+    rest = int(seconds)
+    for i, (name, size) in enumerate(units):
+        if rest >= size:
+            count, rest = divmod(rest, size)
+            text = f"{count} {name}"
+            if i + 1 < len(units) and rest >= units[i + 1][1]:
+                text += f" {rest // units[i + 1][1]} {units[i + 1][0]}"
+            return text
+    return "0 s"
+
+
+def relative(then: datetime, now: datetime) -> str:
+    """ "3 min ago", "in 2 h", "just now"."""
+    seconds = (now - then).total_seconds()
+    if abs(seconds) < 5:
+        return "just now"
+    words = short_duration(seconds).split(" ")
+    text = " ".join(words[:2])  # one unit is enough at a glance
+    return f"in {text}" if seconds < 0 else f"{text} ago"
+
+
+@dataclass(frozen=True)
+class Stamp:
+    iso: str
+    exact: str
+    relative: str
+
+
+def stamp(value: Any, now: datetime) -> Stamp | None:
+    when = as_time(value)
+    if when is None:
+        return None
+    when = when.astimezone(UTC)
+    return Stamp(
+        iso=when.isoformat().replace("+00:00", "Z"),
+        exact=when.strftime("%Y-%m-%d %H:%M:%S UTC"),
+        relative=relative(when, now),
+    )
+
+
+# -- the watermark ------------------------------------------------------------------
+
+
+def level(policy: Policy | None, seconds: float) -> str:
+    """ "alert" past watermark_alert, "warn" past watermark_warn, else "ok"."""
+    if policy is not None:
+        if policy.watermark_alert is not None and seconds > policy.watermark_alert:
+            return "alert"
+        if policy.watermark_warn is not None and seconds > policy.watermark_warn:
+            return "warn"
+    return "ok"
+
+
+class WatermarkHistory:
+    """Recent watermark samples per policy, in this process's memory, taken when a
+    page shows them: a new sample when the value moved, else at most one every
+    ``every`` seconds (by the database clock); the last ``keep`` are kept."""
+
+    def __init__(self, keep: int = 120, every: float = 10.0) -> None:
+        self.keep, self.every = keep, every
+        self._series: dict[str, deque[tuple[datetime, float]]] = {}
+        self._lock = threading.Lock()
+
+    def record(self, policy: str, at: datetime, seconds: float) -> None:
+        with self._lock:
+            series = self._series.setdefault(policy, deque(maxlen=self.keep))
+            if series:
+                last_at, last = series[-1]
+                if last == seconds and (at - last_at).total_seconds() < self.every:
+                    return
+            series.append((at, seconds))
+
+    def series(self, policy: str) -> list[tuple[datetime, float]]:
+        with self._lock:
+            return list(self._series.get(policy, ()))
+
+
+def trend(series: Sequence[tuple[datetime, float]]) -> str:
+    """ "rising", "falling" or "steady" over the samples kept; "new" with one."""
+    if len(series) < 2:
+        return "new"
+    first, last = series[0][1], series[-1][1]
+    if abs(last - first) <= max(1.0, 0.05 * max(first, last)):
+        return "steady"
+    return "rising" if last > first else "falling"
+
+
+def sparkline(series: Sequence[tuple[datetime, float]], width: int = 120, height: int = 24) -> str:
+    """SVG polyline points for the samples, oldest left, zero at the bottom."""
+    if not series:
+        return ""
+    values = [v for _, v in series]
+    top = max(values) or 1.0
+    step = width / max(1, len(values) - 1)
+    points = []
+    for i, value in enumerate(values):
+        x = 0.0 if len(values) == 1 else i * step
+        y = height - 1 - (height - 2) * value / top
+        points.append(f"{x:.1f},{y:.1f}")
+    if len(points) == 1:
+        points.append(f"{width:.1f},{points[0].split(',')[1]}")
+    return " ".join(points)
+
+
+# -- charts and pages ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Bar:
+    label: str
+    value: float
+    text: str
+    fraction: float
+
+
+def bars(items: Sequence[tuple[str, float, str]]) -> list[Bar]:
+    """Bars scaled to the largest value: (label, value, text shown)."""
+    top = max((v for _, v, _ in items), default=0) or 1
+    return [Bar(label, value, text, value / top) for label, value, text in items]
+
+
+AGE_BUCKETS = ((60, "under 1 min"), (600, "1–10 min"), (3600, "10–60 min"), (86400, "1–24 h"))
+
+
+def age_histogram(ages: Sequence[float]) -> list[Bar]:
+    counts = [0] * (len(AGE_BUCKETS) + 1)
+    for age in ages:
+        index = next((i for i, (limit, _) in enumerate(AGE_BUCKETS) if age < limit), -1)
+        counts[index] += 1
+    labels = [label for _, label in AGE_BUCKETS] + ["over 1 day"]
+    return bars([(label, n, str(n)) for label, n in zip(labels, counts, strict=True)])
+
+
+@dataclass(frozen=True)
+class Page:
+    items: list[Any]
+    number: int
+    size: int
+    has_next: bool
+    total: int | None = None
+    truncated: bool = False
+
+    @property
+    def first(self) -> int:
+        return (self.number - 1) * self.size + 1 if self.items else 0
+
+    @property
+    def last(self) -> int:
+        return (self.number - 1) * self.size + len(self.items)
+
+
+def page_of(items: Sequence[Any], number: int, size: int = PAGE_SIZE, **kw: Any) -> Page:
+    start = (number - 1) * size
+    return Page(list(items[start : start + size]), number, size, len(items) > start + size, **kw)
+
+
+# -- jobs and audit events ------------------------------------------------------------
+
+
+def job_policy(job: Job) -> str | None:
+    value = job.payload.get("policy")
+    return value if isinstance(value, str) else None
+
+
+def find_jobs(
+    app: App,
+    state: JobState,
+    *,
+    queue: str | None = None,
+    policy: str | None = None,
+    run_id: str | None = None,
+) -> tuple[list[Job], bool]:
+    """Jobs in ``state`` matching the filters, newest first; True if the scan was cut."""
+    found = app.engine.job_list(state, queue, SCAN_LIMIT)
+    keep = [
+        j
+        for j in found
+        if (policy is None or job_policy(j) == policy)
+        and (run_id is None or j.payload.get("run_id") == run_id)
+    ]
+    return keep, len(found) >= SCAN_LIMIT
+
+
+def attempts(job: Job) -> list[dict[str, Any]]:
+    """Each failed attempt: its number, when it failed, how long after the
+    previous failure (or the job's creation), its error kind, error and worker."""
+    out = []
+    previous = as_time(job.created_at)
+    for entry in job.errors:
+        at = as_time(entry.get("at"))
+        out.append(
+            {
+                "attempt": entry.get("attempt"),
+                "at": at,
+                "after": short_duration((at - previous).total_seconds())
+                if at and previous
+                else None,
+                "kind": entry.get("kind"),
+                "error": entry.get("error"),
+                "worker": entry.get("worker"),
+            }
+        )
+        previous = at or previous
+    return out
+
+
+def audit_events(
+    app: App,
+    *,
+    policy: str | None = None,
+    action: str | None = None,
+    job_key: str | None = None,
+    run_id: str | None = None,
+) -> tuple[list[dict[str, Any]], bool]:
+    """Audit events matching the filters, newest first; True if the scan was cut."""
+    rows = app.engine.audit_list(policy, SCAN_LIMIT)
+    out = []
+    for row in rows:
+        if action and row["action"] != action:
+            continue
+        if job_key and row["job_key"] != job_key:
+            continue
+        if run_id and row["run_id"] != run_id:
+            continue
+        detail = row["detail"]
+        if isinstance(detail, str):
+            try:
+                detail = json.loads(detail)
+            except ValueError:
+                pass
+        out.append({**row, "at": as_time(row["at"]), "detail": detail or {}})
+    return out, len(rows) >= SCAN_LIMIT
+
+
+def pretty_json(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, default=str)

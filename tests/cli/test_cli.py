@@ -1,0 +1,538 @@
+"""The `expiry` command, run as a real subprocess against real databases.
+
+Each command in its human form and its --json form, with its exit code (0 ok,
+1 runtime failure, 2 bad usage or bad config), against a SQLite file and a
+config written to tmp_path; status, trigger and dlq also against PostgreSQL.
+Bad input exits 2 with one line on stderr and no traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from expiry.app import App
+from expiry.cleanup import format_time
+
+POLICY = "expired-sessions"
+EXPIRED, LIVE = 500, 100
+"""Rows 1..500 expired a day ago; rows 501..600 expire in a day. Window 100: 5 windows."""
+ISO_Z = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+
+def environment() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EXPIRY_")}
+    env["COLUMNS"] = "200"  # wide enough that rich does not truncate names in tables
+    return env
+
+
+def expiry(*args: str | Path, timeout: float = 120) -> Result:
+    proc = subprocess.run(
+        [sys.executable, "-m", "expiry.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=environment(),
+    )
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+def assert_usage_error(result: Result, *needles: str) -> None:
+    """Exit 2, nothing on stdout, and one line on stderr that says what is wrong."""
+    assert result.code == 2, result
+    assert result.out == ""
+    lines = result.err.strip().splitlines()
+    assert len(lines) == 1, result.err
+    assert "Traceback" not in result.err
+    for needle in needles:
+        assert needle in lines[0]
+
+
+def config_text(url: str, table: str = "sessions", schedule: str = "*/15 * * * *") -> str:
+    return (
+        f'[database]\nurl = "{url}"\n\n'
+        f'[[policy]]\nname = "{POLICY}"\ntable = "{table}"\nkey = "id"\n'
+        f'timestamp = "expires_at"\nwindow = 100\nschedule = "{schedule}"\n'
+    )
+
+
+@dataclass
+class Workspace:
+    url: str
+    config: Path
+    tmp: Path
+
+    def run(self, *args: str | Path, timeout: float = 120) -> Result:
+        return expiry("--config", self.config, *args, timeout=timeout)
+
+    def ok(self, *args: str | Path) -> Result:
+        result = self.run(*args)
+        assert result.code == 0, result
+        assert "Traceback" not in result.err
+        return result
+
+    def json(self, *args: str | Path) -> Any:
+        return self.ok("--json", *args).json()
+
+    def scalar(self, sql: str) -> Any:
+        app = App(self.url)
+        try:
+            with app.engine.transaction() as conn:
+                row = conn.execute(sql).fetchone()
+        finally:
+            app.close()
+        return next(iter(row.values())) if isinstance(row, dict) else row[0]
+
+    def table(self, name: str) -> str:
+        return f"expiry.{name}" if self.url.startswith("postgres") else f"expiry_{name}"
+
+    def sessions_left(self) -> int:
+        return int(self.scalar("select count(*) from sessions"))
+
+    def runs(self) -> int:
+        return int(self.scalar(f"select count(*) from {self.table('runs')}"))
+
+
+def make_workspace(url: str, tmp: Path) -> Workspace:
+    """Migrate (so no command logs migrations), seed the table, write the config."""
+    app = App(url)
+    app.migrate()
+    now = time.time()
+    with app.engine.transaction() as conn:
+        if app.engine.dialect == "postgres":
+            conn.execute(
+                "create table sessions (id bigint primary key, expires_at timestamptz not null)"
+            )
+            conn.execute(
+                "insert into sessions select i, case when i <= %s then now() - interval '1 day' "
+                "else now() + interval '1 day' end from generate_series(1, %s) i",
+                (EXPIRED, EXPIRED + LIVE),
+            )
+        else:
+            conn.execute("create table sessions (id integer primary key, expires_at real not null)")
+            conn.executemany(
+                "insert into sessions values (?, ?)",
+                [
+                    (i, now - 86400 if i <= EXPIRED else now + 86400)
+                    for i in range(1, EXPIRED + LIVE + 1)
+                ],
+            )
+        conn.execute("create index sessions_expires_at on sessions (expires_at)")
+    app.close()
+    config = tmp / "expiry.toml"
+    config.write_text(config_text(url))
+    return Workspace(url, config, tmp)
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Workspace:
+    """SQLite file + config in tmp_path."""
+    return make_workspace(f"sqlite:///{tmp_path / 'cli.db'}", tmp_path)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def any_ws(request: pytest.FixtureRequest, tmp_path: Path) -> Workspace:
+    """The same, once on SQLite and once on PostgreSQL."""
+    if request.param == "sqlite":
+        return make_workspace(f"sqlite:///{tmp_path / 'cli.db'}", tmp_path)
+    return make_workspace(str(request.getfixturevalue("pg_url")), tmp_path)
+
+
+def cutoff_now() -> str:
+    return format_time(datetime.now(UTC).replace(microsecond=0))
+
+
+def make_dead_job(ws: Workspace, key: str = "orphan-1") -> None:
+    """A job for a handler nobody registered, one attempt: the worker dead-letters it."""
+    app = App(ws.url)
+    assert app.queue.enqueue("nobody-handles-this", {"n": 1}, key=key, max_attempts=1).enqueued
+    app.close()
+    ws.ok("worker", "--until-idle")
+
+
+def job_state(ws: Workspace, key: str) -> str:
+    app = App(ws.url)
+    job = app.queue.get(key)
+    app.close()
+    assert job is not None
+    return str(job.state.value)
+
+
+def wait_for(condition: Callable[[], bool], seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+# -- migrate, check ------------------------------------------------------------------------
+
+
+def test_migrate_applies_every_migration_once_human_then_json(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'fresh.db'}"
+    config = tmp_path / "expiry.toml"
+    config.write_text(config_text(url))
+    probe = App(url)
+    latest = probe.engine.migrations[-1][0]
+    probe.close()
+
+    human = expiry("--config", config, "migrate")
+    assert human.code == 0, human
+    assert f"applied {list(range(1, latest + 1))}; schema version {latest}" in human.out
+
+    again = expiry("--config", config, "migrate", "--json")
+    assert again.code == 0, again
+    assert again.json() == {"applied": [], "version": latest}
+
+
+def test_check_validates_every_policy_against_the_live_schema(ws: Workspace) -> None:
+    assert "ok: 1 policies" in ws.ok("check").out
+    assert ws.json("check") == {"ok": True, "policies": [POLICY], "warnings": []}
+
+    ws.config.write_text(config_text(ws.url, table="no_such_table"))
+    assert_usage_error(ws.run("check"), "no_such_table")
+    assert_usage_error(ws.run("check", "--json"), "no_such_table")
+
+
+def test_check_refuses_a_config_with_a_bad_cron_expression(ws: Workspace) -> None:
+    ws.config.write_text(config_text(ws.url, schedule="61 * * * *"))
+    assert_usage_error(ws.run("check"), f"policy '{POLICY}'", "'61 * * * *'", "schedule")
+
+
+# -- plan, trigger -----------------------------------------------------------------------
+
+
+def test_plan_shows_candidates_and_windows_and_mutates_nothing(ws: Workspace) -> None:
+    human = ws.ok("plan", POLICY).out
+    assert f"{EXPIRED} candidate rows in 5 windows (dry run: nothing changed)" in human
+    assert "window (0, 100]" in human and "window (400, 500]" in human
+
+    data = ws.json("plan", POLICY, "--cutoff", cutoff_now())
+    assert data["candidates"] == EXPIRED and data["windows"] == 5 and data["dry_run"] is True
+    assert data["first_windows"][0] == {"lo": 0, "hi": 100}
+    assert ISO_Z.match(data["cutoff"])
+    assert ws.sessions_left() == EXPIRED + LIVE
+    assert ws.runs() == 0
+    assert ws.json("runs") == []
+
+
+def test_trigger_dry_run_previews_without_opening_a_run(ws: Workspace) -> None:
+    human = ws.ok("trigger", POLICY, "--dry-run").out
+    assert f"{EXPIRED} candidate rows in 5 windows (dry run: nothing changed)" in human
+
+    data = ws.json("trigger", POLICY, "--dry-run")
+    assert (data["candidates"], data["windows"], data["dry_run"]) == (EXPIRED, 5, True)
+    assert ws.runs() == 0
+    assert ws.sessions_left() == EXPIRED + LIVE
+
+
+def test_trigger_opens_one_run_per_cutoff_and_a_worker_finishes_it(any_ws: Workspace) -> None:
+    cutoff = cutoff_now()
+    run_id = f"{POLICY}:{cutoff}"
+
+    human = any_ws.ok("trigger", POLICY, "--cutoff", cutoff, "--actor", "tester")
+    assert f"run {run_id} opened" in human.out
+
+    again = any_ws.json("trigger", POLICY, "--cutoff", cutoff, "--actor", "tester")
+    assert again == {"run_id": run_id, "policy": POLICY, "cutoff": cutoff, "created": False}
+    assert any_ws.runs() == 1
+
+    any_ws.ok("worker", "--until-idle")
+    assert any_ws.sessions_left() == LIVE
+
+    shown = any_ws.json("runs", "show", run_id)
+    assert shown["state"] == "finished"
+    assert (shown["jobs_total"], shown["jobs_done"], shown["jobs_dead"]) == (5, 5, 0)
+    assert shown["rows_affected"] == EXPIRED and shown["opened_by"] == "cli"
+    text = any_ws.ok("runs", "show", run_id).out
+    assert re.search(r"state: finished", text) and re.search(r"rows_affected: 500", text)
+
+
+def test_trigger_wait_exits_0_once_every_window_has_finished(any_ws: Workspace) -> None:
+    cutoff = cutoff_now()
+    run_id = f"{POLICY}:{cutoff}"
+    waiting = subprocess.Popen(
+        [sys.executable, "-m", "expiry.cli", "--config", str(any_ws.config), "--json"]
+        + ["trigger", POLICY, "--cutoff", cutoff, "--wait", "--actor", "tester"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environment(),
+    )
+    try:
+        wait_for(lambda: any_ws.runs() == 1, 30, "the run to open")
+        assert waiting.poll() is None  # still waiting: no worker has run yet
+        any_ws.ok("worker", "--until-idle")
+        out, err = waiting.communicate(timeout=30)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+            waiting.communicate()
+    assert waiting.returncode == 0, err
+    summary = json.loads(out)
+    assert summary["id"] == run_id and summary["state"] == "finished"
+    assert summary["jobs_done"] == 5 and summary["jobs_dead"] == 0
+    assert summary["rows_affected"] == EXPIRED
+    assert any_ws.sessions_left() == LIVE
+
+    # The same cutoff again, human form: the finished run, at once.
+    human = any_ws.ok("trigger", POLICY, "--cutoff", cutoff, "--wait", "--actor", "tester").out
+    assert re.search(rf"id: {re.escape(run_id)}", human) and "state: finished" in human
+
+
+# -- status, runs ------------------------------------------------------------------------
+
+
+def test_status_shows_policies_watermarks_queue_and_dlq(any_ws: Workspace) -> None:
+    before = any_ws.json("status")
+    [policy] = before["policies"]
+    assert policy["name"] == POLICY and policy["schedule"] == "*/15 * * * *"
+    assert policy["paused"] is False and policy["last_run"] is None
+    assert policy["watermark_seconds"] > 86000  # the oldest expired row: a day ago
+    assert ISO_Z.match(policy["next_fire"])
+    assert before["queue"]["dead"] == 0
+    human = any_ws.ok("status").out
+    assert "policies" in human and POLICY in human and "dead-letter depth: 0" in human
+
+    any_ws.ok("trigger", POLICY, "--actor", "tester")
+    any_ws.ok("worker", "--until-idle")
+    make_dead_job(any_ws)
+
+    after = any_ws.json("status")
+    [policy] = after["policies"]
+    assert policy["watermark_seconds"] == 0 and policy["watermark"] == "0s"
+    assert policy["last_run"]["state"] == "finished"
+    assert policy["last_run"]["rows_affected"] == EXPIRED
+    assert after["queue"]["dead"] == 1
+    assert after["queue"]["jobs_by_queue_and_state"]["default"]["dead"] == 1
+    human = any_ws.ok("status").out
+    assert "finished 5/5" in human and "dead-letter depth: 1" in human
+
+
+def test_runs_lists_recent_runs_and_filters_by_policy(ws: Workspace) -> None:
+    cutoff = cutoff_now()
+    ws.ok("trigger", POLICY, "--cutoff", cutoff, "--actor", "tester")
+    ws.ok("worker", "--until-idle")
+
+    [run] = ws.json("runs")
+    assert run["id"] == f"{POLICY}:{cutoff}" and run["state"] == "finished"
+    assert ws.json("runs", POLICY) == [run]
+    human = ws.ok("runs").out
+    assert f"{POLICY}:{cutoff}" in human and "finished" in human and "5/5" in human
+
+
+# -- dlq ---------------------------------------------------------------------------------
+
+
+def test_dlq_list_show_redrive_and_discard(any_ws: Workspace) -> None:
+    make_dead_job(any_ws)
+
+    listed = any_ws.json("dlq", "list")
+    [dead] = listed
+    assert dead["key"] == "orphan-1" and dead["handler"] == "nobody-handles-this"
+    assert dead["attempt"] == 1 and "no handler" in dead["error"]
+    assert ISO_Z.match(dead["failed_at"]), dead["failed_at"]
+    human = any_ws.ok("dlq", "list").out
+    assert "dead-letter queue (1)" in human and "orphan-1" in human and "no handler" in human
+
+    shown = any_ws.json("dlq", "show", "orphan-1")
+    assert shown["state"] == "dead" and shown["payload"] == {"n": 1}
+    assert shown["max_attempts"] == 1 and len(shown["errors"]) == 1
+    assert "no handler" in shown["errors"][0]["error"]
+    assert "orphan-1" in any_ws.ok("dlq", "show", "orphan-1").out
+
+    # Redrive (human): back in the queue with a fresh budget; the worker kills it again.
+    assert "1 jobs redriven" in any_ws.ok("dlq", "redrive", "orphan-1", "--actor", "tester").out
+    assert job_state(any_ws, "orphan-1") == "available"
+    any_ws.ok("worker", "--until-idle")
+    assert job_state(any_ws, "orphan-1") == "dead"
+    # Redrive --all (json), then discard it before it runs again.
+    assert any_ws.json("dlq", "redrive", "--all", "--actor", "tester") == {"redriven": ["orphan-1"]}
+
+    assert "1 jobs discarded" in any_ws.ok("dlq", "discard", "orphan-1", "--actor", "tester").out
+    assert job_state(any_ws, "orphan-1") == "cancelled"
+    assert any_ws.json("dlq", "discard", "orphan-1") == {"discarded": []}
+    assert any_ws.json("dlq", "list") == []
+    audit = any_ws.table("audit")
+    assert any_ws.scalar(f"select count(*) from {audit} where action = 'job.redriven'") == 2
+    assert any_ws.scalar(f"select count(*) from {audit} where action = 'job.discarded'") == 1
+
+
+# -- pause, resume ---------------------------------------------------------------------
+
+
+def test_pause_and_resume_a_policy(ws: Workspace) -> None:
+    human = ws.ok("pause", POLICY, "--actor", "tester").out
+    assert f"policy {POLICY} paused" in human
+    assert ws.json("status")["policies"][0]["paused"] is True
+    assert ws.json("pause", POLICY, "--actor", "tester") == {"policy": POLICY, "paused": True}
+
+    assert f"policy {POLICY} resumed" in ws.ok("resume", POLICY, "--actor", "tester").out
+    assert ws.json("resume", POLICY, "--actor", "tester") == {"policy": POLICY, "paused": False}
+    assert ws.scalar(f"select paused from {ws.table('schedules')}") == 0
+    audit = ws.table("audit")
+    actions = ws.scalar(
+        f"select group_concat(action, ',') from (select action from {audit} "
+        "where actor = 'tester' order by id)"
+    )
+    assert actions == "policy.paused,policy.paused,policy.resumed,policy.resumed"
+
+
+# -- worker, keys, serve, demo -------------------------------------------------------------
+
+
+def test_worker_until_idle_exits_0_when_nothing_is_due(ws: Workspace) -> None:
+    started = time.monotonic()
+    result = ws.ok("worker", "--until-idle")
+    assert time.monotonic() - started < 30
+    assert "worker started" in result.err and "worker stopped" in result.err
+
+
+def test_keys_create_list_and_revoke(ws: Workspace) -> None:
+    human = ws.ok("keys", "create", "ci-bot").out
+    assert re.search(r"key ci-bot: exp_\S+", human) and "shown once" in human
+    created = ws.json("keys", "create", "dashboard")
+    assert created["name"] == "dashboard" and created["key"].startswith("exp_")
+    assert created["key"] not in ws.ok("keys", "list").out  # the secret is never shown again
+
+    listed = ws.json("keys", "list")
+    assert [(k["name"], k["revoked"]) for k in sorted(listed, key=lambda k: k["name"])] == [
+        ("ci-bot", False),
+        ("dashboard", False),
+    ]
+    assert "key ci-bot revoked" in ws.ok("keys", "revoke", "ci-bot").out
+    assert ws.json("keys", "revoke", "dashboard") == {"name": "dashboard", "revoked": True}
+    assert "ci-bot  revoked" in ws.ok("keys", "list").out
+    assert_usage_error(ws.run("keys", "create", "ci-bot"), "exists already")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_serve_answers_http_and_stops_cleanly_on_sigterm(ws: Workspace) -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "expiry.cli", "--config", str(ws.config)]
+        + ["serve", "--listen", f"127.0.0.1:{port}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environment(),
+    )
+
+    def answers() -> bool:
+        assert proc.poll() is None, proc.communicate()
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                return int(r.status) == 200
+        except OSError:
+            return False
+
+    try:
+        wait_for(answers, 30, "serve to answer /metrics")
+        wait_for(
+            lambda: ws.scalar(f"select count(*) from {ws.table('schedules')}") == 1,
+            10,
+            "the scheduler thread to register the schedule",
+        )
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+
+
+def test_demo_cleans_four_policies_to_a_zero_watermark(tmp_path: Path) -> None:
+    result = expiry("demo", "--rows", "20000", "--path", tmp_path / "demo.db", "--json")
+    assert result.code == 0, result.err
+    report = result.json()
+    assert len(report["policies"]) == 4
+    for policy in report["policies"]:
+        assert policy["watermark_before_seconds"] > 0, policy
+        assert policy["watermark_after_seconds"] == 0, policy
+        assert policy["duplicates_skipped"] >= 1, policy
+        assert policy["dead"] == 0 and policy["rows_affected"] > 0, policy
+    assert sum(report["rows_built"].values()) == 20000
+
+    human = expiry("demo", "--rows", "2000", "--path", tmp_path / "small.db")
+    assert human.code == 0, human.err
+    assert "expiry demo: cleaned in" in human.out
+    for policy in report["policies"]:
+        assert policy["policy"] in human.out
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+
+BAD_INPUT: list[tuple[list[str], list[str]]] = [
+    (["trigger", "expired-sesions"], ["did you mean 'expired-sessions'"]),
+    (["plan", "expired-sesions"], ["did you mean 'expired-sessions'"]),
+    (["pause", "expird-sessions"], ["did you mean 'expired-sessions'"]),
+    (["resume", "expired-session"], ["did you mean 'expired-sessions'"]),
+    (["trigger", POLICY, "--cutoff", "next tuesday"], ["--cutoff 'next tuesday'", "ISO-8601"]),
+    (["plan", POLICY, "--cutoff", "2030-13-45"], ["--cutoff '2030-13-45'", "ISO-8601"]),
+    (["dlq", "redrive"], ["usage: expiry dlq redrive"]),
+    (["dlq", "discard"], ["usage: expiry dlq discard"]),
+    (["dlq", "frob"], ["invalid choice: 'frob'"]),
+    (["dlq", "show", "nope"], ["no job with key 'nope'"]),
+    (["runs", "show", "no-such-run"], ["no run 'no-such-run'"]),
+    (["runs", "show"], ["usage: expiry runs show RUN_ID"]),
+    (["keys", "revoke", "nobody"], ["no active key named 'nobody'"]),
+    (["keys", "create"], ["usage: expiry keys create NAME"]),
+    (["frobnicate"], ["invalid choice: 'frobnicate'"]),
+    (["trigger"], ["required: policy"]),
+    (["worker", "--concurrency", "many"], ["invalid int value: 'many'"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"), BAD_INPUT, ids=[" ".join(args) for args, _ in BAD_INPUT]
+)
+def test_bad_input_exits_2_with_one_line_on_stderr(
+    ws: Workspace, args: list[str], needles: list[str]
+) -> None:
+    assert_usage_error(ws.run(*args), *needles)
+    assert ws.runs() == 0
+
+
+@pytest.mark.parametrize("args", [["trigger", "expired-sesions"], ["frobnicate"]])
+def test_bad_input_with_json_is_still_one_line_on_stderr(ws: Workspace, args: list[str]) -> None:
+    assert_usage_error(ws.run("--json", *args), args[-1])
+
+
+@pytest.mark.parametrize("command", [["status"], ["trigger", POLICY], ["dlq", "list"]])
+def test_a_missing_config_file_exits_2(tmp_path: Path, command: list[str]) -> None:
+    missing = tmp_path / "nowhere.toml"
+    assert_usage_error(
+        expiry("--config", missing, *command), f"no config file at {missing}", "--config PATH"
+    )

@@ -1,0 +1,168 @@
+"""The dashboard in a real headless Chromium, against a real server and database."""
+
+from __future__ import annotations
+
+from selenium.webdriver.chrome.webdriver import WebDriver
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions as ec
+from selenium.webdriver.support.ui import WebDriverWait
+
+from expiry.worker import Worker
+
+from .conftest import Dashboard, csrf_of, screenshot, sign_in
+
+
+def run_worker(dashboard: Dashboard, queue: str = "default") -> None:
+    worker = Worker(dashboard.app, queues=(queue,), until_idle=True, poll=0.05, rescue_every=0.2)
+    assert worker.run() == 0
+
+
+def dead_job(dashboard: Dashboard, key: str, queue: str = "default") -> None:
+    """A job for a handler nobody registered, with one attempt: the worker kills it."""
+    dashboard.app.queue.enqueue("no.such.handler", {"n": key}, key=key, queue=queue, max_attempts=1)
+    run_worker(dashboard, queue)
+    assert dashboard.job_state(key) == "dead"
+
+
+def text(browser: WebDriver, css: str) -> str:
+    return str(browser.find_element(By.CSS_SELECTOR, css).text)
+
+
+def test_sign_in_with_a_wrong_key_is_refused(page: WebDriver, dashboard: Dashboard) -> None:
+    sign_in(page, dashboard, key="exp_not-a-key")
+    assert "/login" in page.current_url
+    assert "not valid" in text(page, "#signin-error")
+    assert page.find_element(By.ID, "key").get_attribute("aria-invalid") == "true"
+    screenshot(page, "login-refused")
+    with dashboard.client() as client:
+        answer = client.post("/login", data={"key": "exp_wrong", "next": "/"})
+        assert answer.status_code == 401
+        assert "expiry_session" not in answer.cookies
+        assert client.get("/dlq").status_code == 303  # still signed out
+
+
+def test_sign_in_sets_a_strict_httponly_session(dashboard: Dashboard) -> None:
+    with dashboard.client() as client:
+        answer = client.post("/login", data={"key": dashboard.key, "next": "/queue"})
+        assert answer.status_code == 303 and answer.headers["location"] == "/queue"
+        cookie = answer.headers["set-cookie"].lower()
+        assert "httponly" in cookie and "samesite=strict" in cookie
+        assert client.get("/queue").status_code == 200
+        # an open redirect is not followed
+        again = client.post("/login", data={"key": dashboard.key, "next": "//evil.example/"})
+        assert again.headers["location"] == "/"
+
+
+def test_watermark_and_run_progress_after_a_real_cleanup(
+    page: WebDriver, dashboard: Dashboard
+) -> None:
+    sign_in(page, dashboard)
+    row = page.find_element(By.ID, "policy-expired-sessions")
+    watermark = row.find_element(By.CSS_SELECTOR, ".watermark")
+    # the oldest expired row expired 2 h ago: past the 1 h alert threshold
+    assert "level-alert" in str(watermark.get_attribute("class"))
+    assert float(str(watermark.get_attribute("data-watermark-seconds"))) > 3600
+    assert "over alert" in watermark.text.lower()
+    assert "no run yet" in row.text
+    screenshot(page, "overview-before")
+
+    opened = dashboard.app.cleanup.open_run("expired-sessions")  # type: ignore[union-attr]
+    run_worker(dashboard)
+
+    page.get(dashboard.url("/"))
+    row = page.find_element(By.ID, "policy-expired-sessions")
+    watermark = row.find_element(By.CSS_SELECTOR, ".watermark")
+    assert "level-ok" in str(watermark.get_attribute("class"))
+    assert float(str(watermark.get_attribute("data-watermark-seconds"))) == 0
+    assert "falling" in row.text  # two samples: from 2 h to zero
+    bar = row.find_element(By.TAG_NAME, "progress")
+    assert bar.get_attribute("value") == bar.get_attribute("max") != "0"
+    screenshot(page, "overview-after")
+
+    row.find_element(By.PARTIAL_LINK_TEXT, "opened").click()
+    assert opened.run_id in page.find_element(By.TAG_NAME, "h1").text + page.page_source
+    progress = page.find_element(By.CSS_SELECTOR, ".run-progress progress")
+    windows = int(str(progress.get_attribute("max")))
+    assert windows == 5  # 450 expired keys in windows of 100
+    assert progress.get_attribute("value") == str(windows)
+    assert f"{windows} / {windows} windows (100%)" in text(page, ".run-progress")
+    facts = text(page, "dl.facts")
+    assert "Rows affected\n450" in facts
+    screenshot(page, "run")
+
+
+def test_redrive_a_dead_job_by_clicking(page: WebDriver, dashboard: Dashboard) -> None:
+    dead_job(dashboard, "lost-1")
+    sign_in(page, dashboard)
+    page.find_element(By.LINK_TEXT, "Dead letters").click()
+    assert "lost-1" in text(page, "table.jobs")
+    screenshot(page, "dlq")
+    page.find_element(By.LINK_TEXT, "lost-1").click()
+    attempts = text(page, "table.attempts")
+    assert "no handler 'no.such.handler'" in attempts
+    screenshot(page, "job-dead")
+    page.find_element(By.CSS_SELECTOR, "button[aria-label='Redrive job lost-1']").click()
+    assert "Redrove 1 job." in text(page, ".flash")
+    assert dashboard.job_state("lost-1") in ("available", "completed")
+    trail = text(page, "ul.events")
+    assert "job.redriven by dashboard:ops" in trail
+    # the redriven job dies again (still no handler): the history keeps both attempts
+    run_worker(dashboard)
+    assert dashboard.job_state("lost-1") == "dead"
+
+
+def test_bulk_discard_says_how_many_and_asks(page: WebDriver, dashboard: Dashboard) -> None:
+    for i in range(3):
+        dead_job(dashboard, f"bulk-{i}", queue="mail")
+    dead_job(dashboard, "other-0")
+    sign_in(page, dashboard)
+    page.get(dashboard.url("/dlq?queue=mail"))
+    page.find_element(By.PARTIAL_LINK_TEXT, "Discard all 3 matching").click()
+    assert "This will discard 3 dead jobs." in text(page, "#bulk-count")
+    screenshot(page, "bulk-confirm")
+    page.find_element(By.XPATH, "//button[normalize-space()='Discard 3 jobs']").click()
+    alert = WebDriverWait(page, 5).until(ec.alert_is_present())
+    assert alert.text == "Discard 3 dead jobs?"
+    alert.accept()
+    WebDriverWait(page, 5).until(lambda b: "Discarded 3 jobs." in b.page_source)
+    assert [dashboard.job_state(f"bulk-{i}") for i in range(3)] == ["cancelled"] * 3
+    assert dashboard.job_state("other-0") == "dead"
+
+
+def test_a_post_without_the_csrf_token_is_refused(dashboard: Dashboard) -> None:
+    dead_job(dashboard, "lost-2")
+    with dashboard.signed_in_client() as client:
+        refused = client.post("/dlq/redrive", data={"key": "lost-2"})
+        assert refused.status_code == 403
+        forged = client.post("/dlq/redrive", data={"key": "lost-2", "csrf": "forged"})
+        assert forged.status_code == 403
+        for path, form in (
+            ("/dlq/discard", {"key": "lost-2"}),
+            ("/dlq/bulk", {"action": "discard", "expected": "1"}),
+            ("/policies/pause", {"policy": "expired-sessions", "paused": "1"}),
+            ("/logout", {}),
+        ):
+            assert client.post(path, data=form).status_code == 403, path
+        assert dashboard.job_state("lost-2") == "dead"
+        token = csrf_of(client.get("/dlq").text)
+        done = client.post("/dlq/redrive", data={"key": "lost-2", "csrf": token})
+        assert done.status_code == 303
+        assert dashboard.job_state("lost-2") == "available"
+    with dashboard.client() as stranger:  # no session at all: sent to sign in
+        answer = stranger.post("/dlq/discard", data={"key": "lost-2", "csrf": token})
+        assert answer.status_code == 303 and answer.headers["location"].startswith("/login")
+    assert dashboard.job_state("lost-2") == "available"
+
+
+def test_pause_and_resume_a_policy(page: WebDriver, dashboard: Dashboard) -> None:
+    sign_in(page, dashboard)
+    page.find_element(By.CSS_SELECTOR, "button[aria-label='Pause policy expired-sessions']").click()
+    WebDriverWait(page, 5).until(ec.alert_is_present()).accept()
+    WebDriverWait(page, 5).until(lambda b: "Paused policy expired-sessions." in b.page_source)
+    assert "paused" in text(page, "#policy-expired-sessions")
+    page.find_element(
+        By.CSS_SELECTOR, "button[aria-label='Resume policy expired-sessions']"
+    ).click()
+    assert "Resumed policy expired-sessions." in text(page, ".flash")
+    actions = [e["action"] for e in dashboard.app.engine.audit_list("expired-sessions")]
+    assert actions[:2] == ["policy.resumed", "policy.paused"]

@@ -1,0 +1,113 @@
+"""Every dashboard page, with data on it: served, valid HTML, readable without
+JavaScript, and photographed in the browser (artifacts/dashboard/*.png)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from urllib.parse import quote
+
+import pytest
+from selenium.webdriver.chrome.webdriver import WebDriver
+from selenium.webdriver.common.by import By
+
+from expiry.worker import Worker
+
+from .conftest import Dashboard, screenshot, sign_in
+from .html_check import check_html
+
+
+def arrange(dashboard: Dashboard) -> dict[str, str]:
+    """A finished run, dead, retrying, due and running jobs, cron targets with
+    outcomes, a paused policy: something on every page."""
+    app = dashboard.app
+    assert app.cleanup is not None
+    opened = app.cleanup.open_run("expired-sessions")
+    app.queue.enqueue("no.such.handler", {"order": 7}, key="dead-1", max_attempts=1)
+    app.queue.enqueue("no.such.handler", {"order": 8}, key="dead-2", max_attempts=1)
+    app.crons.create("nightly-report", dashboard.url("/v1/health"), "0 3 * * *")
+    app.crons.create("hourly-ping", dashboard.url("/v1/health"), "0 * * * *")
+    row = app.engine.one(None, "cron_get", {"name": "nightly-report"})
+    fire = app.engine.now().replace(microsecond=0) + timedelta(seconds=1)
+    with app.engine.transaction() as conn:
+        assert app.crons.fire(row or {}, fire, conn)
+    assert Worker(app, until_idle=True, poll=0.05, rescue_every=0.2).run() == 0
+    with app.engine.transaction() as conn:
+        app.engine.rows(
+            conn,
+            "cron_call_insert",
+            {
+                "name": "hourly-ping",
+                "fire_time": app.engine.time_param(fire),
+                "attempt": 1,
+                "status": 204,
+                "duration_ms": 12.5,
+                "response": "",
+                "error": None,
+            },
+        )
+    app.queue.enqueue("slow.export", {"n": 1}, key="slow-1", queue="exports")
+    app.queue.enqueue("slow.export", {"n": 2}, key="slow-2", queue="exports")
+    app.queue.enqueue("slow.export", {"n": 3}, key="slow-3", queue="exports")
+    [claimed] = app.queue.claim(1, 300, queues=("exports",), owner="test-worker")
+    [flaky] = app.queue.claim(1, 300, queues=("exports",), owner="test-worker")
+    app.queue.fail(flaky, "lock timeout on exports", transient=True, kind="lock_timeout")
+    from expiry.scheduler import Scheduler
+
+    Scheduler(app).set_paused("expired-sessions", True, actor="test")
+    return {"run": opened.run_id, "dead": "dead-1", "running": claimed.key}
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_every_page_is_valid_html_and_reads_well(page: WebDriver, dashboard: Dashboard) -> None:
+    made = arrange(dashboard)
+    pages = {
+        "overview": "/",
+        "runs": "/runs",
+        "run-detail": f"/runs/{quote(made['run'], safe='')}",
+        "queue": "/queue",
+        "jobs-running": "/jobs?state=running",
+        "jobs-completed": "/jobs?state=completed&policy=expired-sessions",
+        "dead-letters": "/dlq",
+        "job-detail": f"/jobs/{made['dead']}",
+        "bulk-redrive": "/dlq/bulk?action=redrive",
+        "cron-targets": "/crons",
+        "audit-log": "/audit",
+    }
+    with dashboard.signed_in_client() as client:
+        for name, path in pages.items():
+            answer = client.get(path)
+            assert answer.status_code == 200, (path, answer.text[:500])
+            assert answer.headers["content-type"].startswith("text/html")
+            assert "script-src 'self'" in answer.headers["content-security-policy"]
+            check_html(answer.text, path)
+        missing = client.get("/jobs/no-such-job")
+        assert missing.status_code == 404
+        check_html(missing.text, "404 page")
+        refused = client.post("/dlq/redrive", data={"key": "dead-1"})
+        assert refused.status_code == 403
+        check_html(refused.text, "403 page")
+        assert "lock_timeout" in client.get("/queue").text
+        assert "HTTP 405" in client.get("/crons").text
+    with dashboard.client() as stranger:
+        login = stranger.get("/login")
+        check_html(login.text, "/login")
+        assert stranger.get("/").headers["location"] == "/login?next=%2F"
+
+    screenshot(page, "login")
+    sign_in(page, dashboard)
+    for name, path in pages.items():
+        page.get(dashboard.url(path))
+        assert page.find_element(By.TAG_NAME, "h1").text, path
+        screenshot(page, name)
+    # the script ran: live pages show their auto-refresh switch
+    page.get(dashboard.url("/"))
+    assert page.find_element(By.ID, "refresh-toggle").is_displayed()
+
+
+def test_the_dashboard_stays_out_of_the_api_schema(dashboard: Dashboard) -> None:
+    with dashboard.client() as client:
+        paths = client.get("/openapi.json").json()["paths"]
+        assert not [p for p in paths if not p.startswith(("/v1", "/metrics"))], paths
+        script = client.get("/static/dashboard.js")
+        assert script.status_code == 200 and "data-confirm" in script.text
+        assert client.get("/static/../api.py").status_code == 404

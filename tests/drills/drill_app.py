@@ -1,0 +1,42 @@
+"""A test-only ``--app`` for `expiry worker`: the config's built-in policy handlers,
+with the window handler's ``after`` hook wrapped to SIGKILL the worker with some
+probability. ``after`` runs once the window's transaction has committed and
+before the worker's own bookkeeping (pacing, finishing the run), so these kills
+land exactly between commit and bookkeeping.
+
+    EXPIRY_CONFIG=expiry.toml DRILL_KILL_AFTER_COMMIT=0.02 \
+        expiry worker --app drills.drill_app:app
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import signal
+import sys
+from typing import Any
+
+from expiry import App
+from expiry.cleanup import WINDOW
+from expiry.types import Job
+
+app = App.from_config()
+
+_window = app.handlers[WINDOW]
+_chance = float(os.environ.get("DRILL_KILL_AFTER_COMMIT", "0") or 0)
+_marks = os.environ.get("DRILL_MARKS")
+
+
+def _after_then_maybe_die(job: Job, result: Any, seconds: float) -> None:
+    if _chance and random.random() < _chance:
+        if _marks:
+            with open(_marks, "a") as out:
+                out.write(f"{os.getpid()} {job.key}\n")
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+    assert _window.after is not None
+    _window.after(job, result, seconds)
+
+
+app.handlers[WINDOW] = dataclasses.replace(_window, after=_after_then_maybe_die)

@@ -1,0 +1,107 @@
+"""Drill 3: live traffic holds row locks longer than the policy's lock_timeout.
+
+Foreground transactions lock expired rows in several windows (SELECT ... FOR
+UPDATE) and keep them for a few seconds. The windows that meet a lock give up
+after lock_timeout (200 ms), record a lock_timeout error and retry with
+backoff; they finish once the locks go, and nothing is dead-lettered while the
+attempt budget lasts.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from expiry.app import App
+from expiry.worker import Worker
+
+from .harness import connect, load_sessions, scale
+from .invariants import check, record_expected
+
+ROWS = scale(40_000, 1_000_000)
+WINDOW = 500
+HOLD = 3.0
+LOCKED_WINDOWS = 4
+
+
+def test_windows_behind_foreground_locks_retry_then_finish(
+    pg_url: str, apps: Callable[..., App]
+) -> None:
+    load_sessions(pg_url, ROWS)
+    record_expected(pg_url)
+    app = apps(pg_url, {"window": WINDOW, "lock_timeout": "200ms", "max_attempts": 8})
+    assert app.cleanup is not None
+    opened = app.cleanup.open_run("expired-sessions")
+
+    # Expired rows spread over the key range: each in a different window.
+    victims = [i for i in range(1, ROWS, ROWS // LOCKED_WINDOWS) if i % 5 and i % 7][
+        :LOCKED_WINDOWS
+    ]
+    locked = threading.Barrier(LOCKED_WINDOWS + 1)
+
+    def hold(row_id: int) -> None:
+        with connect(pg_url) as conn, conn.transaction():
+            conn.execute("select * from sessions where id = %s for update", (row_id,))
+            locked.wait()
+            time.sleep(HOLD)
+
+    holders = [threading.Thread(target=hold, args=(i,)) for i in victims]
+    for thread in holders:
+        thread.start()
+    locked.wait()
+    started = time.monotonic()
+
+    worker = Worker(app, concurrency=2, poll=0.05, rescue_every=0.5, name="drill-worker")
+    runner = threading.Thread(target=worker.run)
+    runner.start()
+    try:
+        deadline = started + scale(90, 600)
+        while time.monotonic() < deadline:
+            with connect(pg_url) as conn:
+                row = conn.execute(
+                    "select count(*) filter (where state not in ('completed', 'dead', 'cancelled')),"
+                    " count(*) filter (where state = 'dead') from expiry.jobs"
+                ).fetchone()
+            assert row is not None
+            assert row[1] == 0, "a job was dead-lettered while its attempts lasted"
+            if row[0] == 0:
+                break
+            time.sleep(0.2)
+    finally:
+        worker.stop()
+        runner.join(30)
+        for thread in holders:
+            thread.join()
+    elapsed = time.monotonic() - started
+    print(f"all windows done {elapsed:.1f}s after the locks were taken (held {HOLD}s)")
+
+    with connect(pg_url) as conn:
+        blocked = conn.execute(
+            """
+            select key, attempt, errors from expiry.jobs
+            where handler = 'expiry.window' and errors @> '[{"kind": "lock_timeout"}]'
+            order by key
+            """
+        ).fetchall()
+        windows_of_victims = conn.execute(
+            "select count(*) from expiry.jobs where handler = 'expiry.window'"
+            " and exists (select 1 from unnest(%s::bigint[]) v"
+            "             where v > (payload->>'lo')::bigint and v <= (payload->>'hi')::bigint)",
+            (victims,),
+        ).fetchone()
+    print(f"{len(blocked)} windows met a lock: {[(k.rsplit(':', 1)[1], a) for k, a, _ in blocked]}")
+    assert windows_of_victims == (LOCKED_WINDOWS,)
+    assert len(blocked) == LOCKED_WINDOWS, "each locked window should have met its lock"
+    for key, attempt, errors in blocked:
+        assert attempt >= 2 and len(errors) == attempt - 1, (key, errors)
+        assert {e["kind"] for e in errors} == {"lock_timeout"}, errors
+        assert all("lock timeout" in e["error"] for e in errors), errors
+    assert elapsed >= HOLD  # the locked windows could not finish before the locks went
+
+    report = check(pg_url)
+    assert report.jobs == {"completed": report.jobs["completed"]}
+    assert opened.run_id
+    with connect(pg_url) as conn:
+        gone = conn.execute("select count(*) from sessions where id = any(%s)", (victims,))
+        assert gone.fetchone() == (0,)  # the locked rows went once the locks did

@@ -1,0 +1,167 @@
+"""Limits and bad input over a real socket: 413 for a message over 256 KiB and for a
+body over [http] max_body_bytes (declared or streamed), 422 with a clear message for
+bad JSON, wrong types and unknown fields, JSON errors for unknown routes. Never 500."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+from _http_live import assert_error
+from conftest import Live, Serve
+
+KIB = 1024
+
+
+def test_a_message_over_256_kib_is_413_naming_the_limit(live: Live) -> None:
+    big = {"blob": "x" * (256 * KIB)}
+    for path, body in (
+        ("/v1/queue/publish", {"queue": "emails", "message": big}),
+        ("/v1/queue/publish_batch", {"queue": "emails", "messages": [{"n": 1}, big]}),
+    ):
+        message = assert_error(
+            live.client.post(path, json=body, headers={"Idempotency-Key": path}),
+            413,
+            "message_too_large",
+        )
+        assert "256 KiB" in message and str(256 * KIB) in message
+    assert live.app.queue.pending() == 0, "a batch is all or nothing"
+    # Just under the limit is fine.
+    fits = {"blob": "x" * (256 * KIB - 100)}
+    ok = live.client.post("/v1/queue/publish", json={"queue": "emails", "message": fits})
+    assert ok.status_code == 200, ok.text
+
+
+def test_a_body_over_max_body_bytes_is_413(sqlite_url: str, serve: Serve) -> None:
+    live = serve(sqlite_url, http={"max_body_bytes": 4096})
+    body = json.dumps({"queue": "emails", "message": {"blob": "x" * 5000}}).encode()
+
+    declared = live.client.post(
+        "/v1/queue/publish", content=body, headers={"Content-Type": "application/json"}
+    )
+    message = assert_error(declared, 413, "body_too_large")
+    assert "4096" in message
+
+    def chunks() -> Iterator[bytes]:
+        for i in range(0, len(body), 1000):
+            yield body[i : i + 1000]
+
+    # Streamed (chunked, no Content-Length): counted as it arrives.
+    streamed = live.client.post(
+        "/v1/queue/publish",
+        content=chunks(),
+        headers={"Content-Type": "application/json", "Idempotency-Key": "big"},
+    )
+    assert "content-length" not in streamed.request.headers
+    assert_error(streamed, 413, "body_too_large")
+    assert live.app.queue.pending() == 0
+
+    small = live.client.post(
+        "/v1/queue/publish",
+        json={"queue": "emails", "message": {"n": 1}},
+        headers={"Idempotency-Key": "big"},
+    )
+    assert small.status_code == 200, small.text  # the refused body did not take the key
+
+
+BAD_BODIES: list[tuple[str, bytes, str]] = [
+    ("/v1/queue/publish", b'{"queue": "emails", "message": ', "JSON"),
+    ("/v1/queue/publish", b"", ""),
+    ("/v1/queue/publish", b"not json at all", "JSON"),
+    ("/v1/queue/publish", b"\xff\xfe\x00garbage", ""),
+    ("/v1/queue/publish", b"[]", ""),
+    ("/v1/queue/publish", b"null", ""),
+    ("/v1/queue/publish", b'{"queue": "emails", "message": "hello"}', "message"),
+    ("/v1/queue/publish", b'{"queue": "emails", "message": {}, "colour": "red"}', "colour"),
+    ("/v1/queue/publish", b'{"queue": "emails"}', "message"),
+    ("/v1/queue/publish", b'{"queue": "has spaces", "message": {}}', "queue"),
+    ("/v1/queue/publish", b'{"message": {}, "delay_seconds": -1}', "delay_seconds"),
+    ("/v1/queue/publish", b'{"message": {}, "delay_seconds": "soon"}', "delay_seconds"),
+    ("/v1/queue/publish", b'{"message": {}, "delay_seconds": NaN}', "delay_seconds"),
+    ("/v1/queue/publish", b'{"message": {}, "delay_seconds": Infinity}', "delay_seconds"),
+    ("/v1/queue/publish", b'{"message": {}, "priority": 1e400}', "priority"),
+    ("/v1/queue/publish", b'{"message": {}, "priority": 10000000000000000000000}', "priority"),
+    ("/v1/queue/publish", b'{"message": {}, "key": ""}', "key"),
+    ("/v1/queue/publish", b'{"message": {}, "run_at": "2030-01-01T00:00:00"}', "time zone"),
+    ("/v1/queue/publish", b'{"message": {}, "run_at": "tomorrow"}', "run_at"),
+    (
+        "/v1/queue/publish",
+        b'{"message": {}, "run_at": "2030-01-01T00:00:00Z", "delay_seconds": 5}',
+        "not both",
+    ),
+    ("/v1/queue/publish_batch", b'{"messages": []}', "messages"),
+    ("/v1/queue/publish_batch", b'{"messages": [1, 2]}', "messages"),
+    ("/v1/queue/receive", b'{"queue": "emails", "max": 0}', "max"),
+    ("/v1/queue/receive", b'{"queue": "emails", "lease_seconds": 0}', "lease_seconds"),
+    ("/v1/queue/ack", b'{"receipt": "nonsense"}', "receipt"),
+    ("/v1/queue/ack", b'{"receipt": 12345}', "receipt"),
+    ("/v1/queue/nack", b'{"receipt": "1.x.y", "permanent": "maybe"}', "permanent"),
+    (
+        "/v1/cron/create",
+        b'{"name": "Bad Name", "http_url": "https://a.b", "schedule": "@daily"}',
+        "name",
+    ),
+    ("/v1/cleanup/trigger", b'{"policy": "expired-sessions", "dry_run": "yes please"}', "dry_run"),
+    ("/v1/cleanup/trigger", b'{"policy": "expired-sessions", "cutoff": "last week"}', "cutoff"),
+    ("/v1/dlq/redrive", b"{}", "keys"),
+    ("/v1/dlq/discard", b'{"keys": []}', "keys"),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "named"), BAD_BODIES, ids=[f"{p}:{b[:30]!r}" for p, b, _ in BAD_BODIES]
+)
+def test_a_bad_body_is_422_with_a_clear_message(
+    sqlite_live: Live, path: str, body: bytes, named: str
+) -> None:
+    response = sqlite_live.client.post(
+        path, content=body, headers={"Content-Type": "application/json"}
+    )
+    message = assert_error(response, 422)
+    assert response.json()["error"]["code"] in ("invalid_request", "invalid_receipt")
+    assert named in message, message
+
+
+def test_bad_bodies_on_postgres_are_422_too(pg_live: Live) -> None:
+    for path, body, _ in BAD_BODIES:
+        response = pg_live.client.post(
+            path, content=body, headers={"Content-Type": "application/json"}
+        )
+        assert_error(response, 422)
+
+
+def test_a_body_without_a_json_content_type_is_read_as_json(live: Live) -> None:
+    body = json.dumps({"queue": "emails", "message": {"n": 1}})
+    for content_type in (None, "application/x-www-form-urlencoded", "text/plain"):
+        headers = {} if content_type is None else {"Content-Type": content_type}
+        response = live.client.post("/v1/queue/publish", content=body, headers=headers)
+        assert response.status_code == 200, (content_type, response.text)
+
+
+def test_unknown_routes_and_methods_are_json_errors(live: Live) -> None:
+    assert_error(live.client.get("/v1/nothing-here"), 404, "not_found")
+    assert_error(live.client.get("/v1/queue/publish"), 405, "method_not_allowed")
+    assert_error(live.client.delete("/v1/policies"), 405, "method_not_allowed")
+    assert_error(live.client.get("/v1/runs/no-such-run"), 404, "not_found")
+    assert_error(live.client.get("/v1/cron/no-such-target"), 404, "not_found")
+    assert_error(live.client.post("/v1/policies/no-such-policy/pause"), 404, "not_found")
+
+
+def test_text_the_database_cannot_store_is_422_not_500(live: Live) -> None:
+    """A NUL character is valid JSON but PostgreSQL text and jsonb refuse it."""
+    for body in (
+        {"queue": "emails", "message": {"note": "a\u0000b"}},
+        {"queue": "emails", "message": {"a\u0000": 1}},
+        {"queue": "emails", "message": {}, "key": "k\u0000"},
+    ):
+        response = live.client.post("/v1/queue/publish", json=body)
+        assert response.status_code in (200, 422), response.text
+        if response.status_code == 422:
+            assert_error(response, 422, "invalid_request")
+    nan = live.client.post(
+        "/v1/queue/publish",
+        content=b'{"queue": "emails", "message": {"x": NaN}}',
+        headers={"Content-Type": "application/json"},
+    )
+    assert nan.status_code in (200, 422), nan.text
