@@ -346,9 +346,10 @@ def sqlite_run_state(conn: sqlite3.Connection, run_id: str) -> str | None:
 # -- expiry ---------------------------------------------------------------------------
 
 
-def expiry_config(url: str, window: int) -> dict[str, Any]:
+def expiry_config(url: str, window: int, claim_batch: int | None) -> dict[str, Any]:
     return {
         "database": {"url": url},
+        "worker": {} if claim_batch is None else {"claim_batch": claim_batch},
         "policy": [
             {
                 "name": POLICY,
@@ -387,11 +388,11 @@ def _expiry_worker(config: dict[str, Any], ready: Barrier, go: Event, results: A
 
 
 def expiry_round(
-    url: str, cutoff: datetime, window: int, workers: int, poll: Any
+    url: str, cutoff: datetime, window: int, workers: int, claim_batch: int | None, poll: Any
 ) -> tuple[int, int, float, str]:
     """open_run, N worker processes, until the run is finished:
     (rows deleted, windows applied, seconds, note)."""
-    config = expiry_config(url, window)
+    config = expiry_config(url, window, claim_batch)
     app = App(config=parse_config(config, "bench"), pool_size=2)
     assert app.cleanup is not None
     ready = _CTX.Barrier(workers + 1)
@@ -462,7 +463,7 @@ def bench_postgres(args: argparse.Namespace) -> list[Measured]:
                 else:
                     with psycopg.connect(url, autocommit=True) as watcher:
                         deleted, windows, seconds, note = expiry_round(
-                            url, cutoff, window, n, partial(pg_run_state, watcher)
+                            url, cutoff, window, n, args.claim_batch, partial(pg_run_state, watcher)
                         )
                 check("postgres", method, built, deleted, pg_survivors(url))
                 out.append(
@@ -490,7 +491,12 @@ def bench_sqlite(args: argparse.Namespace) -> list[Measured]:
                     watcher = sqlite3.connect(path, isolation_level=None, timeout=30.0)
                     try:
                         deleted, windows, seconds, note = expiry_round(
-                            url, cutoff, window, 1, partial(sqlite_run_state, watcher)
+                            url,
+                            cutoff,
+                            window,
+                            1,
+                            args.claim_batch,
+                            partial(sqlite_run_state, watcher),
                         )
                     finally:
                         watcher.close()
@@ -564,6 +570,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--connections", type=int, default=2, help="PostgreSQL connections / worker processes (2)"
     )
+    parser.add_argument(
+        "--claim-batch",
+        type=int,
+        default=None,
+        help="expiry worker claim batch (default: the config default)",
+    )
     parser.add_argument("--repeat", type=int, default=1, help="raw/expiry pairs per engine (1)")
     parser.add_argument(
         "--engines",
@@ -580,6 +592,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.window = 1_000 if args.quick else 10_000
     if args.sqlite_rows is None:
         args.sqlite_rows = args.rows
+    if args.claim_batch is not None and args.claim_batch <= 0:
+        parser.error("--claim-batch must be positive")
     if min(args.rows, args.sqlite_rows, args.window, args.connections, args.repeat) <= 0:
         parser.error("--rows, --sqlite-rows, --window, --connections and --repeat must be positive")
     unknown = set(args.engines) - {"postgres", "sqlite"}

@@ -202,6 +202,16 @@ class Cleanup:
             if self.app.engine.one(None, "run_finish", {"id": rid}):
                 log.info("run finished", extra={"run": rid})
 
+    def finish_idle_runs(self) -> int:
+        """Finish every run with nothing pending (the rescuer's sweep): a worker that
+        died after its run's last commit, or a last job that ended dead, leaves the
+        run open otherwise."""
+        with self.app.engine.transaction() as tx:
+            rows = self.app.engine.rows(tx, "run_finish_idle")
+        for row in rows:
+            log.info("run finished", extra={"run": row["id"]})
+        return len(rows)
+
     # -- the planning job -------------------------------------------------------
 
     def plan_page(self, job: Job, tx: Any) -> int:

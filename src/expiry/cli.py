@@ -418,7 +418,7 @@ def cmd_trigger(args: argparse.Namespace) -> int:
         return 0
     summary = _wait(app, opened.run_id, show=not args.json)
     emit(args, summary, lambda: _print_run(summary))
-    return 1 if summary["jobs_dead"] else 0
+    return 0 if summary["state"] == "finished" and not summary["jobs_dead"] else 1
 
 
 def _cutoff(text: str | None, parse: Callable[[str], Any]) -> Any:
@@ -442,7 +442,24 @@ def _wait(app: App, run_id: str, *, show: bool) -> dict[str, Any]:
             progress.update(task, total=max(summary["jobs_total"], 1), completed=done)
             if summary["state"] == "finished":
                 return summary
+            if not _pending(app, run_id):
+                # Nothing of the run is left to do, yet it is not finished: its last
+                # job died (workers finish a run only after a success), or its
+                # planning job did. Finish it if it was planned; either way, stop.
+                assert app.cleanup is not None
+                app.cleanup.finish_runs({run_id})
+                return status.run_summary(app, run_id) or summary
             time.sleep(0.2)
+
+
+PENDING = ("scheduled", "available", "retryable", "running")
+
+
+def _pending(app: App, run_id: str) -> int:
+    """The run's jobs (planning and windows) not yet completed, dead or cancelled."""
+    with app.engine.transaction() as conn:
+        jobs = app.engine.rows(conn, "run_jobs", {"id": run_id})
+    return sum(int(j["n"]) for j in jobs if j["state"] in PENDING)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

@@ -142,7 +142,9 @@ class Queue:
         policy: str | None = None,
         actor: str = "operator",
     ) -> list[str]:
-        """Send dead jobs back with a fresh attempt budget; audited."""
+        """Send dead jobs back with a fresh attempt budget; audited. ``policy``
+        without keys means every dead job of that policy."""
+        all = all or (policy is not None and not keys)
         rows = self.engine.job_redrive(keys, all=all, policy=policy)
         for row in rows:
             self.engine.audit_append(

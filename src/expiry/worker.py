@@ -89,6 +89,9 @@ class Worker:
 
     def _run_loops(self) -> int:
         log.info("worker started", extra={"worker": self.name})
+        # Listen before the first claim: a hint sent between an empty claim and
+        # the first wait (the planner's first page, at start-up) is not lost.
+        self.app.engine.listen()
         helpers = [
             threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True),
             threading.Thread(target=self._rescue_loop, name="rescuer", daemon=True),
@@ -177,6 +180,8 @@ class Worker:
         while not self.stopping.wait(self.rescue_every * self.rng.uniform(0.5, 1.0)):
             try:
                 self.app.queue.rescue()
+                if self.app.cleanup is not None:
+                    self.app.cleanup.finish_idle_runs()
                 if time.monotonic() - last_prune > 300:
                     last_prune = time.monotonic()
                     self.app.queue.prune(self.prune_after)
@@ -231,6 +236,7 @@ class Worker:
             log.warning(
                 "lease lost; the work was rolled back and belongs to its new owner", extra=fields
             )
+            self._audit_lease_lost(job)
             return
         except Exception as exc:
             self._fail(job, exc)
@@ -239,6 +245,22 @@ class Worker:
         log.info("job completed", extra={**fields, "state": "completed"})
         if handler.after is not None:
             handler.after(job, result, elapsed)
+
+    def _audit_lease_lost(self, job: Job) -> None:
+        """Record a delivery that lost its lease, outside its rolled-back transaction,
+        so that every duplicate delivery is on the record."""
+        try:
+            self.app.engine.audit_append(
+                None,
+                "job.lease_lost",
+                actor=self.name,
+                policy=job.payload.get("policy"),
+                run_id=job.payload.get("run_id"),
+                job_key=job.key,
+                detail={"attempt": job.attempt},
+            )
+        except Exception as exc:
+            log.warning("could not audit the lost lease: %s", exc, extra=job_fields(job))
 
     def _complete_duplicate(self, job: Job) -> None:
         try:
@@ -249,6 +271,7 @@ class Worker:
             )
         except LeaseLost:
             log.warning("lease lost", extra=job_fields(job))
+            self._audit_lease_lost(job)
 
     def _fail(self, job: Job, exc: BaseException, transient: bool | None = None) -> None:
         classified, kind = self.app.engine.classify(exc)

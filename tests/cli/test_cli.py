@@ -272,11 +272,11 @@ def test_trigger_opens_one_run_per_cutoff_and_a_worker_finishes_it(any_ws: Works
     assert re.search(r"state: finished", text) and re.search(r"rows_affected: 500", text)
 
 
-def test_trigger_wait_exits_0_once_every_window_has_finished(any_ws: Workspace) -> None:
-    cutoff = cutoff_now()
-    run_id = f"{POLICY}:{cutoff}"
+def trigger_wait_with_a_worker(ws: Workspace, cutoff: str) -> Result:
+    """`trigger --wait --json` in the background; once its run is open, a worker
+    runs until idle; then the waiting trigger's result."""
     waiting = subprocess.Popen(
-        [sys.executable, "-m", "expiry.cli", "--config", str(any_ws.config), "--json"]
+        [sys.executable, "-m", "expiry.cli", "--config", str(ws.config), "--json"]
         + ["trigger", POLICY, "--cutoff", cutoff, "--wait", "--actor", "tester"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -284,24 +284,55 @@ def test_trigger_wait_exits_0_once_every_window_has_finished(any_ws: Workspace) 
         env=environment(),
     )
     try:
-        wait_for(lambda: any_ws.runs() == 1, 30, "the run to open")
+        wait_for(lambda: ws.runs() == 1, 30, "the run to open")
         assert waiting.poll() is None  # still waiting: no worker has run yet
-        any_ws.ok("worker", "--until-idle")
+        ws.ok("worker", "--until-idle")
         out, err = waiting.communicate(timeout=30)
     finally:
         if waiting.poll() is None:
             waiting.kill()
             waiting.communicate()
-    assert waiting.returncode == 0, err
-    summary = json.loads(out)
+    return Result(waiting.returncode, out, err)
+
+
+def test_trigger_wait_exits_0_once_every_window_has_finished(any_ws: Workspace) -> None:
+    cutoff = cutoff_now()
+    run_id = f"{POLICY}:{cutoff}"
+
+    result = trigger_wait_with_a_worker(any_ws, cutoff)
+
+    assert result.code == 0, result.err
+    summary = result.json()
     assert summary["id"] == run_id and summary["state"] == "finished"
     assert summary["jobs_done"] == 5 and summary["jobs_dead"] == 0
     assert summary["rows_affected"] == EXPIRED
     assert any_ws.sessions_left() == LIVE
-
     # The same cutoff again, human form: the finished run, at once.
     human = any_ws.ok("trigger", POLICY, "--cutoff", cutoff, "--wait", "--actor", "tester").out
     assert re.search(rf"id: {re.escape(run_id)}", human) and "state: finished" in human
+
+
+def test_trigger_wait_exits_1_when_windows_die(ws: Workspace) -> None:
+    """A table that refuses deletes, one attempt per window: every window dies,
+    and `trigger --wait` stops waiting and exits 1 (it used to wait forever, as
+    the run of a dead last window was never marked finished)."""
+    ws.config.write_text(config_text(ws.url) + "max_attempts = 1\n")
+    app = App(ws.url)
+    with app.engine.transaction() as conn:
+        conn.execute(
+            "create trigger frozen before delete on sessions "
+            "begin select raise(abort, 'deletes are frozen'); end"
+        )
+    app.close()
+
+    result = trigger_wait_with_a_worker(ws, cutoff_now())
+
+    assert result.code == 1, result.err
+    summary = result.json()
+    assert summary["state"] == "finished"
+    assert summary["jobs_dead"] == 5 and summary["jobs_done"] == 0
+    assert ws.sessions_left() == EXPIRED + LIVE
+    assert len(ws.json("dlq", "list")) == 5
 
 
 # -- status, runs ------------------------------------------------------------------------

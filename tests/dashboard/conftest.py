@@ -28,6 +28,7 @@ import uvicorn
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
 
 from expiry.app import App
 from expiry.config import parse_config
@@ -138,7 +139,11 @@ def dashboard(db_url: str) -> Iterator[Dashboard]:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = Server(uvicorn.Config(create_app(app), log_level="warning", lifespan="off"))
+    server = Server(
+        uvicorn.Config(
+            create_app(app), log_level="warning", lifespan="off", timeout_graceful_shutdown=1
+        )
+    )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
@@ -191,6 +196,9 @@ def sign_in(browser: webdriver.Chrome, dashboard: Dashboard, key: str | None = N
     field = browser.find_element(By.ID, "key")
     field.send_keys(key or dashboard.key)
     browser.find_element(By.CSS_SELECTOR, "form[action='/login'] button[type=submit]").click()
+    WebDriverWait(browser, 10).until(
+        lambda b: "Signed in as" in b.page_source or "signin-error" in b.page_source
+    )
 
 
 def screenshot(browser: webdriver.Chrome, name: str) -> Path:

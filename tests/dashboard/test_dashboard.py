@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import time
+
+import pytest
 from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
 
+from expiry.http.security import revoke_key
 from expiry.worker import Worker
 
 from .conftest import Dashboard, csrf_of, screenshot, sign_in
@@ -26,6 +30,11 @@ def dead_job(dashboard: Dashboard, key: str, queue: str = "default") -> None:
 
 def text(browser: WebDriver, css: str) -> str:
     return str(browser.find_element(By.CSS_SELECTOR, css).text)
+
+
+def wait_for(browser: WebDriver, words: str) -> None:
+    """Wait for the page that a click loads to say ``words``."""
+    WebDriverWait(browser, 10).until(lambda b: words in b.page_source)
 
 
 def test_sign_in_with_a_wrong_key_is_refused(page: WebDriver, dashboard: Dashboard) -> None:
@@ -51,6 +60,10 @@ def test_sign_in_sets_a_strict_httponly_session(dashboard: Dashboard) -> None:
         # an open redirect is not followed
         again = client.post("/login", data={"key": dashboard.key, "next": "//evil.example/"})
         assert again.headers["location"] == "/"
+        # revoking the key ends its sessions (the key list is re-read within a second)
+        assert revoke_key(dashboard.app, dashboard.key_name)
+        time.sleep(1.1)
+        assert client.get("/queue").headers["location"] == "/login?next=%2Fqueue"
 
 
 def test_watermark_and_run_progress_after_a_real_cleanup(
@@ -80,6 +93,7 @@ def test_watermark_and_run_progress_after_a_real_cleanup(
     screenshot(page, "overview-after")
 
     row.find_element(By.PARTIAL_LINK_TEXT, "opened").click()
+    wait_for(page, "Run of expired-sessions")
     assert opened.run_id in page.find_element(By.TAG_NAME, "h1").text + page.page_source
     progress = page.find_element(By.CSS_SELECTOR, ".run-progress progress")
     windows = int(str(progress.get_attribute("max")))
@@ -95,14 +109,16 @@ def test_redrive_a_dead_job_by_clicking(page: WebDriver, dashboard: Dashboard) -
     dead_job(dashboard, "lost-1")
     sign_in(page, dashboard)
     page.find_element(By.LINK_TEXT, "Dead letters").click()
+    wait_for(page, "Dead-letter queue</h1>")
     assert "lost-1" in text(page, "table.jobs")
     screenshot(page, "dlq")
     page.find_element(By.LINK_TEXT, "lost-1").click()
+    wait_for(page, "Failed attempts")
     attempts = text(page, "table.attempts")
     assert "no handler 'no.such.handler'" in attempts
     screenshot(page, "job-dead")
     page.find_element(By.CSS_SELECTOR, "button[aria-label='Redrive job lost-1']").click()
-    assert "Redrove 1 job." in text(page, ".flash")
+    wait_for(page, "Redrove 1 job.")
     assert dashboard.job_state("lost-1") in ("available", "completed")
     trail = text(page, "ul.events")
     assert "job.redriven by dashboard:ops" in trail
@@ -118,13 +134,14 @@ def test_bulk_discard_says_how_many_and_asks(page: WebDriver, dashboard: Dashboa
     sign_in(page, dashboard)
     page.get(dashboard.url("/dlq?queue=mail"))
     page.find_element(By.PARTIAL_LINK_TEXT, "Discard all 3 matching").click()
+    wait_for(page, "Discard dead letters")
     assert "This will discard 3 dead jobs." in text(page, "#bulk-count")
     screenshot(page, "bulk-confirm")
     page.find_element(By.XPATH, "//button[normalize-space()='Discard 3 jobs']").click()
     alert = WebDriverWait(page, 5).until(ec.alert_is_present())
     assert alert.text == "Discard 3 dead jobs?"
     alert.accept()
-    WebDriverWait(page, 5).until(lambda b: "Discarded 3 jobs." in b.page_source)
+    wait_for(page, "Discarded 3 jobs.")
     assert [dashboard.job_state(f"bulk-{i}") for i in range(3)] == ["cancelled"] * 3
     assert dashboard.job_state("other-0") == "dead"
 
@@ -158,11 +175,22 @@ def test_pause_and_resume_a_policy(page: WebDriver, dashboard: Dashboard) -> Non
     sign_in(page, dashboard)
     page.find_element(By.CSS_SELECTOR, "button[aria-label='Pause policy expired-sessions']").click()
     WebDriverWait(page, 5).until(ec.alert_is_present()).accept()
-    WebDriverWait(page, 5).until(lambda b: "Paused policy expired-sessions." in b.page_source)
+    wait_for(page, "Paused policy expired-sessions.")
     assert "paused" in text(page, "#policy-expired-sessions")
     page.find_element(
         By.CSS_SELECTOR, "button[aria-label='Resume policy expired-sessions']"
     ).click()
-    assert "Resumed policy expired-sessions." in text(page, ".flash")
+    wait_for(page, "Resumed policy expired-sessions.")
     actions = [e["action"] for e in dashboard.app.engine.audit_list("expired-sessions")]
     assert actions[:2] == ["policy.resumed", "policy.paused"]
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # the script, not the engine
+def test_live_pages_refresh_in_place(page: WebDriver, dashboard: Dashboard) -> None:
+    sign_in(page, dashboard)
+    page.get(dashboard.url("/queue"))
+    assert "The queue is empty." in text(page, "main")
+    page.execute_script("window.notReloaded = true;")
+    dashboard.app.queue.enqueue("later.job", {}, key="later-1", queue="later")
+    WebDriverWait(page, 15).until(lambda b: "later" in text(b, "table.stacked"))
+    assert page.execute_script("return window.notReloaded === true;")  # swapped, not reloaded

@@ -84,11 +84,13 @@ def test_every_window_delivered_twice_concurrently_applies_once(
     applied = {k for k, actions in per_key.items() if "window.applied" in actions}
     assert applied == first.keys()
     assert all(per_key[k].count("window.applied") == 1 for k in first), per_key
-    # The second delivery of every window is on the record: it found the ledger row
-    # (window.duplicate) or lost its lease before it could commit (job.lease_lost).
-    assert all(
-        {"window.duplicate", "job.lease_lost"} & set(per_key[k]) for k in first
-    ), {k: per_key[k] for k in list(first)[:5]}
+    # The second delivery of every window is on the record: A's lease was taken over,
+    # so whether it ran first (and rolled back) or second (and found the ledger row,
+    # rolled back too), its worker audited the lost lease, once.
+    assert all(per_key[k].count("job.lease_lost") == 1 for k in first), {
+        k: per_key[k] for k in list(first)[:5]
+    }
+    print(f"{len(first)} windows delivered twice: {len(applied)} applied once each")
     # Only B held a valid lease, so every effect is B's.
     assert set(owners.values()) == {worker_b.name}
     report = check(pg_url)

@@ -79,9 +79,7 @@ def test_poison_jobs_dead_letter_with_reasons_and_redrive_completes_them(
     assert app.cleanup is not None
     app.cleanup.open_run("expired-sessions")
     app.queue.enqueue("drill.poison", {"item": 7}, key="drill-poison-7")
-    app.queue.enqueue(
-        "drill.flaky", {"item": 8}, key="drill-flaky-8", max_attempts=FLAKY_ATTEMPTS
-    )
+    app.queue.enqueue("drill.flaky", {"item": 8}, key="drill-flaky-8", max_attempts=FLAKY_ATTEMPTS)
 
     work_until_nothing_waits(app, pg_url)
 

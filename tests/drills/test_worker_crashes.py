@@ -108,3 +108,44 @@ def test_random_worker_kills_lose_nothing_and_apply_nothing_twice(
     assert len(lines) >= 1, "no worker died between commit and bookkeeping"
     assert committed and committed[0] == len(after_commit)
     assert rescued and rescued[0] >= 1, "no claim was abandoned mid-work"
+
+
+def test_a_run_whose_last_window_lost_its_bookkeeping_still_finishes(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """The worker dies right after committing the run's only window, before the
+    bookkeeping that would mark the run finished: another worker finishes it."""
+    load_sessions(pg_url, 500)
+    record_expected(pg_url)
+    cfg = config(tmp_path / "expiry.toml", pg_url, {"window": 10_000}, worker={"lease": "3s"})
+    marks = tmp_path / "killed-after-commit.txt"
+    doomed = worker_proc(
+        tmp_path,
+        cfg,
+        0,
+        app="drills.drill_app:app",
+        env=drill_env(cfg, DRILL_KILL_AFTER_COMMIT="1", DRILL_MARKS=str(marks)),
+    )
+    doomed.start()
+    run_id = trigger(cfg)
+    assert doomed.popen is not None
+    assert doomed.popen.wait(60) == -9
+    doomed.stop()
+    assert len(marks.read_text().splitlines()) == 1
+    with connect(pg_url) as conn:
+        state = conn.execute("select state from expiry.runs where id = %s", (run_id,)).fetchone()
+    assert state == ("running",) and pending(pg_url) == 0  # the bookkeeping was lost
+
+    survivor = worker_proc(tmp_path, cfg, 1)
+    survivor.start()
+    try:
+
+        def finished() -> bool:
+            with connect(pg_url) as conn:
+                row = conn.execute("select state from expiry.runs where id = %s", (run_id,))
+                return row.fetchone() == ("finished",)
+
+        wait_until(finished, 30, "another worker to finish the run", on_timeout=survivor.tail)
+    finally:
+        survivor.stop()
+    check(pg_url)

@@ -291,6 +291,17 @@ def test_racing_scheduler_processes_on_postgres_open_one_run_per_fire(
             now += timedelta(seconds=step)
             set_clock(format_time(now))
             time.sleep(0.04)
+        # A scheduler that loses a compare-and-set claims nothing and tries again on
+        # its next tick: keep the last time until both schedules have caught up.
+        last_due = now.replace(second=0)
+        caught_up_by = time.monotonic() + 30
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            while True:
+                row = conn.execute("select min(last_fire_at) from expiry.schedules").fetchone()
+                if row is not None and row[0] is not None and row[0] >= last_due:
+                    break
+                assert time.monotonic() < caught_up_by, "the schedules never caught up"
+                time.sleep(0.05)
     finally:
         set_clock("stop")
         outputs = [p.communicate(timeout=60) for p in procs]

@@ -116,6 +116,10 @@ class Engine(abc.ABC):
         with self.transaction() as conn:
             yield conn
 
+    def listen(self) -> None:  # noqa: B027
+        """Start receiving hints of new work before the first wait (PostgreSQL's
+        LISTEN; engines without hints poll, and need nothing)."""
+
     def wait_for_jobs(self, timeout: float) -> None:
         """Block up to ``timeout`` seconds, returning early on a hint of new work."""
         import time

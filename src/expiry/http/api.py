@@ -131,6 +131,12 @@ def create_app(app: "App") -> FastAPI:
 
     @api.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400:
+            # FastAPI's answer to a body its JSON parser gave up on (e.g. nested
+            # too deeply): a bad body, so 422 like any other.
+            return error_response(
+                422, "invalid_request", f"the body could not be read as JSON: {exc.detail}"
+            )
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return error_response(exc.status_code, code, str(exc.detail))
 

@@ -10,10 +10,11 @@ validate requests, so discovery cannot drift from behaviour.
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Callable
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI
+from fastapi import APIRouter, Depends, FastAPI, Request
 
 CAPABILITIES: dict[str, dict[str, Any]] = {
     "queue.publish": {
@@ -113,12 +114,18 @@ def _resolve(node: Any, components: dict[str, Any]) -> Any:
     return node
 
 
-def examples(method: str, path: str, body: dict[str, Any]) -> dict[str, str]:
+def examples(
+    method: str, path: str, body: dict[str, Any], base_url: str = "http://127.0.0.1:8080"
+) -> dict[str, str]:
+    """Runnable calls of ``method path`` with ``body``; each reads the key from
+    the EXPIRY_KEY environment variable."""
     data = json.dumps(body)
-    url = f"http://127.0.0.1:8080{path}"
+    url = f"{base_url.rstrip('/')}{path}"
     return {
-        "curl": f"curl -sS -X {method} {url} -H 'Authorization: Bearer $EXPIRY_KEY' "
-        f"-H 'Content-Type: application/json' -H 'Idempotency-Key: demo-1' -d '{data}'",
+        "curl": f"curl -sS -X {method} {shlex.quote(url)}"
+        ' -H "Authorization: Bearer $EXPIRY_KEY"'
+        " -H 'Content-Type: application/json' -H 'Idempotency-Key: demo-1'"
+        f" -d {shlex.quote(data)}",
         "python": (
             f"import json, os, urllib.request\nreq = urllib.request.Request({url!r}, method={method!r},\n"
             f"    data=json.dumps({body!r}).encode(),\n"
@@ -127,21 +134,33 @@ def examples(method: str, path: str, body: dict[str, Any]) -> dict[str, str]:
             "print(json.load(urllib.request.urlopen(req)))"
         ),
         "node": (
+            "// an ES module (save as .mjs): top-level await\n"
             f"const res = await fetch({json.dumps(url)}, {{method: {json.dumps(method)},\n"
             "  headers: {Authorization: `Bearer ${process.env.EXPIRY_KEY}`, 'Content-Type': 'application/json'},\n"
             f"  body: JSON.stringify({data})}});\nconsole.log(await res.json());"
         ),
         "go": (
-            f"body := strings.NewReader(`{data}`)\n"
-            f"req, _ := http.NewRequest({json.dumps(method)}, {json.dumps(url)}, body)\n"
-            'req.Header.Set("Authorization", "Bearer "+os.Getenv("EXPIRY_KEY"))\n'
-            'req.Header.Set("Content-Type", "application/json")\n'
-            "res, err := http.DefaultClient.Do(req)"
+            "package main\n\n"
+            'import (\n\t"fmt"\n\t"io"\n\t"net/http"\n\t"os"\n\t"strings"\n)\n\n'
+            "func main() {\n"
+            f"\tbody := strings.NewReader({json.dumps(data)})\n"
+            f"\treq, err := http.NewRequest({json.dumps(method)}, {json.dumps(url)}, body)\n"
+            "\tif err != nil {\n\t\tpanic(err)\n\t}\n"
+            '\treq.Header.Set("Authorization", "Bearer "+os.Getenv("EXPIRY_KEY"))\n'
+            '\treq.Header.Set("Content-Type", "application/json")\n'
+            "\tres, err := http.DefaultClient.Do(req)\n"
+            "\tif err != nil {\n\t\tpanic(err)\n\t}\n"
+            "\tdefer res.Body.Close()\n"
+            "\tout, _ := io.ReadAll(res.Body)\n"
+            "\tfmt.Println(res.Status, string(out))\n"
+            "}\n"
         ),
     }
 
 
-def describe(api: FastAPI, name: str) -> dict[str, Any] | None:
+def describe(
+    api: FastAPI, name: str, base_url: str = "http://127.0.0.1:8080"
+) -> dict[str, Any] | None:
     cap = CAPABILITIES.get(name)
     if cap is None:
         return None
@@ -168,7 +187,7 @@ def describe(api: FastAPI, name: str) -> dict[str, Any] | None:
         "errors": ERRORS,
         "limits": LIMITS,
         "example_request": cap["example"],
-        "examples": examples(cap["method"], cap["path"], cap["example"]),
+        "examples": examples(cap["method"], cap["path"], cap["example"], base_url),
     }
 
 
@@ -193,8 +212,9 @@ def discovery_router(api: FastAPI, require_key: Callable[..., str]) -> APIRouter
         }
 
     @router.get("/{capability}", dependencies=[Depends(require_key)])
-    def capability(capability: str) -> dict[str, Any]:
-        found = describe(api, capability)
+    def capability(capability: str, request: Request) -> dict[str, Any]:
+        # The examples call the address this request reached.
+        found = describe(api, capability, str(request.base_url))
         if found is None:
             from .api import ApiError
 

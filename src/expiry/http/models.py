@@ -14,9 +14,9 @@ QUEUE_NAME = r"^[A-Za-z0-9_.:-]{1,100}$"
 
 
 def _storable(value: Any) -> None:
-    """Refuse what parses as JSON but no database column can hold: NUL characters
-    and lone surrogates (PostgreSQL text and jsonb refuse both; neither encodes
-    as UTF-8) and NaN or Infinity (not JSON at all)."""
+    """Refuse what parses as JSON but the databases cannot hold: NUL characters
+    and lone surrogates (PostgreSQL text and jsonb refuse both; a surrogate does
+    not even encode as UTF-8) and NaN or Infinity (not JSON numbers)."""
     if isinstance(value, str):
         if "\x00" in value:
             raise ValueError("contains a NUL character (\\u0000), which cannot be stored")
@@ -182,6 +182,15 @@ class TriggerRequest(Body):
     policy: str = Field(max_length=63)
     cutoff: datetime | None = Field(None, description="default: database now() - retain")
     dry_run: bool = False
+
+    @field_validator("cutoff")
+    @classmethod
+    def _cutoff(cls, value: datetime | None) -> datetime | None:
+        # Run ids and job payloads carry the cutoff as ISO-8601 text, which has
+        # four-digit years only.
+        if value is not None and not 1970 <= value.year <= 9998:
+            raise ValueError("use a time between 1970 and 9998")
+        return value
 
 
 class Window(Body):

@@ -171,6 +171,23 @@ def bars(items: Sequence[tuple[str, float, str]]) -> list[Bar]:
     return [Bar(label, value, text, value / top) for label, value, text in items]
 
 
+def stacked(by_queue: dict[str, dict[str, int]], states: Sequence[str]) -> list[dict[str, Any]]:
+    """One row per queue: its counts, total and bar segments (x, width as
+    fractions of the largest queue), in the order of ``states``."""
+    top = max((sum(c.values()) for c in by_queue.values()), default=0) or 1
+    rows = []
+    for name, counts in sorted(by_queue.items()):
+        offset, segments = 0.0, []
+        for state in states:
+            if n := counts.get(state, 0):
+                segments.append({"state": state, "n": n, "x": offset, "w": n / top})
+                offset += n / top
+        rows.append(
+            {"queue": name, "counts": counts, "total": sum(counts.values()), "segments": segments}
+        )
+    return rows
+
+
 AGE_BUCKETS = ((60, "under 1 min"), (600, "1–10 min"), (3600, "10–60 min"), (86400, "1–24 h"))
 
 
@@ -282,6 +299,10 @@ def audit_events(
                 pass
         out.append({**row, "at": as_time(row["at"]), "detail": detail or {}})
     return out, len(rows) >= SCAN_LIMIT
+
+
+def plural(n: int, word: str = "job") -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
 
 
 def pretty_json(value: Any) -> str:

@@ -11,7 +11,7 @@ import json
 import logging
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import datetime
 from typing import Any
 
@@ -91,8 +91,15 @@ class PostgresEngine(Engine):
     @contextmanager
     def transaction(self) -> Iterator[psycopg.Connection[Row]]:
         with self.pool.connection() as conn:
-            with conn.transaction():
-                yield conn
+            try:
+                with conn.transaction():
+                    yield conn
+            except psycopg.errors.ReadOnlySqlTransaction:
+                # A session opened while the database was read-only (a standby, or
+                # default_transaction_read_only) stays so: drop it, so that the pool
+                # connects afresh and writes resume once the database allows them.
+                conn.close()
+                raise
 
     @contextmanager
     def connect(self) -> Iterator[psycopg.Connection[Row]]:
@@ -107,6 +114,26 @@ class PostgresEngine(Engine):
     def rows(self, conn: Any, name: str, params: dict[str, Any] | None = None) -> list[Row]:
         cur = conn.execute(self.queries[name], params or {}, prepare=True)
         return list(cur.fetchall()) if cur.description is not None else []
+
+    def one(self, conn: Any | None, name: str, params: dict[str, Any] | None = None) -> Row | None:
+        """A named query (always one statement). Without ``conn`` it runs in
+        autocommit: one statement is its own transaction, and BEGIN and COMMIT
+        would only add two round trips (finishing runs after every window,
+        heartbeats, failures, releases)."""
+        if conn is not None:
+            return super().one(conn, name, params)
+        with self.pool.connection() as own:
+            own.autocommit = True
+            try:
+                found = self.rows(own, name, params)
+            except psycopg.errors.ReadOnlySqlTransaction:
+                own.close()  # as in transaction(): reconnect once writes are allowed
+                raise
+            finally:
+                # A broken connection cannot be switched back; the pool drops it.
+                with suppress(psycopg.Error):
+                    own.autocommit = False
+        return found[0] if found else None
 
     def _list(self, values: Sequence[str]) -> Any:
         return list(values)
@@ -186,9 +213,27 @@ class PostgresEngine(Engine):
             try:
                 with self._maintenance.transaction():
                     yield self._maintenance
-            except psycopg.OperationalError:
+            except (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction):
                 self._maintenance.close()
                 raise
+
+    def _open_listener(self) -> psycopg.Connection[Any]:
+        if self._listener is None or self._listener.closed:
+            self._listener = psycopg.connect(self.url, autocommit=True)
+            self._listener.execute("listen expiry_jobs")
+        return self._listener
+
+    def listen(self) -> None:
+        """Open the LISTEN connection now: a hint sent after this call wakes the
+        next wait_for_jobs even when it arrives before that wait starts."""
+        with self._listener_lock:
+            try:
+                self._open_listener()
+            except psycopg.Error as exc:
+                log.warning("listen connection failed, polling instead: %s", exc)
+                if self._listener is not None:
+                    self._listener.close()
+                self._listener = None
 
     def wait_for_jobs(self, timeout: float) -> None:
         """LISTEN for enqueue hints; polling remains the source of truth.
@@ -200,10 +245,7 @@ class PostgresEngine(Engine):
                 self._woken.wait(timeout)
             return
         try:
-            if self._listener is None or self._listener.closed:
-                self._listener = psycopg.connect(self.url, autocommit=True)
-                self._listener.execute("listen expiry_jobs")
-            for _ in self._listener.notifies(timeout=timeout, stop_after=1):
+            for _ in self._open_listener().notifies(timeout=timeout, stop_after=1):
                 pass
         except psycopg.Error as exc:
             log.warning("listen connection failed, polling instead: %s", exc)

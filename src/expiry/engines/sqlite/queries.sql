@@ -238,6 +238,19 @@ where id = :id and state = 'running'
                     and j.state in ('scheduled', 'available', 'retryable', 'running'))
 returning id;
 
+-- name: run_finish_idle
+-- Finish every planned run none of whose jobs is pending: the sweep for runs whose
+-- last job's worker died after its commit, or whose last job ended dead.
+update expiry_runs
+set state = 'finished',
+    finished_at = coalesce((select max(finished_at) from expiry_jobs j
+                            where j.run_id = expiry_runs.id), $now)
+where state = 'running'
+  and not exists (select 1 from expiry_jobs j
+                  where j.run_id = expiry_runs.id
+                    and j.state in ('scheduled', 'available', 'retryable', 'running'))
+returning id;
+
 -- name: run_jobs
 -- A run's jobs by handler and state, with attempts spent and failed attempts.
 select handler, state, count(*) as n, coalesce(sum(attempt), 0) as attempts,

@@ -1,0 +1,163 @@
+"""Rendering dashboard pages: the templates, the signed-in session, the
+database's now, one-time messages and the security headers every page carries.
+
+Forms are read from the raw body: the API's BodyLimit middleware treats every
+POST body as JSON, and this keeps python-multipart out of the dependencies.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from importlib import resources
+from typing import TYPE_CHECKING, Annotated, Any
+from urllib.parse import parse_qs, quote, unquote, urlencode
+
+from fastapi import Depends, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from jinja2 import Environment, PackageLoader, select_autoescape
+
+from ..types import JobState
+from . import views as v
+from .sessions import COOKIE, Session, Sessions
+
+if TYPE_CHECKING:
+    from ..app import App
+
+FLASH = "expiry_flash"
+STATIC = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
+    "img-src 'self' data:; connect-src 'self'; form-action 'self'; base-uri 'none'; "
+    "frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+NAV = (
+    ("/", "Overview"),
+    ("/runs", "Runs"),
+    ("/queue", "Queue"),
+    ("/jobs", "Jobs"),
+    ("/dlq", "Dead letters"),
+    ("/crons", "Cron targets"),
+    ("/audit", "Audit log"),
+)
+LIVE_PAGES = {"/", "/runs", "/queue", "/crons"}
+"""Pages the script refreshes in place (every 10 seconds while visible)."""
+
+
+async def read_form(request: Request) -> dict[str, str]:
+    """The url-encoded form in the body; for a repeated field, its last value."""
+    body = (await request.body()).decode("utf-8", "replace")
+    return {k: vs[-1] for k, vs in parse_qs(body, keep_blank_values=True).items()}
+
+
+Form = Annotated[dict[str, str], Depends(read_form)]
+
+
+def local_path(target: str | None) -> str:
+    """``target`` if it is a path on this site, else "/" (no open redirects)."""
+    if not target or not target.startswith("/") or target.startswith(("//", "/\\")):
+        return "/"
+    return target
+
+
+def _static_version() -> str:
+    digest = hashlib.sha256()
+    for name in sorted(STATIC):
+        digest.update(resources.files(__package__).joinpath("static", name).read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def templates() -> Environment:
+    env = Environment(
+        loader=PackageLoader("expiry.http", "templates"),
+        autoescape=select_autoescape(["html"]),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["quote"] = lambda text: quote(str(text), safe="")
+    env.filters["duration"] = v.short_duration
+    env.filters["pretty"] = v.pretty_json
+    env.filters["plural"] = v.plural
+    env.globals.update(nav=NAV, static_version=_static_version(), states=list(JobState))
+    return env
+
+
+class Pages:
+    """Renders pages with the session, the database's now and the security headers."""
+
+    def __init__(self, app: App, sessions: Sessions) -> None:
+        self.app, self.sessions, self.env = app, sessions, templates()
+
+    def session(self, request: Request) -> Session | None:
+        return self.sessions.read(request.cookies.get(COOKIE))
+
+    def render(
+        self,
+        request: Request,
+        template: str,
+        session: Session | None,
+        status: int = 200,
+        **context: Any,
+    ) -> HTMLResponse:
+        now = self.app.engine.now()
+
+        def query(**changes: Any) -> str:
+            params = {**request.query_params, **{k: str(x) for k, x in changes.items()}}
+            kept = {k: x for k, x in params.items() if x not in ("", "None")}
+            return request.url.path + ("?" + urlencode(kept) if kept else "")
+
+        html = self.env.get_template(template).render(
+            request=request,
+            path=request.url.path,
+            here=request.url.path + (f"?{request.url.query}" if request.url.query else ""),
+            session=session,
+            now=now,
+            stamp=lambda value: v.stamp(value, now),
+            query=query,
+            live=request.url.path in LIVE_PAGES,
+            flash=unquote(request.cookies.get(FLASH) or "") or None,
+            **context,
+        )
+        response = HTMLResponse(html, status_code=status, headers=SECURITY_HEADERS)
+        if request.cookies.get(FLASH):
+            response.delete_cookie(FLASH, path="/")
+        return response
+
+    def to_login(self, request: Request) -> RedirectResponse:
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        return secured(RedirectResponse("/login?" + urlencode({"next": target}), 303))
+
+    def done(self, request: Request, target: str | None, message: str) -> RedirectResponse:
+        """After a POST: back to a page, with a one-time message."""
+        response = secured(RedirectResponse(local_path(target), 303))
+        response.set_cookie(
+            FLASH,
+            quote(message),
+            max_age=60,
+            path="/",
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
+        return response
+
+    def guard(self, request: Request, form: dict[str, str]) -> Session | Response:
+        """The session of a state-changing POST, or the response refusing it."""
+        session = self.session(request)
+        if session is None:
+            return self.to_login(request)
+        if not Sessions.csrf_ok(session, form.get("csrf")):
+            return self.render(request, "refused.html", session, status=403)
+        return session
+
+
+def secured(response: RedirectResponse) -> RedirectResponse:
+    response.headers.update(SECURITY_HEADERS)
+    return response
+
+
+def page_number(text: str | None) -> int:
+    return max(1, min(int(text), 10_000)) if text and text.isdigit() else 1

@@ -1,0 +1,107 @@
+"""Cleanup over HTTP: dry-run and real triggers, runs, policies, pause/resume, and
+/metrics after a real run (rows affected equal the rows deleted, watermark zero)."""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+from _http_live import assert_error
+from conftest import Live
+from prometheus_client.parser import text_string_to_metric_families
+
+from expiry.worker import Worker
+
+POLICY = "expired-sessions"
+
+
+def metrics(live: Live) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """/metrics (no key needed), parsed: {(sample name, sorted labels): value}."""
+    response = live.new_client().get("/metrics")
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/plain")
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(response.text)
+        for sample in family.samples
+    }
+
+
+def test_trigger_dry_run_then_real_run(live: Live) -> None:
+    live.db.insert_sessions(expired=250, live=50)
+
+    dry = live.client.post("/v1/cleanup/trigger", json={"policy": POLICY, "dry_run": True})
+    assert dry.status_code == 200, dry.text
+    preview = dry.json()
+    assert preview["dry_run"] is True and preview["run_id"] is None
+    assert preview["candidates"] == 250
+    assert preview["windows"] == 3
+    assert preview["first_windows"] == [
+        {"lo": 0, "hi": 100},
+        {"lo": 100, "hi": 200},
+        {"lo": 200, "hi": 300},
+    ]
+    assert preview["cutoff"].endswith("Z")
+    assert live.db.count() == 300, "a dry run mutates nothing"
+    assert live.client.get("/v1/runs").json() == []
+
+    before = metrics(live)
+    assert before[("expiry_watermark_seconds", (("policy", POLICY),))] >= 3500
+
+    real = live.client.post("/v1/cleanup/trigger", json={"policy": POLICY})
+    assert real.status_code == 200, real.text
+    opened = real.json()
+    assert opened["dry_run"] is False and opened["created"] is True
+    run_id = opened["run_id"]
+    assert run_id == f"{POLICY}:{opened['cutoff']}"
+    # The same cutoff again opens nothing new.
+    again = live.client.post(
+        "/v1/cleanup/trigger", json={"policy": POLICY, "cutoff": opened["cutoff"]}
+    )
+    assert again.json()["run_id"] == run_id and again.json()["created"] is False
+
+    [listed] = live.client.get("/v1/runs").json()
+    assert listed["id"] == run_id and listed["state"] != "finished"
+    assert listed["opened_by"] == "api"
+
+    assert Worker(live.app, until_idle=True, poll=0.05, rescue_every=0.2).run() == 0
+    assert live.db.count() == 50
+
+    summary = live.client.get(f"/v1/runs/{quote(run_id, safe='')}")
+    assert summary.status_code == 200, summary.text
+    run = summary.json()
+    assert run["state"] == "finished"
+    assert run["rows_affected"] == 250
+    assert run["windows_applied"] == 3 and run["windows_planned"] == 3
+    assert run["jobs_done"] == 3 and run["jobs_dead"] == 0
+    # The raw id works as the path too (it has colons, no slashes).
+    assert live.client.get(f"/v1/runs/{run_id}").json()["id"] == run_id
+    assert live.client.get("/v1/runs", params={"policy": POLICY}).json()[0]["id"] == run_id
+    assert live.client.get("/v1/runs", params={"policy": "other"}).json() == []
+    assert len(live.client.get("/v1/runs", params={"limit": 0}).json()) == 1
+
+    [policy] = live.client.get("/v1/policies").json()
+    assert policy["name"] == POLICY and policy["table"] == "sessions"
+    assert policy["watermark_seconds"] == 0
+    assert policy["last_run"]["id"] == run_id
+
+    after = metrics(live)
+    assert after[("expiry_rows_affected_total", (("action", "delete"), ("policy", POLICY)))] == 250
+    assert after[("expiry_windows_applied_total", (("policy", POLICY),))] == 3
+    assert after[("expiry_watermark_seconds", (("policy", POLICY),))] == 0
+    assert after[("expiry_dead_letter_jobs", ())] == 0
+
+
+def test_pause_and_resume_a_policy(live: Live) -> None:
+    paused = live.client.post(f"/v1/policies/{POLICY}/pause")
+    assert paused.status_code == 200, paused.text
+    assert paused.json() == {"name": POLICY, "paused": True}
+    assert live.client.get("/v1/policies").json()[0]["paused"] is True
+    resumed = live.client.post(f"/v1/policies/{POLICY}/resume")
+    assert resumed.json() == {"name": POLICY, "paused": False}
+    assert live.client.get("/v1/policies").json()[0]["paused"] is False
+
+    message = assert_error(live.client.post("/v1/policies/expired-session/pause"), 404)
+    assert "did you mean 'expired-sessions'" in message
+    assert_error(
+        live.client.post("/v1/cleanup/trigger", json={"policy": "nope"}), 404, "not_found"
+    )
