@@ -324,6 +324,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
+    from .cleanup import format_time
     from .http.security import create_key, list_keys, revoke_key
 
     app = open_app(args)
@@ -332,7 +333,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
         found = [
             {
                 "name": k["name"],
-                "created_at": str(app.engine._time(k["created_at"])),
+                "created_at": format_time(app.engine._time(k["created_at"])),
                 "revoked": k["revoked_at"] is not None,
             }
             for k in list_keys(app)

@@ -141,9 +141,12 @@ class Crons:
     def fire(self, row: dict[str, Any], fire_time: datetime, conn: Any) -> bool:
         """Claim ``fire_time`` for a target and enqueue its call, in ``conn``."""
         engine = self.app.engine
-        if not engine.rows(
-            conn, "cron_advance", {"name": row["name"], "fire": engine.time_param(fire_time)}
-        ):
+        params = {
+            "name": row["name"],
+            "fire": engine.time_param(fire_time),
+            "last": row["last_fire_at"],
+        }
+        if not engine.rows(conn, "cron_advance", params):
             return False
         job = new_job(
             CALL,

@@ -333,3 +333,12 @@ def wait_for(
             return value
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
+
+
+def claim_plan(app: App) -> None:
+    """Claim exactly the planning job that is due and run it, nothing else."""
+    from expiry.cleanup import PLAN
+
+    jobs = app.queue.claim(100, 60, owner="test-planner")
+    assert [job.handler for job in jobs] == [PLAN]
+    Worker(app).process(jobs[0])

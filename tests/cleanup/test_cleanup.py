@@ -24,6 +24,7 @@ from .support import (
     LIVE,
     Db,
     assert_run_clean,
+    claim_plan,
     cli,
     doomed,
     drain,
@@ -157,13 +158,6 @@ def test_duplicate_delivery_changes_nothing(db: Db, apps: Apps) -> None:
     assert again["state"] == "completed" and again["attempt"] == 2
     keys = [row["key"] for row in db.ledger()]
     assert len(keys) == len(set(keys)) == len(db.windows())
-
-
-def claim_plan(app: App) -> None:
-    """Claim exactly the planning job that is due and run it, nothing else."""
-    jobs = app.queue.claim(100, 60, owner="test-planner")
-    assert [job.handler for job in jobs] == [expiry.cleanup.PLAN]
-    Worker(app).process(jobs[0])
 
 
 def test_row_revived_after_planning_survives(db: Db, apps: Apps) -> None:

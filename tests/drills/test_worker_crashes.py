@@ -32,6 +32,9 @@ ROWS = scale(300_000, 5_000_000)
 KILLS = scale(15, 500)
 WORKERS = 4
 WINDOW = 1000
+RATE = scale(2500, 1200)
+"""Rows/s per worker process: the work must outlast the chaos (15 kills take ~17 s,
+500 about 9 minutes) however fast the machine is."""
 
 
 def test_random_worker_kills_lose_nothing_and_apply_nothing_twice(
@@ -39,10 +42,13 @@ def test_random_worker_kills_lose_nothing_and_apply_nothing_twice(
 ) -> None:
     load_sessions(pg_url, ROWS)
     record_expected(pg_url)
+    # A kill spends an attempt of every job the victim had claimed, started or not
+    # (up to concurrency x claim_batch): a small batch and a large budget keep this
+    # drill about crash safety, not about the attempt budget.
     cfg = config(
         tmp_path / "expiry.toml",
         pg_url,
-        {"window": WINDOW, "max_attempts": 50},
+        {"window": WINDOW, "max_attempts": 50, "max_rows_per_second": RATE},
         worker={"lease": "3s", "concurrency": 2, "claim_batch": 4},
     )
     marks = tmp_path / "killed-after-commit.txt"

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -176,6 +177,27 @@ class LiveServer:
         self.server.should_exit = True
         self.thread.join(10)
         assert not self.thread.is_alive(), "uvicorn did not stop"
+
+
+@dataclass
+class Live:
+    """A running server: its App, the database, an API key and a client using it."""
+
+    app: App
+    server: LiveServer
+    db: Db
+    key: str
+    client: httpx.Client
+    url: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.url = self.server.url
+
+    def new_client(self, key: str | None = None, **headers: str) -> httpx.Client:
+        return self.server.client(key, **headers)
+
+
+Serve = Callable[..., Live]
 
 
 def assert_error(response: httpx.Response, status: int, code: str | None = None) -> str:

@@ -8,35 +8,14 @@ Everything is stopped and closed when the test ends.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
-from _http_live import Db, LiveServer, make_app
+from _http_live import Db, Live, LiveServer, Serve, make_app
 
 from expiry.app import App
 from expiry.http.security import create_key
-
-
-@dataclass
-class Live:
-    app: App
-    server: LiveServer
-    db: Db
-    key: str
-    client: httpx.Client
-    url: str = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.url = self.server.url
-
-    def new_client(self, key: str | None = None, **headers: str) -> httpx.Client:
-        return self.server.client(key, **headers)
-
-
-Serve = Callable[..., Live]
 
 
 @pytest.fixture

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import time
 
-from _http_live import assert_error, make_app, wait_for
-from conftest import Live, Serve
+from _http_live import Live, Serve, assert_error, make_app, wait_for
 
 from expiry.http.security import create_key, revoke_key
 

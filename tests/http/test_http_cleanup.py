@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
-from _http_live import assert_error
-from conftest import Live
+from _http_live import Live, assert_error
 from prometheus_client.parser import text_string_to_metric_families
 
 from expiry.worker import Worker
@@ -102,6 +101,4 @@ def test_pause_and_resume_a_policy(live: Live) -> None:
 
     message = assert_error(live.client.post("/v1/policies/expired-session/pause"), 404)
     assert "did you mean 'expired-sessions'" in message
-    assert_error(
-        live.client.post("/v1/cleanup/trigger", json={"policy": "nope"}), 404, "not_found"
-    )
+    assert_error(live.client.post("/v1/cleanup/trigger", json={"policy": "nope"}), 404, "not_found")

@@ -9,8 +9,7 @@ import json
 from datetime import timedelta
 
 import pytest
-from _http_live import Receiver, assert_error, make_app
-from conftest import Live, Serve
+from _http_live import Live, Receiver, Serve, assert_error, make_app
 
 from expiry import webhooks
 from expiry.scheduler import Scheduler

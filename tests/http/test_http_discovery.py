@@ -12,8 +12,7 @@ import sys
 from typing import Any
 
 import pytest
-from _http_live import assert_error
-from conftest import Live
+from _http_live import Live, assert_error
 
 # Capabilities whose example request runs as-is against a server with the
 # standard policy; the others name placeholders (a receipt, a public host).

@@ -14,8 +14,7 @@ import time
 
 import httpx
 import psycopg
-from _http_live import assert_error, wait_for
-from conftest import Live, Serve
+from _http_live import Live, Serve, assert_error, wait_for
 
 from expiry.http.security import create_key
 

@@ -8,8 +8,7 @@ import json
 from collections.abc import Iterator
 
 import pytest
-from _http_live import assert_error
-from conftest import Live, Serve
+from _http_live import Live, Serve, assert_error
 
 KIB = 1024
 
@@ -168,8 +167,16 @@ UNSTORABLE: list[tuple[str, bytes, str]] = [
     ("/v1/queue/publish", b'{"message": ' + b'{"a": ' * 5000 + b"1" + b"}" * 5001, "JSON"),
     ("/v1/queue/publish", b'{"message": {"a": ' + b"[" * 5000 + b"]" * 5000 + b"}}", "JSON"),
     # Cutoffs whose ISO-8601 text (in run ids and job payloads) would not parse back.
-    ("/v1/cleanup/trigger", b'{"policy": "expired-sessions", "cutoff": "0001-01-01T00:00:00Z"}', "1970"),
-    ("/v1/cleanup/trigger", b'{"policy": "expired-sessions", "cutoff": "9999-12-31T23:59:59-14:00"}', "1970"),
+    (
+        "/v1/cleanup/trigger",
+        b'{"policy": "expired-sessions", "cutoff": "0001-01-01T00:00:00Z"}',
+        "1970",
+    ),
+    (
+        "/v1/cleanup/trigger",
+        b'{"policy": "expired-sessions", "cutoff": "9999-12-31T23:59:59-14:00"}',
+        "1970",
+    ),
 ]
 
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import time
 
-from _http_live import assert_error
-from conftest import Live
+from _http_live import Live, assert_error
 
 from expiry.types import JobState
 

@@ -11,7 +11,7 @@ import logging
 import math
 from typing import TYPE_CHECKING, Annotated, Any
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -91,7 +91,11 @@ def create_app(app: "App") -> FastAPI:
         title="expiry",
         version="1",
         description=__doc__,
-        responses={422: {"model": m.ErrorResponse}, 401: {"model": m.ErrorResponse}},
+        responses={
+            422: {"model": m.ErrorResponse},
+            401: {"model": m.ErrorResponse},
+            429: {"model": m.ErrorResponse, "description": "over the rate limit: wait Retry-After"},
+        },
     )
 
     def require_key(request: Request) -> str:
@@ -119,6 +123,11 @@ def create_app(app: "App") -> FastAPI:
         return name
 
     Key = Annotated[str, Depends(require_key)]
+    # Path and query text reaches SQL parameters: constrain it like the bodies.
+    CronName = Annotated[str, Path(pattern=m.CRON_NAME)]
+    RunId = Annotated[str, Path(max_length=300, pattern=m.NO_NUL)]
+    PolicyFilter = Annotated[str | None, Query(max_length=63, pattern=m.NO_NUL)]
+    QueueFilter = Annotated[str | None, Query(pattern=m.QUEUE_NAME)]
     v1 = APIRouter(prefix="/v1")
 
     @api.exception_handler(ApiError)
@@ -311,7 +320,7 @@ def create_app(app: "App") -> FastAPI:
         tags=["cron"],
         responses={404: {"model": m.ErrorResponse}},
     )
-    def cron_get(name: str, _: Key) -> m.CronTarget:
+    def cron_get(name: CronName, _: Key) -> m.CronTarget:
         return m.CronTarget(**_cron_or_404(name))
 
     @v1.delete(
@@ -320,7 +329,7 @@ def create_app(app: "App") -> FastAPI:
         tags=["cron"],
         responses={404: {"model": m.ErrorResponse}},
     )
-    def cron_delete(name: str, _: Key) -> m.Paused:
+    def cron_delete(name: CronName, _: Key) -> m.Paused:
         found = _cron_or_404(name)
         app.crons.delete(name)
         return m.Paused(name=name, paused=found["paused"])
@@ -331,7 +340,7 @@ def create_app(app: "App") -> FastAPI:
         tags=["cron"],
         responses={404: {"model": m.ErrorResponse}},
     )
-    def cron_pause(name: str, _: Key) -> m.Paused:
+    def cron_pause(name: CronName, _: Key) -> m.Paused:
         _cron_or_404(name)
         app.crons.set_paused(name, True)
         return m.Paused(name=name, paused=True)
@@ -342,7 +351,7 @@ def create_app(app: "App") -> FastAPI:
         tags=["cron"],
         responses={404: {"model": m.ErrorResponse}},
     )
-    def cron_resume(name: str, _: Key) -> m.Paused:
+    def cron_resume(name: CronName, _: Key) -> m.Paused:
         _cron_or_404(name)
         app.crons.set_paused(name, False)
         return m.Paused(name=name, paused=False)
@@ -353,7 +362,7 @@ def create_app(app: "App") -> FastAPI:
         tags=["cron"],
         responses={404: {"model": m.ErrorResponse}},
     )
-    def cron_calls(name: str, _: Key) -> list[m.CronCall]:
+    def cron_calls(name: CronName, _: Key) -> list[m.CronCall]:
         _cron_or_404(name)
         return [m.CronCall(**c) for c in app.crons.calls(name)]
 
@@ -428,18 +437,18 @@ def create_app(app: "App") -> FastAPI:
         return _pause(name, False, f"api:{key}")
 
     @v1.get("/runs", tags=["cleanup"])
-    def runs(_: Key, policy: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
+    def runs(_: Key, policy: PolicyFilter = None, limit: int = 20) -> list[dict[str, Any]]:
         return status_view.runs(app, policy, max(1, min(limit, 200)))
 
     @v1.get("/runs/{run_id:path}", tags=["cleanup"], responses={404: {"model": m.ErrorResponse}})
-    def run(run_id: str, _: Key) -> dict[str, Any]:
+    def run(run_id: RunId, _: Key) -> dict[str, Any]:
         found = status_view.run_summary(app, run_id)
         if found is None:
             raise ApiError(404, "not_found", f"no run {run_id!r}")
         return found
 
     @v1.get("/dlq", response_model=list[m.DeadJob], tags=["dlq"])
-    def dlq(_: Key, queue: str | None = None, limit: int = 100) -> list[m.DeadJob]:
+    def dlq(_: Key, queue: QueueFilter = None, limit: int = 100) -> list[m.DeadJob]:
         return [
             m.DeadJob(
                 key=j.key,

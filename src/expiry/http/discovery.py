@@ -16,6 +16,8 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 
+from .models import ErrorResponse
+
 CAPABILITIES: dict[str, dict[str, Any]] = {
     "queue.publish": {
         "method": "POST",
@@ -211,7 +213,11 @@ def discovery_router(api: FastAPI, require_key: Callable[..., str]) -> APIRouter
             "limits": LIMITS,
         }
 
-    @router.get("/{capability}", dependencies=[Depends(require_key)])
+    @router.get(
+        "/{capability}",
+        dependencies=[Depends(require_key)],
+        responses={404: {"model": ErrorResponse}},
+    )
     def capability(capability: str, request: Request) -> dict[str, Any]:
         # The examples call the address this request reached.
         found = describe(api, capability, str(request.base_url))

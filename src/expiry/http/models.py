@@ -5,12 +5,15 @@ three cannot drift apart."""
 from __future__ import annotations
 
 import math
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 QUEUE_NAME = r"^[A-Za-z0-9_.:-]{1,100}$"
+CRON_NAME = r"^[a-z0-9][a-z0-9-]{0,62}$"
+NO_NUL = r"^[^\x00]*$"
+"""Free text the databases can store (PostgreSQL text refuses NUL)."""
 
 
 def _storable(value: Any) -> None:
@@ -23,7 +26,9 @@ def _storable(value: Any) -> None:
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
-            raise ValueError("contains a lone surrogate (\\ud800-\\udfff), not Unicode text") from None
+            raise ValueError(
+                "contains a lone surrogate (\\ud800-\\udfff), not Unicode text"
+            ) from None
     elif isinstance(value, float):
         if not math.isfinite(value):
             raise ValueError("NaN and Infinity are not JSON numbers")
@@ -36,6 +41,18 @@ def _storable(value: Any) -> None:
             _storable(item)
 
 
+def in_utc(value: datetime) -> datetime:
+    """An aware time in UTC: PostgreSQL refuses UTC offsets beyond 15:59, which
+    ISO-8601 and Python allow, and the drivers read years up to 9999 only."""
+    try:
+        utc = value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("is out of range") from None
+    if utc.year > 9998:
+        raise ValueError("is out of range: use a year before 9999")
+    return utc
+
+
 class Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -44,6 +61,13 @@ class Body(BaseModel):
     def _storable(cls, value: Any) -> Any:
         _storable(value)
         return value
+
+
+class Request(Body):
+    """A request body: scalars must have their JSON type ("5" is not a number,
+    "yes" and 1 are not booleans), as the schema says."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class ErrorDetail(Body):
@@ -55,7 +79,7 @@ class ErrorResponse(Body):
     error: ErrorDetail
 
 
-class PublishRequest(Body):
+class PublishRequest(Request):
     queue: str = Field("default", pattern=QUEUE_NAME, description="queue (and handler) name")
     message: dict[str, Any] = Field(
         description="the job payload: identifiers, not records (<= 256 KiB)"
@@ -63,17 +87,26 @@ class PublishRequest(Body):
     delay_seconds: float | None = Field(
         None, ge=0, le=10 * 366 * 86400, description="run after this many seconds"
     )
-    run_at: datetime | None = Field(None, description="run at this time (ISO-8601 with zone)")
+    run_at: datetime | None = Field(
+        None, strict=False, description="run at this time (ISO-8601 with zone)"
+    )
     key: str | None = Field(None, min_length=1, max_length=500, description="dedupe key")
     priority: int = Field(0, ge=-100, le=100, description="lower runs first")
     max_attempts: int = Field(8, ge=1, le=100)
+
+    @field_validator("run_at")
+    @classmethod
+    def _run_at(cls, value: datetime | None) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("needs a time zone, e.g. 2026-12-01T00:00:00Z")
+        return in_utc(value)
 
     @model_validator(mode="after")
     def _one_time(self) -> PublishRequest:
         if self.delay_seconds is not None and self.run_at is not None:
             raise ValueError("give delay_seconds or run_at, not both")
-        if self.run_at is not None and self.run_at.tzinfo is None:
-            raise ValueError("run_at needs a time zone, e.g. 2026-12-01T00:00:00Z")
         return self
 
 
@@ -83,7 +116,7 @@ class Published(Body):
     enqueued: bool = Field(description="false when a job with this key existed already")
 
 
-class PublishBatchRequest(Body):
+class PublishBatchRequest(Request):
     queue: str = Field("default", pattern=QUEUE_NAME)
     messages: list[dict[str, Any]] = Field(
         min_length=1, max_length=1000, description="message bodies"
@@ -104,7 +137,7 @@ class PublishedBatch(Body):
     duplicates: int
 
 
-class ReceiveRequest(Body):
+class ReceiveRequest(Request):
     queue: str = Field(pattern=QUEUE_NAME)
     max: int = Field(1, ge=1, le=100)
     lease_seconds: float = Field(30.0, gt=0, le=3600)
@@ -124,11 +157,11 @@ class Received(Body):
     jobs: list[ReceivedJob]
 
 
-class AckRequest(Body):
+class AckRequest(Request):
     receipt: str = Field(min_length=3, max_length=200)
 
 
-class NackRequest(Body):
+class NackRequest(Request):
     receipt: str = Field(min_length=3, max_length=200)
     delay_seconds: float | None = Field(
         None, ge=0, le=30 * 86400, description="retry after; default backoff"
@@ -137,7 +170,7 @@ class NackRequest(Body):
     error: str | None = Field(None, max_length=4000)
 
 
-class HeartbeatRequest(Body):
+class HeartbeatRequest(Request):
     receipt: str = Field(min_length=3, max_length=200)
     lease_seconds: float = Field(30.0, gt=0, le=3600)
 
@@ -147,8 +180,8 @@ class JobOutcome(Body):
     state: str
 
 
-class CronCreateRequest(Body):
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
+class CronCreateRequest(Request):
+    name: str = Field(pattern=CRON_NAME)
     http_url: str = Field(max_length=2000)
     schedule: str = Field(max_length=200, description="5-field cron or @hourly, @daily, ...")
     timezone: str = Field("UTC", max_length=100)
@@ -178,17 +211,22 @@ class CronCall(Body):
     at: str
 
 
-class TriggerRequest(Body):
+class TriggerRequest(Request):
     policy: str = Field(max_length=63)
-    cutoff: datetime | None = Field(None, description="default: database now() - retain")
+    cutoff: datetime | None = Field(
+        None, strict=False, description="default: database now() - retain"
+    )
     dry_run: bool = False
 
     @field_validator("cutoff")
     @classmethod
     def _cutoff(cls, value: datetime | None) -> datetime | None:
+        if value is None:
+            return None
+        value = in_utc(value) if value.tzinfo else value.replace(tzinfo=UTC)
         # Run ids and job payloads carry the cutoff as ISO-8601 text, which has
         # four-digit years only.
-        if value is not None and not 1970 <= value.year <= 9998:
+        if not 1970 <= value.year <= 9998:
             raise ValueError("use a time between 1970 and 9998")
         return value
 
@@ -209,7 +247,7 @@ class Triggered(Body):
     first_windows: list[Window] | None = None
 
 
-class RedriveRequest(Body):
+class RedriveRequest(Request):
     keys: list[str] = Field(default_factory=list, max_length=10_000)
     all: bool = False
     policy: str | None = None
@@ -221,7 +259,7 @@ class RedriveRequest(Body):
         return self
 
 
-class DiscardRequest(Body):
+class DiscardRequest(Request):
     keys: list[str] = Field(min_length=1, max_length=10_000)
 
 

@@ -368,9 +368,11 @@ update expiry.cron_targets set paused = %(paused)s, updated_at = now() where nam
 returning name;
 
 -- name: cron_advance
--- Claim a cron target's fire time (compare-and-set, as for policies).
+-- Claim a cron target's fire time: compare-and-set on the last_fire_at the
+-- scheduler read, as for policies.
 update expiry.cron_targets set last_fire_at = %(fire)s, updated_at = now()
-where name = %(name)s and not paused and last_fire_at < %(fire)s
+where name = %(name)s and not paused
+  and last_fire_at = %(last)s::timestamptz and last_fire_at < %(fire)s
 returning name;
 
 -- name: cron_call_insert

@@ -74,7 +74,7 @@ set state = case when :retry and attempt < max_attempts then 'retryable' else 'd
     last_error = :error,
     last_error_kind = :kind,
     errors = json_insert(errors, '$[#]', json_object(
-        'attempt', attempt, 'at', $now, 'kind', :kind, 'error', :error, 'worker', lease_owner)),
+        'attempt', attempt, 'at', strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), 'kind', :kind, 'error', :error, 'worker', lease_owner)),
     lease_owner = null, lease_token = null, lease_expires_at = null,
     updated_at = $now
 where id = :id and lease_token = :token and state = 'running'
@@ -101,7 +101,7 @@ set state = case when attempt < max_attempts then 'retryable' else 'dead' end,
     last_error = 'lease expired: worker ' || coalesce(lease_owner, '?') || ' stopped heartbeating',
     last_error_kind = 'lease_expired',
     errors = json_insert(errors, '$[#]', json_object(
-        'attempt', attempt, 'at', $now, 'kind', 'lease_expired',
+        'attempt', attempt, 'at', strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), 'kind', 'lease_expired',
         'error', 'lease expired', 'worker', lease_owner)),
     lease_owner = null, lease_token = null, lease_expires_at = null,
     updated_at = $now
@@ -370,9 +370,10 @@ update expiry_cron_targets set paused = :paused, updated_at = $now where name = 
 returning name;
 
 -- name: cron_advance
--- Claim a cron target's fire time (compare-and-set, as for policies).
+-- Claim a cron target's fire time: compare-and-set on the last_fire_at the
+-- scheduler read, as for policies.
 update expiry_cron_targets set last_fire_at = :fire, updated_at = $now
-where name = :name and not paused and last_fire_at < :fire
+where name = :name and not paused and last_fire_at = :last and last_fire_at < :fire
 returning name;
 
 -- name: cron_call_insert

@@ -1,0 +1,502 @@
+"""Live-traffic safety: what cleaning a table costs the application using it.
+
+    .venv/bin/python bench/foreground_impact.py                # 2,000,000 rows, 4 connections
+    .venv/bin/python bench/foreground_impact.py --repeat 2     # each scenario twice, interleaved
+    .venv/bin/python bench/foreground_impact.py --quick        # smoke run (100,000 rows)
+    .venv/bin/python bench/foreground_impact.py --scenarios baseline,defaults \\
+        --policy target_transaction=0.1 --policy window=5000    # try other settings
+
+The table is ``sessions (id bigint primary key, user_id, expires_at indexed,
+hits, payload of about 100 bytes)``; 60% of its rows are expired, scattered over
+the key space (exactly 600 of every 1,000 consecutive ids), so every window
+shares pages with live rows. It is built once in a template database; each
+scenario runs on a fresh copy (``CREATE DATABASE ... TEMPLATE``), VACUUM
+ANALYZEd and CHECKPOINTed first, with autovacuum off on the table.
+
+The foreground workload is 4 processes, one connection each (autocommit),
+each looping over random *live* rows by primary key: half point reads
+(``select * ... where id = $1``), half updates (``update ... set hits = hits +
+1 where id = $1``). Every operation's latency is recorded with its wall-clock
+start. Scenarios:
+
+* baseline: the foreground alone, for ``--duration`` seconds;
+* defaults: one ``expiry worker`` process with the config's defaults
+  (``[worker]`` concurrency 2; window 10,000, target_transaction 250 ms,
+  lock_timeout 2 s), started and connected before the run is opened;
+* unthrottled: the same with target_transaction = 1 h (the worker never
+  shrinks its transactions);
+* naive: one ``DELETE FROM sessions WHERE expires_at < now()`` transaction.
+
+For the cleanup scenarios the foreground's latencies are those of operations
+that started while the cleanup ran: from the run's ``opened_at`` to its
+``finished_at`` (the database's own record), or around the naive DELETE. The
+cleanup's rows/s is the ledger's rows over that interval. Every scenario must
+delete exactly the expired rows and leave every live row (exit 1 otherwise).
+
+The target, printed and never asserted: with the defaults, foreground p99 within
+1.25x the baseline's, while expiry keeps at least half its unthrottled rows/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from array import array
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from multiprocessing.synchronize import Event
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql
+
+ADMIN_URL = os.environ.get(
+    "EXPIRY_BENCH_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
+POLICY = "expired-sessions"
+EXPIRED_PER_MILLE = 600
+TEMPLATE = f"expiry_bench_fg_template_{os.getpid()}"
+_CTX = mp.get_context("spawn")
+
+CREATE = """
+create table sessions (
+    id         bigint primary key,
+    user_id    bigint not null,
+    expires_at timestamptz not null,
+    hits       bigint not null default 0,
+    payload    text not null
+) with (autovacuum_enabled = false)
+"""
+
+FILL = """
+insert into sessions (id, user_id, expires_at, payload)
+select i, (i * 7919) %% 100003,
+       case when (i * 2654435761) %% 1000 < %(expired)s
+            then now() - interval '1 day' - make_interval(secs => i %% 86400)
+            else now() + interval '30 days' + make_interval(secs => i %% 86400) end,
+       md5(i::text) || md5((i + 1)::text) || md5((i + 2)::text) || 'sess'
+from generate_series(1, %(rows)s::bigint) as i
+"""
+
+
+def expired(i: int) -> bool:
+    return (i * 2654435761) % 1000 < EXPIRED_PER_MILLE
+
+
+def db_url(admin_url: str, dbname: str) -> str:
+    return urlunsplit(urlsplit(admin_url)._replace(path=f"/{dbname}"))
+
+
+def admin() -> psycopg.Connection[Any]:
+    return psycopg.connect(ADMIN_URL, autocommit=True)
+
+
+def build_template(rows: int) -> None:
+    with admin() as conn:
+        conn.execute(
+            sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(TEMPLATE))
+        )
+        conn.execute(sql.SQL("create database {}").format(sql.Identifier(TEMPLATE)))
+    url = db_url(ADMIN_URL, TEMPLATE)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(CREATE)
+        conn.execute(FILL, {"rows": rows, "expired": EXPIRED_PER_MILLE})
+        conn.execute("create index sessions_expires_at on sessions (expires_at)")
+    from expiry.engines import open_engine
+
+    engine = open_engine(url)
+    engine.migrate()
+    engine.close()
+
+
+@contextmanager
+def copy_of_template(name: str) -> Iterator[str]:
+    ident = sql.Identifier(name)
+    with admin() as conn:
+        conn.execute(sql.SQL("drop database if exists {} with (force)").format(ident))
+        conn.execute(
+            sql.SQL("create database {} template {} strategy file_copy").format(
+                ident, sql.Identifier(TEMPLATE)
+            )
+        )
+    url = db_url(ADMIN_URL, name)
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("vacuum analyze sessions")
+            conn.execute("checkpoint")
+        yield url
+    finally:
+        with admin() as conn:
+            conn.execute(sql.SQL("drop database if exists {} with (force)").format(ident))
+
+
+# -- the foreground ------------------------------------------------------------------
+
+
+def foreground(url: str, rows: int, seed: int, go: Event, stop: Event, out: Any) -> None:
+    """One connection's loop over random live rows: (start time, seconds) per op."""
+    rng = random.Random(seed)
+    starts, seconds = array("d"), array("d")
+    with psycopg.connect(url, autocommit=True) as conn:
+        read = "select * from sessions where id = %s"
+        write = "update sessions set hits = hits + 1 where id = %s"
+        for _ in range(50):  # warm the prepared statements and the cache
+            conn.execute(read, (_live(rng, rows),), prepare=True).fetchall()
+        go.wait()
+        while not stop.is_set():
+            key = _live(rng, rows)
+            stmt = read if rng.random() < 0.5 else write
+            began = time.time()
+            t0 = time.perf_counter()
+            cur = conn.execute(stmt, (key,), prepare=True)
+            if cur.description is not None:
+                cur.fetchall()
+            seconds.append(time.perf_counter() - t0)
+            starts.append(began)
+    out.put((starts.tobytes(), seconds.tobytes()))
+
+
+def _live(rng: random.Random, rows: int) -> int:
+    while True:
+        key = rng.randint(1, rows)
+        if not expired(key):
+            return key
+
+
+@dataclass
+class Foreground:
+    url: str
+    rows: int
+    connections: int
+    procs: list[Any] = field(default_factory=list)
+    samples: list[tuple[float, float]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.go, self.stop, self.out = _CTX.Event(), _CTX.Event(), _CTX.Queue()
+
+    def start(self) -> None:
+        for n in range(self.connections):
+            proc = _CTX.Process(
+                target=foreground,
+                args=(self.url, self.rows, 1000 + n, self.go, self.stop, self.out),
+            )
+            proc.start()
+            self.procs.append(proc)
+        time.sleep(1.0)  # connected and warmed
+        self.go.set()
+
+    def finish(self) -> None:
+        self.stop.set()
+        for _ in self.procs:
+            starts_b, seconds_b = self.out.get(timeout=120)
+            starts, seconds = array("d"), array("d")
+            starts.frombytes(starts_b)
+            seconds.frombytes(seconds_b)
+            self.samples += list(zip(starts, seconds, strict=True))
+        for proc in self.procs:
+            proc.join(30)
+
+    def window(self, began: float, ended: float) -> list[float]:
+        return [s for t, s in self.samples if began <= t <= ended]
+
+
+# -- scenarios -------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    scenario: str
+    ops: int
+    seconds: float
+    p50: float
+    p99: float
+    rows: int = 0
+    cleanup_seconds: float = 0.0
+
+    @property
+    def ops_per_s(self) -> float:
+        return self.ops / self.seconds if self.seconds else 0.0
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.cleanup_seconds if self.cleanup_seconds else 0.0
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def summarize(name: str, lat: list[float], seconds: float, **kw: Any) -> Result:
+    return Result(name, len(lat), seconds, percentile(lat, 0.5), percentile(lat, 0.99), **kw)
+
+
+def expected_gone(url: str) -> tuple[int, int]:
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "select count(*) filter (where expires_at < now()), count(*) from sessions"
+        ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+def verify(url: str, name: str, doomed: int, total: int) -> None:
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "select count(*) filter (where expires_at < now()), count(*) from sessions"
+        ).fetchone()
+    assert row is not None
+    if row[0] != 0 or row[1] != total - doomed:
+        print(f"FAIL {name}: {row[0]} expired rows left, {row[1]} rows (want {total - doomed})")
+        sys.exit(1)
+
+
+def run_baseline(url: str, args: argparse.Namespace) -> Result:
+    fg = Foreground(url, args.rows, args.connections)
+    fg.start()
+    began = time.time()
+    time.sleep(args.duration)
+    ended = time.time()
+    fg.finish()
+    return summarize("baseline", fg.window(began, ended), ended - began)
+
+
+def run_naive(url: str, args: argparse.Namespace) -> Result:
+    doomed, total = expected_gone(url)
+    fg = Foreground(url, args.rows, args.connections)
+    fg.start()
+    time.sleep(args.lead)
+    began = time.time()
+    with psycopg.connect(url, autocommit=True) as conn:
+        deleted = conn.execute("delete from sessions where expires_at < now()").rowcount
+    ended = time.time()
+    time.sleep(args.lead)
+    fg.finish()
+    verify(url, "naive", doomed, total)
+    return summarize(
+        "naive DELETE",
+        fg.window(began, ended),
+        ended - began,
+        rows=deleted,
+        cleanup_seconds=ended - began,
+    )
+
+
+def toml(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, str) else str(value)
+
+
+def write_config(
+    path: Path, url: str, policy: dict[str, Any], worker: dict[str, Any] | None = None
+) -> Path:
+    lines = ["[database]", f"url = {json.dumps(url)}", ""]
+    if worker:
+        lines += ["[worker]", *(f"{k} = {toml(v)}" for k, v in worker.items()), ""]
+    lines.append("[[policy]]")
+    base = {"name": POLICY, "table": "sessions", "key": "id", "timestamp": "expires_at"}
+    lines += [f"{k} = {toml(v)}" for k, v in {**base, **policy}.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def run_expiry(
+    url: str,
+    args: argparse.Namespace,
+    name: str,
+    policy: dict[str, Any],
+    tmp: Path,
+    worker_settings: dict[str, Any] | None = None,
+) -> Result:
+    from expiry.app import App
+
+    doomed, total = expected_gone(url)
+    cfg = write_config(tmp / f"{name}.toml", url, policy, worker_settings)
+    log = tmp / f"{name}.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EXPIRY_")}
+    with log.open("w") as out:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "expiry.cli", "worker", "--config", str(cfg)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while "worker started" not in log.read_text():
+            assert worker.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        fg = Foreground(url, args.rows, args.connections)
+        fg.start()
+        time.sleep(args.lead)
+        app = App.from_config(cfg)
+        assert app.cleanup is not None
+        opened = app.cleanup.open_run(POLICY)
+        while True:
+            with psycopg.connect(url) as conn:
+                row = conn.execute(
+                    "select state, extract(epoch from opened_at), extract(epoch from finished_at)"
+                    " from expiry.runs where id = %s",
+                    (opened.run_id,),
+                ).fetchone()
+            if row and row[0] == "finished":
+                break
+            time.sleep(0.05)
+        time.sleep(args.lead)
+        fg.finish()
+        app.close()
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(60)
+    began, ended = float(row[1]), float(row[2])
+    with psycopg.connect(url) as conn:
+        applied = conn.execute("select coalesce(sum(rows_affected), 0) from expiry.ledger")
+        deleted = int(applied.fetchone()[0])  # type: ignore[index]
+    verify(url, name, doomed, total)
+    return summarize(
+        name, fg.window(began, ended), ended - began, rows=deleted, cleanup_seconds=ended - began
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=2_000_000)
+    parser.add_argument("--connections", type=int, default=4)
+    parser.add_argument("--duration", type=float, default=20.0, help="baseline seconds")
+    parser.add_argument("--lead", type=float, default=1.0, help="foreground before/after cleanup")
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--quick", action="store_true", help="100,000 rows, 5 s baseline")
+    parser.add_argument(
+        "--scenarios",
+        default="baseline,defaults,unthrottled,naive",
+        help="comma-separated, run in this order each round",
+    )
+    parser.add_argument(
+        "--policy",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a policy field in the 'defaults' and 'unthrottled' scenarios (repeatable)",
+    )
+    parser.add_argument(
+        "--worker",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a [worker] setting for the 'defaults' and 'unthrottled' scenarios (repeatable)",
+    )
+    args = parser.parse_args()
+    if args.quick:
+        args.rows, args.duration = 100_000, 5.0
+    overrides, worker_settings = parse_settings(args.policy), parse_settings(args.worker)
+    scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+
+    print(
+        f"building {args.rows:,} rows ({EXPIRED_PER_MILLE / 10:.0f}% expired);"
+        f" {args.connections} foreground connections; cpus {os.cpu_count()},"
+        f" load {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
+    started = time.monotonic()
+    build_template(args.rows)
+    print(f"built in {time.monotonic() - started:.0f}s", flush=True)
+    results: list[Result] = []
+    try:
+        with tempfile.TemporaryDirectory() as tmpdir:
+            tmp = Path(tmpdir)
+            for round_ in range(args.repeat):
+                for name in scenarios:
+                    with copy_of_template(f"expiry_bench_fg_{os.getpid()}_{name}") as url:
+                        if name == "baseline":
+                            result = run_baseline(url, args)
+                        elif name == "naive":
+                            result = run_naive(url, args)
+                        elif name == "defaults":
+                            result = run_expiry(
+                                url, args, "defaults", overrides, tmp, worker_settings
+                            )
+                        elif name == "unthrottled":
+                            policy = {**overrides, "target_transaction": "1h"}
+                            result = run_expiry(
+                                url, args, "unthrottled", policy, tmp, worker_settings
+                            )
+                        else:
+                            parser.error(f"unknown scenario {name!r}")
+                    results.append(result)
+                    print(
+                        f"round {round_ + 1} {result.scenario:<13} p50 {result.p50 * 1000:7.2f} ms"
+                        f"  p99 {result.p99 * 1000:7.2f} ms  {result.ops_per_s:8.0f} ops/s"
+                        + (
+                            f"  cleanup {result.rows:,} rows in {result.cleanup_seconds:.1f}s"
+                            f" = {result.rows_per_s:,.0f} rows/s"
+                            if result.rows
+                            else ""
+                        )
+                        + f"  (load {os.getloadavg()[0]:.1f})",
+                        flush=True,
+                    )
+    finally:
+        with admin() as conn:
+            conn.execute(
+                sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(TEMPLATE))
+            )
+    report(results, {**overrides, **{f"worker.{k}": v for k, v in worker_settings.items()}})
+    return 0
+
+
+def parse_settings(items: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        try:
+            out[key] = int(value)
+        except ValueError:
+            try:
+                out[key] = float(value)
+            except ValueError:
+                out[key] = value
+    return out
+
+
+def report(results: list[Result], overrides: dict[str, Any]) -> None:
+    def median(name: str, attr: str) -> float:
+        values = [getattr(r, attr) for r in results if r.scenario == name]
+        return statistics.median(values) if values else float("nan")
+
+    names = list(dict.fromkeys(r.scenario for r in results))
+    base_p99 = median("baseline", "p99")
+    print("\nforeground latency while cleaning (median over rounds)")
+    print(f"{'scenario':<14}{'p50 ms':>9}{'p99 ms':>9}{'p99/base':>10}{'ops/s':>9}{'rows/s':>11}")
+    for name in names:
+        rate = median(name, "rows_per_s")
+        print(
+            f"{name:<14}{median(name, 'p50') * 1000:9.2f}{median(name, 'p99') * 1000:9.2f}"
+            f"{median(name, 'p99') / base_p99:10.2f}{median(name, 'ops_per_s'):9.0f}"
+            + (f"{rate:11,.0f}" if rate else f"{'-':>11}")
+        )
+    if {"baseline", "defaults", "unthrottled"} <= set(names):
+        ratio = median("defaults", "p99") / base_p99
+        keep = median("defaults", "rows_per_s") / median("unthrottled", "rows_per_s")
+        print(
+            "\ntarget (reported, not asserted): defaults p99 <= 1.25x baseline:"
+            f" {ratio:.2f}x {'met' if ratio <= 1.25 else 'MISSED'};"
+            f" defaults rows/s >= 0.5x unthrottled: {keep:.2f}x {'met' if keep >= 0.5 else 'MISSED'}"
+            + (f"  (overrides {overrides})" if overrides else "")
+        )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
