@@ -19,7 +19,9 @@ from psycopg.conninfo import conninfo_to_dict
 from expiry.app import App
 from expiry.engines import Engine, open_engine
 
-ADMIN_URL = os.environ.get("EXPIRY_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+ADMIN_URL = os.environ.get(
+    "EXPIRY_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
 _counter = itertools.count()
 _PREFIX = f"expiry_test_{os.getpid()}"
 

@@ -296,5 +296,9 @@ class Worker:
             log.warning("job failed; retrying", extra={**fields, "delay": round(delay or 0, 3)})
         elif state is JobState.DEAD:
             log.error("job dead-lettered", extra=fields)
+            # It may have been its run's last pending job, and no after-commit
+            # hook runs for a dead job: finish the run now, not at some later sweep.
+            if self.app.cleanup is not None and job.payload.get("run_id"):
+                self.app.cleanup.finish_runs({job.payload["run_id"]})
         else:
             log.warning("job failed after its lease was lost", extra=fields)

@@ -70,15 +70,20 @@ class Db:
             text = text.replace("%s", "?")
         return text
 
+    def _run(self, statement: str, params: Sequence[Any]) -> Any:
+        # Without parameters the statement is sent as written ('%' needs no escape).
+        if params:
+            return self.conn.execute(self.sql(statement), tuple(params))
+        return self.conn.execute(self.sql(statement))
+
     def execute(self, statement: str, params: Sequence[Any] = ()) -> int:
-        cur = self.conn.execute(self.sql(statement), tuple(params))
-        return int(cur.rowcount)
+        return int(self._run(statement, params).rowcount)
 
     def rows(self, statement: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        return [tuple(r) for r in self.conn.execute(self.sql(statement), tuple(params)).fetchall()]
+        return [tuple(r) for r in self._run(statement, params).fetchall()]
 
     def scalar(self, statement: str, params: Sequence[Any] = ()) -> Any:
-        row = self.conn.execute(self.sql(statement), tuple(params)).fetchone()
+        row = self._run(statement, params).fetchone()
         return None if row is None else row[0]
 
     def seconds(self, expr: str) -> str:
@@ -141,11 +146,11 @@ class Db:
 
     def jobs(self, handler: str | None = None, run_id: str | None = None) -> list[dict[str, Any]]:
         found = self.rows(
-            "select key, handler, state, attempt, payload, run_id, last_error_kind"
+            "select key, handler, state, attempt, payload, run_id, last_error_kind, last_error"
             " from expiry.jobs order by id"
         )
         out = []
-        for key, name, state, attempt, payload, rid, kind in found:
+        for key, name, state, attempt, payload, rid, kind, error in found:
             data = payload if isinstance(payload, dict) else json.loads(payload)
             if (handler is None or name == handler) and (run_id is None or rid == run_id):
                 out.append(
@@ -157,6 +162,7 @@ class Db:
                         "payload": data,
                         "run_id": rid,
                         "kind": kind,
+                        "error": error,
                     }
                 )
         return out
@@ -292,7 +298,8 @@ def write_config(
     if worker:
         lines += ["[worker]", *(f"{k} = {toml_value(v)}" for k, v in worker.items()), ""]
     for policy in data["policy"]:
-        lines += ["[[policy]]", *(f"{k} = {toml_value(v)}" for k, v in policy.items()), ""]
+        values = {k: v for k, v in policy.items() if v is not None}
+        lines += ["[[policy]]", *(f"{k} = {toml_value(v)}" for k, v in values.items()), ""]
     path.write_text("\n".join(lines))
     return path
 

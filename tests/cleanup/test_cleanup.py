@@ -3,8 +3,10 @@ ledger, queue and audit records that prove each window was applied once."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -26,9 +28,11 @@ from .support import (
     assert_run_clean,
     claim_plan,
     cli,
+    cli_env,
     doomed,
     drain,
     expected_windows,
+    expiry_cmd,
     run_worker,
     standard_rows,
     write_config,
@@ -269,8 +273,6 @@ def test_planning_in_pages_gives_the_same_windows(
 
 
 def load_example(monkeypatch: pytest.MonkeyPatch, url: str) -> Any:
-    import importlib.util
-
     monkeypatch.setenv("EXPIRY_DATABASE_URL", url)
     path = Path(__file__).resolve().parents[2] / "examples" / "listings.py"
     spec = importlib.util.spec_from_file_location("listings_example", path)
@@ -425,7 +427,6 @@ def test_overlapping_run_waits_for_the_earlier_one(
 
     # The second run's planning job comes up while the first run's windows wait.
     jobs = app.queue.claim(100, 60, owner="test")
-    plan = next(j for j in jobs if j.run_id_hint == second.run_id) if False else None
     plan = next(j for j in jobs if j.payload["run_id"] == second.run_id)
     worker = Worker(app)
     worker.process(plan)
@@ -464,7 +465,7 @@ def test_a_window_that_fails_for_good_ends_dead_and_the_run_still_finishes(
             " expires_at real, revoked_at real, note text)"
         )
     # A row already in the archive makes its window's move fail: a permanent error.
-    blocker = min(gone)
+    blocker = max(gone)  # in the last window, so no later window finishes the run
     db.execute("insert into sessions_archive select * from sessions where id = %s", [blocker])
     app = apps(
         db.url, {"action": "archive", "archive_table": "sessions_archive", "max_attempts": 2}
@@ -476,7 +477,9 @@ def test_a_window_that_fails_for_good_ends_dead_and_the_run_still_finishes(
     windows = db.windows(opened.run_id)
     dead = [w for w in windows if w["state"] == "dead"]
     assert len(dead) == 1 and dead[0]["payload"]["lo"] < blocker <= dead[0]["payload"]["hi"]
-    assert dead[0]["kind"]
+    assert dead[0]["kind"] in ("uniqueviolation", "integrityerror")  # the reason is kept
+    assert "unique" in dead[0]["error"].lower()
+    assert dead[0]["attempt"] == 1  # permanent: no retry spent on it
     assert {w["state"] for w in windows if w is not dead[0]} == {"completed"}
     lo, hi = dead[0]["payload"]["lo"], dead[0]["payload"]["hi"]
     # Nothing of the dead window was applied; everything else was.
@@ -489,10 +492,6 @@ def test_trigger_wait_reports_the_run(db: Db, tmp_path: Path) -> None:
     all_ids, gone = seed(db, 300)
     config = write_config(tmp_path / "expiry.toml", db.url)
     started = time.monotonic()
-    import subprocess
-
-    from .support import cli_env, expiry_cmd
-
     worker = subprocess.Popen(
         expiry_cmd("--config", str(config), "worker", "--concurrency", "2"),
         env=cli_env(),
@@ -512,3 +511,67 @@ def test_trigger_wait_reports_the_run(db: Db, tmp_path: Path) -> None:
     assert summary["jobs_done"] == summary["jobs_total"] == len(expected_windows(gone, 100))
     assert db.ids() == all_ids - gone
     assert time.monotonic() - started < 60
+
+
+@pytest.mark.parametrize(
+    ("declared", "expired", "live"),
+    [
+        ("text", "datetime('now', '-1 hour')", "datetime('now', '+1 hour')"),
+        (
+            "timestamp",
+            "strftime('%Y-%m-%dT%H:%M:%f', 'now', '-1 hour')",
+            "strftime('%Y-%m-%dT%H:%M:%f', 'now', '+1 hour')",
+        ),
+        ("integer", "cast(unixepoch('now') as integer) - 3600", "unixepoch('now') + 3600"),
+    ],
+)
+def test_sqlite_timestamps_as_text_or_epoch(
+    sqlite_url: str, apps: Apps, declared: str, expired: str, live: str
+) -> None:
+    db = Db(sqlite_url)
+    try:
+        db.execute(f"create table sessions (id integer primary key, expires_at {declared})")
+        db.execute("create index sessions_expires_at on sessions (expires_at)")
+        for i in range(1, 101):
+            db.execute(f"insert into sessions values (%s, {expired if i % 2 else live})", [i])
+        app = apps(sqlite_url, {"where": None})
+        assert app.cleanup is not None
+        assert app.cleanup.watermark(POLICY) > 0
+        opened = app.cleanup.open_run(POLICY)
+        run_worker(app)
+        assert db.ids() == set(range(2, 101, 2))
+        assert app.cleanup.watermark(POLICY) == 0
+        assert_run_clean(db, opened.run_id)
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize(
+    ("declared", "expired", "live"),
+    [
+        ("timestamptz", "now() - interval '1 hour'", "now() + interval '1 hour'"),
+        (
+            "timestamp",
+            "(now() at time zone 'UTC') - interval '1 hour'",
+            "(now() at time zone 'UTC') + interval '1 hour'",
+        ),
+        ("date", "current_date - 2", "current_date + 2"),
+    ],
+)
+def test_postgres_timestamp_types(
+    pg_db: Db, apps: Apps, declared: str, expired: str, live: str
+) -> None:
+    pg_db.execute(f"create table sessions (id integer primary key, expires_at {declared})")
+    pg_db.execute("create index sessions_expires_at on sessions (expires_at)")
+    pg_db.execute(
+        "insert into sessions select g,"
+        f" case when g % 2 = 1 then {expired} else {live} end"
+        " from generate_series(1, 100) g"
+    )
+    app = apps(pg_db.url, {"where": None})
+    assert app.cleanup is not None
+    opened = app.cleanup.open_run(POLICY)
+    run_worker(app)
+    assert pg_db.ids() == set(range(2, 101, 2))
+    assert app.cleanup.watermark(POLICY) == 0
+    assert_run_clean(pg_db, opened.run_id)

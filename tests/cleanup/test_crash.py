@@ -58,8 +58,9 @@ def window_of(db: Db, run_id: str, key: int) -> dict[str, Any]:
     return window
 
 
-def blocked_delete(db: Db) -> int | None:
+def blocked_delete(db: Db, worker: subprocess.Popen[bytes], log: Path) -> int | None:
     """The pid of a backend whose DELETE waits on a row lock, if there is one."""
+    assert worker.poll() is None, log.read_text()
     pid = db.scalar(
         "select pid from pg_stat_activity where datname = current_database()"
         " and wait_event_type = 'Lock' and query ilike '%delete from%'"
@@ -84,7 +85,10 @@ def test_worker_killed_before_commit_changes_nothing(
     locker.execute("select id from sessions where id = 50 for update")
     try:
         worker = processes("--config", str(config), "worker")
-        backend = wait_for(lambda: blocked_delete(db), timeout=30, what="the blocked window")
+        log = tmp_path / "process-0.log"
+        backend = wait_for(
+            lambda: blocked_delete(db, worker, log), timeout=30, what="the blocked window"
+        )
         window = window_of(db, opened.run_id, 50)
         assert window["state"] == "running" and window["attempt"] == 1
         worker.send_signal(signal.SIGKILL)
@@ -165,6 +169,10 @@ def test_worker_killed_after_commit_is_not_applied_twice(
     [entry] = db.ledger()
     assert entry["key"] == window["key"] and entry["rows"] == 250
     assert db.ids() == set(range(251, 301))
+    # Its bookkeeping never ran, so the run is still open until a worker's sweep.
+    assert db.run_state(opened.run_id) == "running"
+    assert app.cleanup.finish_idle_runs() == 1
+    assert db.run_state(opened.run_id) == "finished"
 
     # A row of the window expires anew; a second application would delete it.
     db.insert_sessions([(7, -60.0, False)])

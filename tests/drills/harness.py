@@ -6,12 +6,13 @@ The long forms run with EXPIRY_DRILL_LONG=1 (``bench/drills.py --long``).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -155,8 +156,6 @@ def worker_proc(
 
 def trigger(config_path: Path, policy: str = "expired-sessions", *extra: str) -> str:
     """`expiry trigger POLICY --json`; returns the run id."""
-    import json
-
     done = subprocess.run(
         [
             sys.executable,
@@ -264,8 +263,3 @@ def skewed_env(env: dict[str, str], offset: str) -> dict[str, str]:
         "FAKETIME_DONT_FAKE_MONOTONIC": "1",
         "FAKETIME_NO_CACHE": "1",
     }
-
-
-def stop_all(procs: Sequence[Proc]) -> None:
-    for proc in procs:
-        proc.stop()

@@ -16,12 +16,13 @@ from collections.abc import Callable
 from expiry.app import App
 from expiry.worker import Worker
 
-from .harness import connect, load_sessions, scale
+from .harness import connect, load_sessions, scale, wait_until
 from .invariants import check, record_expected
 
 ROWS = scale(40_000, 1_000_000)
 WINDOW = 500
-HOLD = 3.0
+HOLD = 2.0
+"""Seconds the locks stay after every locked window has met its lock."""
 LOCKED_WINDOWS = 4
 
 
@@ -39,12 +40,13 @@ def test_windows_behind_foreground_locks_retry_then_finish(
         :LOCKED_WINDOWS
     ]
     locked = threading.Barrier(LOCKED_WINDOWS + 1)
+    release = threading.Event()
 
     def hold(row_id: int) -> None:
         with connect(pg_url) as conn, conn.transaction():
             conn.execute("select * from sessions where id = %s for update", (row_id,))
             locked.wait()
-            time.sleep(HOLD)
+            release.wait(120)
 
     holders = [threading.Thread(target=hold, args=(i,)) for i in victims]
     for thread in holders:
@@ -56,7 +58,16 @@ def test_windows_behind_foreground_locks_retry_then_finish(
     runner = threading.Thread(target=worker.run)
     runner.start()
     try:
-        deadline = started + scale(90, 600)
+        # The locks stay until every locked window has met its lock, and HOLD more.
+        wait_until(
+            lambda: _windows_that_met_a_lock(pg_url) >= LOCKED_WINDOWS,
+            scale(60, 600),
+            "each locked window to time out on its lock",
+        )
+        time.sleep(HOLD)
+        assert _dead(pg_url) == 0
+        release.set()
+        deadline = time.monotonic() + scale(90, 600)
         while time.monotonic() < deadline:
             with connect(pg_url) as conn:
                 row = conn.execute(
@@ -69,12 +80,13 @@ def test_windows_behind_foreground_locks_retry_then_finish(
                 break
             time.sleep(0.2)
     finally:
+        release.set()
         worker.stop()
         runner.join(30)
         for thread in holders:
             thread.join()
     elapsed = time.monotonic() - started
-    print(f"all windows done {elapsed:.1f}s after the locks were taken (held {HOLD}s)")
+    print(f"all windows done {elapsed:.1f}s after the locks were taken")
 
     with connect(pg_url) as conn:
         blocked = conn.execute(
@@ -105,3 +117,18 @@ def test_windows_behind_foreground_locks_retry_then_finish(
     with connect(pg_url) as conn:
         gone = conn.execute("select count(*) from sessions where id = any(%s)", (victims,))
         assert gone.fetchone() == (0,)  # the locked rows went once the locks did
+
+
+def _windows_that_met_a_lock(url: str) -> int:
+    with connect(url) as conn:
+        row = conn.execute(
+            "select count(*) from expiry.jobs where handler = 'expiry.window'"
+            """ and errors @> '[{"kind": "lock_timeout"}]'"""
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _dead(url: str) -> int:
+    with connect(url) as conn:
+        row = conn.execute("select count(*) from expiry.jobs where state = 'dead'").fetchone()
+    return int(row[0]) if row else 0

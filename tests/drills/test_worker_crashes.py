@@ -21,7 +21,6 @@ from .harness import (
     load_sessions,
     pending,
     scale,
-    stop_all,
     trigger,
     wait_until,
     worker_proc,
@@ -92,7 +91,6 @@ def test_random_worker_kills_lose_nothing_and_apply_nothing_twice(
         )
     finally:
         codes = [proc.stop() for proc in procs]
-        stop_all(procs)
     print(f"finished in {time.monotonic() - started:.1f}s; exit codes {codes}")
 
     report = check(pg_url)

@@ -12,7 +12,14 @@ import sys
 from typing import Any
 
 import pytest
-from _http_live import Live, assert_error
+from _http_live import Live, Serve, assert_error
+
+
+@pytest.fixture
+def live(sqlite_url: str, serve: Serve) -> Live:
+    """Discovery does not touch the database: one engine is enough."""
+    return serve(sqlite_url)
+
 
 # Capabilities whose example request runs as-is against a server with the
 # standard policy; the others name placeholders (a receipt, a public host).
@@ -87,7 +94,7 @@ def test_the_example_requests_are_accepted(live: Live) -> None:
         assert response.status_code == 200, (name, response.text)
 
 
-def run_example(live: Live, argv: list[str], name: str = "queue.publish") -> str:
+def run_example(live: Live, argv: list[str]) -> str:
     env = {**os.environ, "EXPIRY_KEY": live.key}
     result = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=env, check=False)
     assert result.returncode == 0, (argv, result.stdout, result.stderr)

@@ -89,6 +89,14 @@ BAD_BODIES: list[tuple[str, bytes, str]] = [
         b'{"message": {}, "run_at": "2030-01-01T00:00:00Z", "delay_seconds": 5}',
         "not both",
     ),
+    # Scalars must have their JSON type: no "5" for a number, no "yes" or 1 for a boolean.
+    ("/v1/queue/publish", b'{"message": {}, "priority": "5"}', "priority"),
+    ("/v1/queue/publish", b'{"message": {}, "max_attempts": 2.0}', "max_attempts"),
+    ("/v1/queue/publish", b'{"message": {}, "delay_seconds": false}', "delay_seconds"),
+    ("/v1/queue/nack", b'{"receipt": "1.1.x", "permanent": 1}', "permanent"),
+    ("/v1/cleanup/trigger", b'{"policy": "expired-sessions", "dry_run": "no"}', "dry_run"),
+    ("/v1/dlq/redrive", b'{"all": "true"}', "all"),
+    ("/v1/queue/publish", b'{"message": {}, "run_at": "0001-01-01T00:00:00+14:00"}', "range"),
     ("/v1/queue/publish_batch", b'{"messages": []}', "messages"),
     ("/v1/queue/publish_batch", b'{"messages": [1, 2]}', "messages"),
     ("/v1/queue/receive", b'{"queue": "emails", "max": 0}', "max"),
@@ -130,7 +138,8 @@ def test_bad_bodies_on_postgres_are_422_too(pg_live: Live) -> None:
         assert_error(response, 422)
 
 
-def test_a_body_without_a_json_content_type_is_read_as_json(live: Live) -> None:
+def test_a_body_without_a_json_content_type_is_read_as_json(sqlite_live: Live) -> None:
+    live = sqlite_live  # the routing and middleware do not depend on the engine
     body = json.dumps({"queue": "emails", "message": {"n": 1}})
     for content_type in (None, "application/x-www-form-urlencoded", "text/plain"):
         headers = {} if content_type is None else {"Content-Type": content_type}
@@ -138,7 +147,8 @@ def test_a_body_without_a_json_content_type_is_read_as_json(live: Live) -> None:
         assert response.status_code == 200, (content_type, response.text)
 
 
-def test_unknown_routes_and_methods_are_json_errors(live: Live) -> None:
+def test_unknown_routes_and_methods_are_json_errors(sqlite_live: Live) -> None:
+    live = sqlite_live  # the routing and middleware do not depend on the engine
     assert_error(live.client.get("/v1/nothing-here"), 404, "not_found")
     assert_error(live.client.get("/v1/queue/publish"), 405, "method_not_allowed")
     assert_error(live.client.delete("/v1/policies"), 405, "method_not_allowed")

@@ -55,11 +55,13 @@ def test_a_delayed_message_is_not_received_early(live: Live) -> None:
     for body in (
         {"queue": "emails", "message": {"n": 1}, "delay_seconds": 3600},
         {"queue": "emails", "message": {"n": 2}, "run_at": "2999-01-01T00:00:00Z"},
+        # An offset ISO-8601 allows and PostgreSQL would not: stored as UTC.
+        {"queue": "emails", "message": {"n": 3}, "run_at": "2999-06-19T23:58:45.8-17:39"},
     ):
         response = live.client.post("/v1/queue/publish", json=body)
         assert response.status_code == 200, response.text
     assert receive(live, max=10) == []
-    assert live.app.queue.pending("emails") == 2
+    assert live.app.queue.pending("emails") == 3
 
 
 def test_ack_after_the_lease_was_rescued_is_409_and_not_applied(live: Live) -> None:
@@ -220,7 +222,8 @@ def test_publish_batch_reports_duplicates(live: Live) -> None:
     ]
 
 
-def test_publish_batch_with_the_wrong_number_of_keys_is_422(live: Live) -> None:
+def test_publish_batch_with_the_wrong_number_of_keys_is_422(sqlite_live: Live) -> None:
+    live = sqlite_live  # validation, before any database work
     response = live.client.post(
         "/v1/queue/publish_batch", json={"messages": [{}, {}], "keys": ["only-one"]}
     )

@@ -1,8 +1,9 @@
 """Property-based tests of the whole API from its own /openapi.json, against a live
 server on PostgreSQL: schemathesis generates valid and invalid requests for every
 operation (but /metrics, which is Prometheus text), sends them with a real key over
-the socket, and checks that none gets a 5xx and that every response matches the
-schema and content type the document declares for it.
+the socket, and checks that none gets a 5xx, that every response has a documented
+status and matches the schema and content type declared for it, and that requests
+the schema does not allow are refused.
 
 (The installed schemathesis's lazy pytest integration, ``from_fixture``, does not
 run under this pytest, so each operation gets a Hypothesis test built from
@@ -23,7 +24,9 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.core.failures import FailureGroup
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
+    negative_data_rejection,
     response_schema_conformance,
+    status_code_conformance,
 )
 
 MAX_EXAMPLES = int(os.environ.get("EXPIRY_SCHEMATHESIS_EXAMPLES", "20"))
@@ -52,7 +55,13 @@ def test_every_operation_against_its_schema(schema_live: Live) -> None:
         path="/metrics"
     )
     headers = {"Authorization": f"Bearer {schema_live.key}"}
-    checks = [not_a_server_error, response_schema_conformance, content_type_conformance]
+    checks = [
+        not_a_server_error,
+        response_schema_conformance,
+        content_type_conformance,
+        status_code_conformance,  # every status it answers is documented
+        negative_data_rejection,  # wrong types, unknown fields... are refused
+    ]
     tested: list[str] = []
     failures: dict[str, BaseException] = {}
     statuses: dict[str, set[int]] = {}

@@ -223,10 +223,13 @@ class TriggerRequest(Request):
     def _cutoff(cls, value: datetime | None) -> datetime | None:
         if value is None:
             return None
-        value = in_utc(value) if value.tzinfo else value.replace(tzinfo=UTC)
         # Run ids and job payloads carry the cutoff as ISO-8601 text, which has
         # four-digit years only.
-        if not 1970 <= value.year <= 9998:
+        try:
+            value = in_utc(value) if value.tzinfo else value.replace(tzinfo=UTC)
+        except ValueError:
+            value = None
+        if value is None or not 1970 <= value.year <= 9998:
             raise ValueError("use a time between 1970 and 9998")
         return value
 
