@@ -52,6 +52,20 @@ def test_a_repeated_request_replays_the_first_answer(live: Live) -> None:
     assert again.headers["idempotent-replayed"] == "true"
 
 
+def test_a_retry_right_after_the_answer_is_replayed_never_in_flight(live: Live) -> None:
+    """The answer is stored before it is sent: a client that has it and retries at
+    once gets the replay, never "still in progress"."""
+    for i in range(25):
+        headers = {"Idempotency-Key": f"quick-{i}"}
+        body = {"queue": "emails", "message": {"i": i}}
+        first = live.client.post("/v1/queue/publish", json=body, headers=headers)
+        again = live.client.post("/v1/queue/publish", json=body, headers=headers)
+        assert first.status_code == 200, first.text
+        assert again.status_code == 200, again.text
+        assert again.headers["idempotent-replayed"] == "true"
+    assert jobs_in(live, "emails") == 25
+
+
 def test_a_created_status_is_replayed_with_its_body(db_url: str, serve: Serve) -> None:
     live = serve(db_url, http={"allowed_hosts": ["127.0.0.1"]})
     body = {"name": "digest", "http_url": "http://127.0.0.1:9/hook", "schedule": "@daily"}
