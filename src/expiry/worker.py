@@ -148,7 +148,7 @@ class Worker:
 
     def _idle(self) -> bool:
         try:
-            return self.app.queue.pending(due_only=True) == 0
+            return all(self.app.queue.pending(q, due_only=True) == 0 for q in self.queues)
         except Exception:
             return False
 

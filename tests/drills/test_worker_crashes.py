@@ -31,7 +31,7 @@ ROWS = scale(300_000, 5_000_000)
 KILLS = scale(15, 500)
 WORKERS = 4
 WINDOW = 1000
-RATE = scale(2500, 1200)
+RATE = scale(2000, 1200)
 """Rows/s per worker process: the work must outlast the chaos (15 kills take ~17 s,
 500 about 9 minutes) however fast the machine is."""
 

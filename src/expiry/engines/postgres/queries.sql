@@ -47,18 +47,20 @@ where j.id = picked.id
 returning j.*;
 
 -- name: job_heartbeat
--- Extend a lease, only while the caller still holds it.
+-- Extend a lease, only while the caller still holds it and it has not expired.
 update expiry.jobs
 set lease_expires_at = now() + make_interval(secs => %(lease)s), updated_at = now()
 where id = %(id)s and lease_token = %(token)s and state = 'running'
+  and lease_expires_at > now()
 returning id;
 
 -- name: job_complete
--- Mark a job completed, only while the caller still holds its lease.
+-- Mark a job completed, only while the caller still holds an unexpired lease.
 update expiry.jobs
 set state = 'completed', finished_at = now(), updated_at = now(),
     lease_owner = null, lease_token = null, lease_expires_at = null
 where id = %(id)s and lease_token = %(token)s and state = 'running'
+  and lease_expires_at > now()
 returning id;
 
 -- name: job_fail

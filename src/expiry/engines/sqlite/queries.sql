@@ -50,18 +50,20 @@ where id in (
 returning *;
 
 -- name: job_heartbeat
--- Extend a lease, only while the caller still holds it.
+-- Extend a lease, only while the caller still holds it and it has not expired.
 update expiry_jobs
 set lease_expires_at = $now + :lease, updated_at = $now
 where id = :id and lease_token = :token and state = 'running'
+  and lease_expires_at > $now
 returning id;
 
 -- name: job_complete
--- Mark a job completed, only while the caller still holds its lease.
+-- Mark a job completed, only while the caller still holds an unexpired lease.
 update expiry_jobs
 set state = 'completed', finished_at = $now, updated_at = $now,
     lease_owner = null, lease_token = null, lease_expires_at = null
 where id = :id and lease_token = :token and state = 'running'
+  and lease_expires_at > $now
 returning id;
 
 -- name: job_fail
