@@ -225,21 +225,30 @@ def run_done(url: str, run_id: str) -> bool:
 
 
 def plan_only(app: Any, owner: str = "drill-planner") -> int:
-    """Run the planning jobs that are due (every page), and no window; returns the
-    number of window jobs waiting."""
+    """Run every planning page of the due runs and no window; returns the number of
+    window jobs waiting. The windows each page emits are held back (run_at an hour
+    ahead) so that the next claim finds the next page, then all made due at once."""
     from expiry.cleanup import PLAN
     from expiry.worker import Worker
 
     planner = Worker(app, name=owner)
-    while jobs := app.queue.claim(1, 60, owner=owner):
-        if jobs[0].handler != PLAN:
-            app.queue.release(jobs[0])
+    hold = (
+        "update expiry.jobs set run_at = now() + interval '1 hour'"
+        " where handler = 'expiry.window' and state = 'available'"
+    )
+    while True:
+        with app.engine.transaction() as conn:
+            conn.execute(hold)
+        jobs = app.queue.claim(1, 60, owner=owner)
+        if not jobs:
             break
+        assert jobs[0].handler == PLAN, jobs[0]
         planner.process(jobs[0])
     with app.engine.transaction() as conn:
         row = conn.execute(
-            "select count(*) as n from expiry.jobs"
-            " where handler = 'expiry.window' and state = 'available'"
+            "with due as (update expiry.jobs set run_at = now()"
+            " where handler = 'expiry.window' and state = 'available' returning 1)"
+            " select count(*) as n from due"
         ).fetchone()
     return int(row["n"])
 

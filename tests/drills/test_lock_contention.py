@@ -35,9 +35,11 @@ def test_windows_behind_foreground_locks_retry_then_finish(
     assert app.cleanup is not None
     opened = app.cleanup.open_run("expired-sessions")
 
-    # Expired rows spread over the key range: each in a different window.
-    victims = [i for i in range(1, ROWS, ROWS // LOCKED_WINDOWS) if i % 5 and i % 7][
-        :LOCKED_WINDOWS
+    # Expired, unrevoked rows in four windows near the start of the key range
+    # (every third window), so the workers reach them at any scale.
+    victims = [
+        next(i for i in range(1 + n * 3 * WINDOW, ROWS) if i % 5 and i % 7)
+        for n in range(LOCKED_WINDOWS)
     ]
     locked = threading.Barrier(LOCKED_WINDOWS + 1)
     release = threading.Event()
