@@ -21,16 +21,18 @@ from expiry import App, Job
 
 app = App(os.environ.get("EXPIRY_DATABASE_URL", "sqlite:///listings.db"))
 
+# tx.execute takes the driver's own parameter style.
+EXPIRE = {
+    "sqlite": "update listings set state = 'expired' where id = ? and revision = ?",
+    "postgres": "update listings set state = 'expired' where id = %s and revision = %s",
+}
+
 
 @app.handler("expire_listing")
 def expire_listing(job: Job, tx: Any) -> None:
     listing, revision = job.payload["listing_id"], job.payload["revision"]
     with app.once(tx, f"expire-listing:{listing}:revision-{revision}"):
-        mark = "?" if app.engine.dialect == "sqlite" else "%s"
-        tx.execute(
-            f"update listings set state = 'expired' where id = {mark} and revision = {mark}",
-            (listing, revision),
-        )
+        tx.execute(EXPIRE[app.engine.dialect], (listing, revision))
 
 
 def main() -> None:

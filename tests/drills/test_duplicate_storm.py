@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from cleanup.support import drain
 from expiry.app import App
 from expiry.cleanup import WINDOW
 from expiry.types import Job
@@ -73,6 +74,10 @@ def test_every_window_delivered_twice_concurrently_applies_once(
             thread.join(60)
             assert not thread.is_alive()
 
+    # A window whose transaction ran long applied part of its range and enqueued the
+    # rest as a continuation job: those are ordinary single deliveries.
+    drain(app_b)
+
     with connect(pg_url) as conn:
         per_key = dict(
             conn.execute(
@@ -82,7 +87,7 @@ def test_every_window_delivered_twice_concurrently_applies_once(
         )
         owners = dict(conn.execute("select key, worker from expiry.ledger").fetchall())
     applied = {k for k, actions in per_key.items() if "window.applied" in actions}
-    assert applied == first.keys()
+    assert applied >= first.keys()
     assert all(per_key[k].count("window.applied") == 1 for k in first), per_key
     # The second delivery of every window is on the record: A's lease was taken over,
     # so whether it ran first (and rolled back) or second (and found the ledger row,
@@ -90,9 +95,12 @@ def test_every_window_delivered_twice_concurrently_applies_once(
     assert all(per_key[k].count("job.lease_lost") == 1 for k in first), {
         k: per_key[k] for k in list(first)[:5]
     }
-    print(f"{len(first)} windows delivered twice: {len(applied)} applied once each")
+    print(
+        f"{len(first)} windows delivered twice, each applied once;"
+        f" {len(applied) - len(first)} continuations"
+    )
     # Only B held a valid lease, so every effect is B's.
-    assert set(owners.values()) == {worker_b.name}
+    assert {owners[k] for k in first} == {worker_b.name}
     report = check(pg_url)
     assert set(report.jobs) == {"completed"}
     assert opened.run_id

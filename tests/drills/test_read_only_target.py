@@ -91,7 +91,11 @@ def test_revoked_delete_dead_letters_with_reason_then_redrive_completes(
     for state, attempt, kind, error in windows:
         assert (state, attempt, kind) == ("dead", 1, "insufficient_privilege"), windows[0]
         assert "permission denied for table sessions" in error
-    assert job_states(pg_url) == {"completed": 1, "dead": len(windows)}
+    with connect(pg_url) as conn:
+        others = conn.execute(
+            "select state, count(*) from expiry.jobs where handler <> 'expiry.window' group by 1"
+        ).fetchall()
+    assert [state for state, _ in others] == ["completed"]  # the planning pages
 
     with connect(pg_url) as conn:
         conn.execute(f"grant delete on sessions to {role}")
