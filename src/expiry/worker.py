@@ -28,6 +28,15 @@ from .types import Job, JobState
 
 log = logging.getLogger("expiry.worker")
 
+_hand = threading.local()
+
+
+def jobs_in_hand() -> list[Job]:
+    """The jobs the calling worker loop has claimed and not started yet (empty
+    outside a worker loop). An after-commit hook may leave to the last of them
+    a check that only matters once they are all done."""
+    return list(getattr(_hand, "jobs", ()))
+
 
 def job_fields(job: Job) -> dict[str, Any]:
     """The fields every job log line carries."""
@@ -140,11 +149,15 @@ class Worker:
                 continue
             with self._lock:
                 self._held.update({job.id: job for job in jobs})
-            for index, job in enumerate(jobs):
-                if self.stopping.is_set():
-                    self._give_back(jobs[index:])
-                    break
-                self.process(job)
+            try:
+                for index, job in enumerate(jobs):
+                    if self.stopping.is_set():
+                        self._give_back(jobs[index:])
+                        break
+                    _hand.jobs = jobs[index + 1 :]
+                    self.process(job)
+            finally:
+                _hand.jobs = ()
 
     def _idle(self) -> bool:
         try:
@@ -171,7 +184,10 @@ class Worker:
             for job in held:
                 try:
                     if not self.app.queue.heartbeat(job, self.lease):
-                        log.warning("lease lost while running", extra=job_fields(job))
+                        with self._lock:
+                            still_held = job.id in self._held
+                        if still_held:  # not merely finished since the snapshot above
+                            log.warning("lease lost while running", extra=job_fields(job))
                 except Exception as exc:
                     log.warning("heartbeat failed: %s", exc, extra=job_fields(job))
 
