@@ -22,7 +22,8 @@ again identically, and cleaned by the other:
   ledger row, the same DELETE, audit row and job completion.
 
 Both clocks start with every connection open: the raw loop's connections, and
-the worker processes after they have connected and checked the policy.
+the worker processes after they have opened their pool and LISTEN connection and
+checked the policy.
 Before each measurement the table is VACUUM ANALYZEd and a CHECKPOINT flushes
 the build's dirty pages. ``sessions`` has autovacuum off, so that a vacuum
 starting during one method and not the other does not decide the result.
@@ -370,7 +371,8 @@ def _expiry_worker(config: dict[str, Any], ready: Barrier, go: Event, results: A
     assert app.cleanup is not None and app.config is not None
     settings = app.config.worker
     app.cleanup.check()
-    app.queue.pending()  # the pool is open before the clock starts
+    app.queue.pending()  # the pool is open before the clock starts,
+    app.engine.listen()  # and so is the LISTEN connection (PostgreSQL)
     worker = Worker(
         app,
         concurrency=1,
@@ -379,7 +381,7 @@ def _expiry_worker(config: dict[str, Any], ready: Barrier, go: Event, results: A
         prune_after=settings.prune_after,
         until_idle=True,
     )
-    ready.wait(timeout=300)
+    ready.wait(timeout=120)
     if not go.wait(timeout=300):
         raise RuntimeError("the run was never opened")
     worker.run()
@@ -407,7 +409,7 @@ def expiry_round(
         app.queue.pending()
         for child in children:
             child.start()
-        ready.wait(timeout=300)
+        ready.wait(timeout=120)
         started = time.perf_counter()
         opened = app.cleanup.open_run(POLICY, cutoff, opened_by="bench", actor="bench")
         go.set()
