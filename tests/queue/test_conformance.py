@@ -134,6 +134,23 @@ def test_claim_counts_the_attempt_and_takes_only_named_queues(queue: Queue) -> N
     assert [j.key for j in queue.claim(5, 30, queues=("other",))] == ["b"]
 
 
+def test_claim_across_queues_takes_the_best_n_of_all_of_them(queue: Queue, engine: Engine) -> None:
+    now = engine.now()
+    queue.enqueue("noop", {}, now - timedelta(seconds=30), "a-p2", priority=2, queue="a")
+    queue.enqueue("noop", {}, now - timedelta(seconds=20), "a-p0", priority=0, queue="a")
+    queue.enqueue("noop", {}, now - timedelta(seconds=40), "b-p1-old", priority=1, queue="b")
+    queue.enqueue("noop", {}, now - timedelta(seconds=10), "b-p1-new", priority=1, queue="b")
+    queue.enqueue("noop", {}, now - timedelta(seconds=50), "c-p0", priority=0, queue="c")
+    queue.enqueue("noop", {}, now + timedelta(hours=1), "b-later", priority=0, queue="b")
+
+    first = queue.claim(3, queues=("a", "b"))
+    assert [j.key for j in first] == ["a-p0", "b-p1-old", "b-p1-new"]
+    assert [j.key for j in queue.claim(3, queues=("a", "b"))] == ["a-p2"]
+    # Rows a claim looked at but did not take stay claimable.
+    assert queue.claim(3, queues=("a", "b")) == []
+    assert [j.key for j in queue.claim(3, queues=("b", "c"))] == ["c-p0"]
+
+
 # -- leases ------------------------------------------------------------------------
 
 

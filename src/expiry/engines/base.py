@@ -142,9 +142,14 @@ class Engine(abc.ABC):
             with self.transaction() as own:
                 yield own
 
-    def one(self, conn: Any | None, name: str, params: dict[str, Any] | None = None) -> Row | None:
+    def run(self, conn: Any | None, name: str, params: dict[str, Any] | None = None) -> list[Row]:
+        """A named query (always one statement) in ``conn``'s transaction, or
+        without ``conn`` as a transaction of its own."""
         with self._tx(conn) as c:
-            found = self.rows(c, name, params)
+            return self.rows(c, name, params)
+
+    def one(self, conn: Any | None, name: str, params: dict[str, Any] | None = None) -> Row | None:
+        found = self.run(conn, name, params)
         return found[0] if found else None
 
     # -- the clock ------------------------------------------------------------
@@ -180,9 +185,7 @@ class Engine(abc.ABC):
         self, queues: Sequence[str], n: int, lease_seconds: float, owner: str
     ) -> list[Job]:
         params = {"queues": self._list(queues), "n": n, "lease": lease_seconds, "owner": owner}
-        with self.transaction() as conn:
-            found = self.rows(conn, "job_claim", params)
-        jobs = [self._job(row) for row in found]
+        jobs = [self._job(row) for row in self.run(None, "job_claim", params)]
         return sorted(jobs, key=lambda j: (j.priority, j.run_at, j.id))
 
     def job_heartbeat(self, job: Job, lease_seconds: float) -> bool:

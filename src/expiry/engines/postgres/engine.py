@@ -115,13 +115,13 @@ class PostgresEngine(Engine):
         cur = conn.execute(self.queries[name], params or {}, prepare=True)
         return list(cur.fetchall()) if cur.description is not None else []
 
-    def one(self, conn: Any | None, name: str, params: dict[str, Any] | None = None) -> Row | None:
+    def run(self, conn: Any | None, name: str, params: dict[str, Any] | None = None) -> list[Row]:
         """A named query (always one statement). Without ``conn`` it runs in
         autocommit: one statement is its own transaction, and BEGIN and COMMIT
-        would only add two round trips (finishing runs after every window,
-        heartbeats, failures, releases)."""
+        would only add two round trips (claims, heartbeats, failures, releases,
+        finishing runs)."""
         if conn is not None:
-            return super().one(conn, name, params)
+            return self.rows(conn, name, params)
         with self.pool.connection() as own:
             own.autocommit = True
             try:
@@ -133,7 +133,7 @@ class PostgresEngine(Engine):
                 # A broken connection cannot be switched back; the pool drops it.
                 with suppress(psycopg.Error):
                     own.autocommit = False
-        return found[0] if found else None
+        return found
 
     def _list(self, values: Sequence[str]) -> Any:
         return list(values)

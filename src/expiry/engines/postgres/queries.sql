@@ -23,16 +23,24 @@ returning key, state;
 select pg_notify('expiry_jobs', %(queue)s);
 
 -- name: job_claim
--- Lease up to n due jobs, by priority then run_at. SKIP LOCKED in a CTE locks
--- exactly the rows the LIMIT picked; the attempt is counted now, at claim.
+-- Lease up to n due jobs, by priority then run_at. Each queue is read in the
+-- order of its jobs_due index (a LATERAL per queue: `queue = any(...)` would
+-- sort the whole backlog on every claim), then the best n are taken. SKIP
+-- LOCKED in a CTE locks the rows the LIMIT picked; the attempt is counted now.
 with picked as (
-    select id from expiry.jobs
-    where state in ('scheduled', 'available', 'retryable')
-      and queue = any(%(queues)s::text[])
-      and run_at <= now()
-    order by priority, run_at, id
+    select due.id
+    from unnest(%(queues)s::text[]) as q(name)
+    cross join lateral (
+        select id, priority, run_at from expiry.jobs
+        where state in ('scheduled', 'available', 'retryable')
+          and queue = q.name
+          and run_at <= now()
+        order by priority, run_at, id
+        limit %(n)s
+        for update skip locked
+    ) due
+    order by due.priority, due.run_at, due.id
     limit %(n)s
-    for update skip locked
 )
 update expiry.jobs j
 set state = 'running',

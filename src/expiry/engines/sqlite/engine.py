@@ -106,6 +106,21 @@ class SQLiteEngine(Engine):
         cur = conn.execute(self.queries[name], params or {})
         return list(cur.fetchall()) if cur.description is not None else []
 
+    def job_claim(
+        self, queues: Sequence[str], n: int, lease_seconds: float, owner: str
+    ) -> list[Job]:
+        """Pick the best n due jobs across the queues (each read in its index
+        order) and lease them, all in one IMMEDIATE transaction."""
+        with self.transaction() as conn:
+            due = [row for q in queues for row in self.rows(conn, "job_due", {"queue": q, "n": n})]
+            due.sort(key=lambda row: (row["priority"], row["run_at"], row["id"]))
+            if not due:
+                return []
+            ids = json.dumps([row["id"] for row in due[:n]])
+            params = {"ids": ids, "lease": lease_seconds, "owner": owner}
+            found = self.rows(conn, "job_claim", params)
+        return sorted(map(self._job, found), key=lambda j: (j.priority, j.run_at, j.id))
+
     def _list(self, values: Sequence[str]) -> Any:
         return json.dumps(list(values))
 

@@ -28,9 +28,19 @@ where true
 on conflict (key) do nothing
 returning key, state;
 
+-- name: job_due
+-- Up to n due jobs of one queue in the order of its expiry_jobs_due index
+-- (`queue in (...)` would sort the whole backlog). The engine merges the
+-- queues' candidates and claims the best n in the same IMMEDIATE transaction.
+select id, priority, run_at from expiry_jobs
+where state in ('scheduled', 'available', 'retryable')
+  and queue = :queue
+  and run_at <= $now
+order by priority, run_at, id
+limit :n;
+
 -- name: job_claim
--- Lease up to n due jobs, by priority then run_at, in one UPDATE ... RETURNING
--- inside the caller's IMMEDIATE transaction; the attempt is counted now.
+-- Lease the picked jobs; the attempt is counted now.
 update expiry_jobs
 set state = 'running',
     attempt = attempt + 1,
@@ -39,14 +49,7 @@ set state = 'running',
     lease_expires_at = $now + :lease,
     attempted_at = $now,
     updated_at = $now
-where id in (
-    select id from expiry_jobs
-    where state in ('scheduled', 'available', 'retryable')
-      and queue in (select value from json_each(:queues))
-      and run_at <= $now
-    order by priority, run_at, id
-    limit :n
-)
+where id in (select value from json_each(:ids))
 returning *;
 
 -- name: job_heartbeat
