@@ -74,6 +74,9 @@ def test_payload_over_256_kib_is_refused(queue: Queue, engine: Engine) -> None:
         queue.enqueue("noop", {"blob": "x" * (256 * 1024)}, None, "big")
     with pytest.raises(PayloadTooLarge, match="256 KiB"):
         queue.enqueue_many([new_job("noop", {}, None, "ok"), new_job("noop", {"b": "x" * 300_000})])
+    # Non-ASCII text is stored escaped (6 bytes a character here): counted as stored.
+    with pytest.raises(PayloadTooLarge, match="300008 bytes"):
+        queue.enqueue("noop", {"b": "é" * 50_000}, None, "wide")
 
     assert job_count(engine) == 0
     assert queue.enqueue("noop", {"blob": "x" * (200 * 1024)}, None, "fits").enqueued

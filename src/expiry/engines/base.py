@@ -48,12 +48,16 @@ def load_migrations(package: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
+_PAYLOAD_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)
+
+
 def check_payload(payload: dict[str, Any]) -> str:
-    """Serialize a payload, refusing one over the limit."""
-    text = json.dumps(payload, separators=(",", ":"), default=str)
-    if len(text.encode()) > MAX_PAYLOAD_BYTES:
+    """Serialize a payload, refusing one over the limit. The text is ASCII (non-ASCII
+    characters are escaped), so its length is its size in bytes."""
+    text = _PAYLOAD_ENCODER.encode(payload)
+    if len(text) > MAX_PAYLOAD_BYTES:
         raise PayloadTooLarge(
-            f"payload is {len(text.encode())} bytes; the limit is {MAX_PAYLOAD_BYTES} bytes "
+            f"payload is {len(text)} bytes; the limit is {MAX_PAYLOAD_BYTES} bytes "
             "(256 KiB): carry identifiers, not records"
         )
     return text

@@ -10,9 +10,9 @@ select t.queue, t.handler, t.key, t.payload::jsonb, t.priority, t.max_attempts, 
        case when t.due > now() then 'scheduled' else 'available' end, t.run_id
 from (
     select u.*, coalesce(u.run_at, now() + make_interval(secs => u.delay)) as due
-    from unnest(%(queues)s::text[], %(handlers)s::text[], %(keys)s::text[], %(payloads)s::text[],
-                %(priorities)s::int[], %(max_attempts)s::int[], %(run_ats)s::timestamptz[],
-                %(delays)s::float8[], %(run_ids)s::text[])
+    from unnest(%(queues)b::text[], %(handlers)b::text[], %(keys)b::text[], %(payloads)b::text[],
+                %(priorities)b::int[], %(max_attempts)b::int[], %(run_ats)b::timestamptz[],
+                %(delays)b::float8[], %(run_ids)b::text[])
          as u(queue, handler, key, payload, priority, max_attempts, run_at, delay, run_id)
 ) t
 on conflict (key) do nothing
