@@ -1,14 +1,17 @@
 """Limits and bad input over a real socket: 413 for a message over 256 KiB and for a
 body over [http] max_body_bytes (declared or streamed), 422 with a clear message for
-bad JSON, wrong types and unknown fields, JSON errors for unknown routes. Never 500."""
+bad JSON, wrong types and unknown fields, JSON errors for unknown routes, 503 with
+Retry-After while the database cannot serve. Never 500."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
 
+import psycopg
 import pytest
 from _http_live import Live, Serve, assert_error
+from psycopg.conninfo import make_conninfo
 
 KIB = 1024
 
@@ -207,3 +210,46 @@ def test_what_the_database_cannot_store_is_422_not_500(live: Live) -> None:
     assert ok.status_code == 200, ok.text
     [job] = live.client.post("/v1/queue/receive", json={"queue": "emails"}).json()["jobs"]
     assert job["message"] == {"n": 10**30, "text": "déjà vu \U0001f600"}
+
+
+def test_a_database_that_cannot_write_gets_503_with_retry_after_and_loses_nothing(
+    pg_live: Live,
+) -> None:
+    dbname = pg_live.db.conn.info.dbname
+    admin = psycopg.connect(make_conninfo(pg_live.db.url, dbname="postgres"), autocommit=True)
+    try:
+        admin.execute(f'alter database "{dbname}" set default_transaction_read_only = on')
+        # Cut every session (the server's pool too), as a failover to a read-only node would.
+        admin.execute(
+            "select pg_terminate_backend(pid) from pg_stat_activity"
+            " where datname = %s and pid <> pg_backend_pid()",
+            (dbname,),
+        )
+        body = {"queue": "emails", "message": {"n": 1}, "key": "mail-1"}
+        for headers in ({}, {"Idempotency-Key": "retry-me"}):
+            for _ in range(3):  # the first may meet a connection cut under it
+                refused = pg_live.client.post("/v1/queue/publish", json=body, headers=headers)
+                if refused.status_code == 503:
+                    break
+            message = assert_error(refused, 503, "unavailable")
+            assert "read_only" in message or "connection_lost" in message
+            assert refused.headers["retry-after"] == "1"
+    finally:
+        admin.execute(f'alter database "{dbname}" reset default_transaction_read_only')
+        admin.execute(
+            "select pg_terminate_backend(pid) from pg_stat_activity"
+            " where datname = %s and pid <> pg_backend_pid()",
+            (dbname,),
+        )
+        admin.close()
+
+    # The client's retry, with the same Idempotency-Key, is served once writes are back.
+    for _ in range(3):
+        ok = pg_live.client.post(
+            "/v1/queue/publish", json=body, headers={"Idempotency-Key": "retry-me"}
+        )
+        if ok.status_code == 200:
+            break
+    assert ok.status_code == 200, ok.text
+    assert ok.json()["enqueued"] is True
+    assert pg_live.app.queue.pending() == 1

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import status as status_view
 from ..cleanup import format_time
@@ -29,6 +30,7 @@ from .security import BodyLimit, Idempotency, KeyRing, RateLimiter
 
 if TYPE_CHECKING:
     from ..app import App
+    from ..engines import Engine
 
 log = logging.getLogger("expiry.http")
 
@@ -37,6 +39,67 @@ class ApiError(Exception):
     def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.code, self.message, self.headers = status, code, message, headers
+
+
+DATABASE_UNAVAILABLE = frozenset(
+    {
+        "connection_lost",
+        "admin_shutdown",
+        "crash_shutdown",
+        "cannot_connect_now",
+        "too_many_connections",
+        "read_only",
+        "disk_full",
+        "out_of_memory",
+        "lock_timeout",
+        "statement_timeout",
+        "deadlock",
+        "serialization_failure",
+    }
+)
+"""Error kinds (Engine.classify) that say the database cannot serve a request now."""
+
+
+class DatabaseUnavailable:
+    """The outermost middleware: a database that cannot serve now (down, cut,
+    read-only, full, locked) answers 503 with Retry-After, whichever layer met it
+    (a route, the idempotency store, the key lookup). The failed statement changed
+    nothing, so the client's retry is safe."""
+
+    def __init__(self, app: ASGIApp, engine: "Engine") -> None:
+        self.app, self.engine = app, engine
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watch(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        except Exception as exc:
+            transient, kind = self.engine.classify(exc)
+            if started or not (transient and kind in DATABASE_UNAVAILABLE):
+                raise
+            log.warning(
+                "request refused, database unavailable (%s): %s %s: %s",
+                kind,
+                scope["method"],
+                scope["path"],
+                str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+            )
+            response = error_response(
+                503,
+                "unavailable",
+                f"the database is unavailable ({kind}); retry shortly",
+                {"Retry-After": "1"},
+            )
+            await response(scope, receive, send)
 
 
 def error_response(
@@ -478,4 +541,5 @@ def create_app(app: "App") -> FastAPI:
     api.include_router(dashboard_router(app, keys))
     api.add_middleware(IdempotencyMiddleware, store=Idempotency(app), keys=keys)
     api.add_middleware(BodyLimit, limit=http.max_body_bytes if http else 16 * 1024 * 1024)
+    api.add_middleware(DatabaseUnavailable, engine=app.engine)
     return api
