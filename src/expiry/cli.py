@@ -23,8 +23,8 @@ from typing import Any, NoReturn
 from rich.console import Console
 from rich.table import Table
 
+from . import defaults, status
 from . import log as logconfig
-from . import status
 from .app import App
 from .config import config_path
 from .errors import ConfigError, ExpiryError, MigrationError, SchemaError
@@ -231,6 +231,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def worked_queues(app: App) -> list[str]:
+    """Without --queue: the default queue, and the queue of each handler the app
+    registered, where a message published over HTTP to that name waits."""
+    named = sorted(name for name in app.handlers if not name.startswith("expiry."))
+    return [defaults.QUEUE, *(name for name in named if name != defaults.QUEUE)]
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     from .worker import Worker
 
@@ -244,7 +251,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     worker = Worker(
         app,
         concurrency=concurrency,
-        queues=tuple(args.queue or ["default"]),
+        queues=tuple(args.queue or worked_queues(app)),
         lease=settings.lease if settings else 60.0,
         batch=settings.claim_batch if settings else 16,
         until_idle=args.until_idle,

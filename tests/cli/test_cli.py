@@ -567,3 +567,34 @@ def test_a_missing_config_file_exits_2(tmp_path: Path, command: list[str]) -> No
     assert_usage_error(
         expiry("--config", missing, *command), f"no config file at {missing}", "--config PATH"
     )
+
+
+def test_worker_without_queue_works_the_queues_of_its_apps_handlers(any_ws: Workspace) -> None:
+    (any_ws.tmp / "digest_app.py").write_text(
+        "from expiry import App\n"
+        f"app = App({any_ws.url!r})\n"
+        "@app.handler('send_digest')\n"
+        "def send_digest(job, tx):\n"
+        "    return None\n"
+    )
+    app = App(any_ws.url)
+    try:
+        # As POST /v1/queue/publish stores a message: queue and handler both "send_digest".
+        app.queue.enqueue("send_digest", {"digest": 7}, None, "digest-7", queue="send_digest")
+        app.queue.enqueue("send_digest", {"digest": 8}, None, "digest-8")
+        app.queue.enqueue("unknown", {}, None, "elsewhere", queue="other-runtime")
+    finally:
+        app.close()
+    proc = subprocess.run(
+        [sys.executable, "-m", "expiry.cli", "worker", "--app", "digest_app:app", "--until-idle"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=environment(),
+        cwd=any_ws.tmp,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert job_state(any_ws, "digest-7") == "completed"
+    assert job_state(any_ws, "digest-8") == "completed"
+    # A queue no handler of this app names is left to its own consumers.
+    assert job_state(any_ws, "elsewhere") == "available"
