@@ -19,7 +19,9 @@ again identically, and cleaned by the other:
   window, ``cleanup.open_run`` and N worker processes (``Worker(until_idle=True)``,
   concurrency 1, the config's claim batch and lease), timed from ``open_run`` to
   the run's state being ``finished``. Each window is expiry's own transaction:
-  ledger row, the same DELETE, audit row and job completion.
+  the same DELETE guarded by the ledger, the ledger row and the job's
+  completion. ``nice_ratio = 0``: the rests that spare live traffic by default
+  are a throttle, not overhead, and the raw loop has none.
 
 Both clocks start with every connection open: the raw loop's connections, and
 the worker processes after they have opened their pool and LISTEN connection and
@@ -359,6 +361,7 @@ def expiry_config(url: str, window: int, claim_batch: int | None) -> dict[str, A
                 "timestamp": "expires_at",
                 "retain": "0s",
                 "window": window,
+                "nice_ratio": 0,  # no rests: the raw loop does not rest either
             }
         ],
     }

@@ -14,17 +14,22 @@ scenario runs on a fresh copy (``CREATE DATABASE ... TEMPLATE``), VACUUM
 ANALYZEd and CHECKPOINTed first, with autovacuum off on the table.
 
 The foreground workload is 4 processes, one connection each (autocommit),
-each looping over random *live* rows by primary key: half point reads
+each working on random *live* rows by primary key: half point reads
 (``select * ... where id = $1``), half updates (``update ... set hits = hits +
-1 where id = $1``). Every operation's latency is recorded with its wall-clock
-start. Scenarios:
+1 where id = $1``), at --rate operations a second in all (2,000: an application
+using about a quarter of this machine). The load is an open loop, as users
+arrive: each operation is due at a fixed time, and its latency runs from then,
+so an operation held up behind a slow one counts the wait. (``--rate 0`` runs
+closed loops as fast as they go instead: the machine is then saturated before
+cleanup starts, and latency measures CPU queueing more than cleanup.) Every
+operation's latency is recorded with its wall-clock start. Scenarios:
 
 * baseline: the foreground alone, for ``--duration`` seconds;
 * defaults: one ``expiry worker`` process with the config's defaults
   (``[worker]`` concurrency 2; window 10,000, target_transaction 250 ms,
-  lock_timeout 2 s), started and connected before the run is opened;
-* unthrottled: the same with target_transaction = 1 h (the worker never
-  shrinks its transactions);
+  nice_ratio 1, lock_timeout 2 s), started and connected before the run is opened;
+* unthrottled: the same with target_transaction = 1 h and nice_ratio = 0 (the
+  worker never shrinks its transactions, nor rests between them);
 * naive: one ``DELETE FROM sessions WHERE expires_at < now()`` transaction.
 
 For the cleanup scenarios the foreground's latencies are those of operations
@@ -145,8 +150,15 @@ def copy_of_template(name: str) -> Iterator[str]:
 # -- the foreground ------------------------------------------------------------------
 
 
-def foreground(url: str, rows: int, seed: int, go: Event, stop: Event, out: Any) -> None:
-    """One connection's loop over random live rows: (start time, seconds) per op."""
+def foreground(
+    url: str, rows: int, seed: int, rate: float, go: Event, stop: Event, out: Any
+) -> None:
+    """One connection's loop over random live rows: (start time, seconds) per op.
+
+    With ``rate`` (ops/s for this connection) the loop is open: op i is due at
+    go + i/rate, and its latency runs from when it was due, so an op delayed by a
+    slow predecessor counts its wait (no coordinated omission). Without it, the
+    loop is closed: the next op starts when the last one returns."""
     rng = random.Random(seed)
     starts, seconds = array("d"), array("d")
     with psycopg.connect(url, autocommit=True) as conn:
@@ -155,16 +167,24 @@ def foreground(url: str, rows: int, seed: int, go: Event, stop: Event, out: Any)
         for _ in range(50):  # warm the prepared statements and the cache
             conn.execute(read, (_live(rng, rows),), prepare=True).fetchall()
         go.wait()
+        origin, wall_origin, done = time.perf_counter(), time.time(), 0
         while not stop.is_set():
             key = _live(rng, rows)
             stmt = read if rng.random() < 0.5 else write
-            began = time.time()
-            t0 = time.perf_counter()
+            if rate:
+                due = origin + done / rate
+                ahead = due - time.perf_counter()
+                if ahead > 0:
+                    time.sleep(ahead)
+                t0, began = due, wall_origin + (due - origin)
+            else:
+                t0, began = time.perf_counter(), time.time()
             cur = conn.execute(stmt, (key,), prepare=True)
             if cur.description is not None:
                 cur.fetchall()
             seconds.append(time.perf_counter() - t0)
             starts.append(began)
+            done += 1
     out.put((starts.tobytes(), seconds.tobytes()))
 
 
@@ -180,6 +200,7 @@ class Foreground:
     url: str
     rows: int
     connections: int
+    rate: float  # ops/s over all connections; 0: closed loops, as fast as they go
     procs: list[Any] = field(default_factory=list)
     samples: list[tuple[float, float]] = field(default_factory=list)
 
@@ -190,7 +211,15 @@ class Foreground:
         for n in range(self.connections):
             proc = _CTX.Process(
                 target=foreground,
-                args=(self.url, self.rows, 1000 + n, self.go, self.stop, self.out),
+                args=(
+                    self.url,
+                    self.rows,
+                    1000 + n,
+                    self.rate / self.connections,
+                    self.go,
+                    self.stop,
+                    self.out,
+                ),
             )
             proc.start()
             self.procs.append(proc)
@@ -266,7 +295,7 @@ def verify(url: str, name: str, doomed: int, total: int) -> None:
 
 
 def run_baseline(url: str, args: argparse.Namespace) -> Result:
-    fg = Foreground(url, args.rows, args.connections)
+    fg = Foreground(url, args.rows, args.connections, args.rate)
     fg.start()
     began = time.time()
     time.sleep(args.duration)
@@ -277,7 +306,7 @@ def run_baseline(url: str, args: argparse.Namespace) -> Result:
 
 def run_naive(url: str, args: argparse.Namespace) -> Result:
     doomed, total = expected_gone(url)
-    fg = Foreground(url, args.rows, args.connections)
+    fg = Foreground(url, args.rows, args.connections, args.rate)
     fg.start()
     time.sleep(args.lead)
     began = time.time()
@@ -339,7 +368,7 @@ def run_expiry(
         while "worker started" not in log.read_text():
             assert worker.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.1)
-        fg = Foreground(url, args.rows, args.connections)
+        fg = Foreground(url, args.rows, args.connections, args.rate)
         fg.start()
         time.sleep(args.lead)
         app = App.from_config(cfg)
@@ -375,6 +404,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=2_000_000)
     parser.add_argument("--connections", type=int, default=4)
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=2000.0,
+        help="foreground ops/s over all connections, open loop (2000); 0: closed loops",
+    )
     parser.add_argument("--duration", type=float, default=20.0, help="baseline seconds")
     parser.add_argument("--lead", type=float, default=1.0, help="foreground before/after cleanup")
     parser.add_argument("--repeat", type=int, default=1)
@@ -406,7 +441,8 @@ def main() -> int:
 
     print(
         f"building {args.rows:,} rows ({EXPIRED_PER_MILLE / 10:.0f}% expired);"
-        f" {args.connections} foreground connections; cpus {os.cpu_count()},"
+        f" {args.connections} foreground connections at {args.rate:,.0f} ops/s"
+        f" ({'open' if args.rate else 'closed'} loop); cpus {os.cpu_count()},"
         f" load {os.getloadavg()[0]:.1f}",
         flush=True,
     )
@@ -429,7 +465,7 @@ def main() -> int:
                                 url, args, "defaults", overrides, tmp, worker_settings
                             )
                         elif name == "unthrottled":
-                            policy = {**overrides, "target_transaction": "1h"}
+                            policy = {**overrides, "target_transaction": "1h", "nice_ratio": 0}
                             result = run_expiry(
                                 url, args, "unthrottled", policy, tmp, worker_settings
                             )

@@ -10,7 +10,10 @@ What it measures, on scratch databases it creates and drops itself:
   against procrastinate's ``Task.batch_defer_async`` with the same chunks;
 * drain: N no-op jobs run to completion by 1, 2, 4... worker *processes*:
   ``expiry.worker.Worker(batch=..., until_idle=True)`` against procrastinate's
-  worker with ``concurrency=1, wait=False``. The clock starts at a barrier every
+  worker with ``concurrency=1, wait=False``. expiry drains twice: with one
+  transaction a job (the default), and as ``expiry/group``, the handler
+  registered with ``group_commit=True`` (a claimed batch commits together).
+  The clock starts at a barrier every
   process reaches after its start-up and stops at the last process's finish;
 * latency: from the commit of a single ``enqueue()`` (the call returned) to
   the handler starting in an idle worker process, on PostgreSQL (LISTEN/NOTIFY)
@@ -212,13 +215,15 @@ class WarningCounter(logging.Handler):
         return handler
 
 
-def _expiry_drain_worker(url: str, batch: int, barrier: Barrier, results: Any) -> None:
+def _expiry_drain_worker(
+    url: str, batch: int, group_commit: bool, barrier: Barrier, results: Any
+) -> None:
     CpuMeter.tag()
     warnings = WarningCounter.install("expiry")
     meter = CpuMeter(url)
     app = App(url, pool_size=2)
 
-    @app.handler("noop")
+    @app.handler("noop", group_commit=group_commit)
     def noop(job: Any, tx: Any) -> None:
         return None
 
@@ -294,7 +299,9 @@ def run_processes(
 # -- expiry -------------------------------------------------------------------
 
 
-def expiry_round(url: str, jobs: int, procs: int, chunk: int, batch: int) -> list[Result]:
+def expiry_round(
+    url: str, jobs: int, procs: int, chunk: int, batch: int, group_commit: bool
+) -> list[Result]:
     app = App(url)
     meter = CpuMeter(url)
     try:
@@ -314,7 +321,7 @@ def expiry_round(url: str, jobs: int, procs: int, chunk: int, batch: int) -> lis
         app.close()
     settle(url, "expiry.jobs")
     seconds, cpu, processed = run_processes(
-        _expiry_drain_worker, (url, batch), procs, timeout=max(300.0, jobs / 50)
+        _expiry_drain_worker, (url, batch, group_commit), procs, timeout=max(300.0, jobs / 50)
     )
     done = scalar(url, "select count(*) from expiry.jobs where state = 'completed'")
     if done != jobs:
@@ -323,7 +330,7 @@ def expiry_round(url: str, jobs: int, procs: int, chunk: int, batch: int) -> lis
         print(f"    note: {sum(processed):,} attempts for {jobs:,} jobs", flush=True)
     return [
         Result("enqueue", "expiry", 1, jobs, enqueue, enqueue_cpu),
-        Result("drain", "expiry", procs, done, seconds, cpu),
+        Result("drain", GROUP if group_commit else "expiry", procs, done, seconds, cpu),
     ]
 
 
@@ -427,13 +434,15 @@ def measure_latency(url: str, samples: int, warmup: int = 5) -> list[float]:
 
 # -- the report -------------------------------------------------------------------
 
-ENGINES = ("expiry", "procrastinate")
+GROUP = "expiry/group"  # the no-op handler registered with group_commit=True
+ENGINES = ("expiry", GROUP, "procrastinate")
 
 
-def ratio_text(pair: dict[str, Result]) -> str:
-    if all(engine in pair for engine in ENGINES):
-        return f"{pair['expiry'].rate / pair['procrastinate'].rate:.2f}x"
-    return "-"
+def ratio_text(r: Result, peers: dict[str, Result]) -> str:
+    peer = peers.get("procrastinate")
+    if r.engine == "procrastinate" or peer is None:
+        return "-"
+    return f"{r.rate / peer.rate:.2f}x"
 
 
 def format_row(r: Result, procs: str, ratio: str) -> str:
@@ -458,12 +467,12 @@ def print_table(results: list[Result]) -> None:
     best = {engine: max(rs, key=lambda r: r.rate) for engine, rs in enqueues.items()}
     for engine in ENGINES:
         if engine in best:
-            print(format_row(best[engine], "-", ratio_text(best)))
+            print(format_row(best[engine], "-", ratio_text(best[engine], best)))
     drains = {(r.engine, r.procs): r for r in results if r.phase == "drain"}
     for procs in sorted({p for _, p in drains}):
-        pair = {e: drains[(e, procs)] for e in ENGINES if (e, procs) in drains}
-        for r in pair.values():
-            print(format_row(r, str(procs), ratio_text(pair)))
+        peers = {e: drains[(e, procs)] for e in ENGINES if (e, procs) in drains}
+        for r in peers.values():
+            print(format_row(r, str(procs), ratio_text(r, peers)))
     print()
     for engine, rs in enqueues.items():
         rates = ", ".join(f"{r.rate:,.0f}" for r in rs)
@@ -485,20 +494,22 @@ def print_targets(results: list[Result]) -> None:
         verdict = "ok" if max(enqueue) >= TARGET_ENQUEUE else "MISS"
         print(f"  enqueue_many >= {TARGET_ENQUEUE:,.0f} jobs/s: {max(enqueue):,.0f}  {verdict}")
     drains = {(r.engine, r.procs): r for r in results if r.phase == "drain"}
-    ours = [r for (engine, _), r in drains.items() if engine == "expiry"]
+    ours = [r for (engine, _), r in drains.items() if engine != "procrastinate"]
     if ours:
         top = max(ours, key=lambda r: r.rate)
         verdict = "ok" if top.rate >= TARGET_DRAIN else "MISS"
         print(
-            f"  drain >= {TARGET_DRAIN:,.0f} jobs/s: {top.rate:,.0f} at {top.procs} procs  {verdict}"
+            f"  drain >= {TARGET_DRAIN:,.0f} jobs/s: {top.rate:,.0f} "
+            f"({top.engine}, {top.procs} procs)  {verdict}"
         )
     for (engine, procs), r in sorted(drains.items()):
         peer = drains.get(("procrastinate", procs))
-        if engine == "expiry" and peer is not None:
+        if engine != "procrastinate" and peer is not None:
             ratio = r.rate / peer.rate
             verdict = "ok" if ratio >= TARGET_RATIO else "MISS"
             print(
-                f"  drain >= {TARGET_RATIO:.0f}x procrastinate, {procs} procs: {ratio:.2f}x  {verdict}"
+                f"  drain >= {TARGET_RATIO:.0f}x procrastinate, {engine}, {procs} procs: "
+                f"{ratio:.2f}x  {verdict}"
             )
 
 
@@ -561,8 +572,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.no_procrastinate:
             procrastinate_setup(procrastinate_url)
         for procs in args.procs:
-            results += expiry_round(expiry_url, args.jobs, procs, args.chunk, args.batch)
-            print(f"  drained: expiry, {procs} procs: {results[-1].rate:,.0f} jobs/s", flush=True)
+            for group_commit in (False, True):
+                results += expiry_round(
+                    expiry_url, args.jobs, procs, args.chunk, args.batch, group_commit
+                )
+                print(
+                    f"  drained: {results[-1].engine}, {procs} procs: "
+                    f"{results[-1].rate:,.0f} jobs/s",
+                    flush=True,
+                )
             if not args.no_procrastinate:
                 results += procrastinate_round(procrastinate_url, args.jobs, procs, args.chunk)
                 print(

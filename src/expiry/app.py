@@ -38,6 +38,14 @@ class Handler:
     """Called before the job's transaction opens (pacing; never inside a transaction)."""
     after: Callable[[Job, Any, float], None] | None = None
     """Called after commit with the handler's result and the transaction's seconds."""
+    after_batch: Callable[[list[Job]], None] | None = None
+    """Called once the worker has run a claimed batch, with the batch's jobs of this
+    handler whatever their outcome, outside any transaction: for a check that only
+    matters once they are all done (a Worker.process call is a batch of one)."""
+    group_commit: bool = False
+    """Jobs of this handler claimed together may run in one transaction that
+    completes them all (one commit for many short jobs). Any failure rolls the
+    group back and each job runs again alone."""
 
 
 class Once:
@@ -136,13 +144,15 @@ class App:
         *,
         before: Callable[[Job], None] | None = None,
         after: Callable[[Job, Any, float], None] | None = None,
+        after_batch: Callable[[list[Job]], None] | None = None,
+        group_commit: bool = False,
     ) -> Callable[[HandlerFn], HandlerFn]:
         """Register ``fn(job, tx)`` to run jobs enqueued under ``name``."""
 
         def register(fn: HandlerFn) -> HandlerFn:
             if name in self.handlers:
                 raise ConfigError(f"handler {name!r} is registered twice")
-            self.handlers[name] = Handler(name, fn, before, after)
+            self.handlers[name] = Handler(name, fn, before, after, after_batch, group_commit)
             return fn
 
         return register

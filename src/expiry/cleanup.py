@@ -2,7 +2,8 @@
 
     open_run  ── run row (id = policy:cutoff) + planning job ──► queue
     plan page ── windows (lo, lo+window] as jobs + the next page ──► queue
-    window    ── ledger row ─ delete/archive ─ audit ─ complete: one transaction
+    window    ── delete/archive booked in the ledger ─ complete: one transaction
+    batch     ── after a worker's claimed batch: finish the runs with nothing pending
 
 A window job may apply only part of its range when the previous transactions
 of its policy ran long: it then enqueues the rest as a continuation job keyed
@@ -40,6 +41,7 @@ log = logging.getLogger("expiry.cleanup")
 PLAN = "expiry.plan"
 WINDOW = "expiry.window"
 MIN_CHUNK = 100
+MAX_REST_SECONDS = 10.0  # a nice_ratio rest never outlasts this (a stop waits for it)
 OVERLAP_WAIT_SECONDS = 5.0
 
 
@@ -281,29 +283,31 @@ class Cleanup:
                 "attempt": job.attempt,
             },
         )
-        self.finish_runs({job.payload["run_id"]})
 
     # -- the window job -----------------------------------------------------------
 
     def apply_window(self, job: Job, tx: Any) -> WindowResult:
-        """Ledger row, delete or archive, audit: all in the worker's transaction."""
+        """Delete or archive, booked in the ledger with its rows: in the worker's
+        transaction. The ledger row is the window's record (range, rows, worker,
+        time); only a duplicate delivery is audited."""
         p = job.payload
         engine = self.app.engine
         policy, target = self.policy(p["policy"]), self.target(p["policy"], tx)
-        target.set_timeouts(tx)
         lo, hi = int(p["lo"]), int(p["hi"])
         upto = min(hi, lo + self._pace(policy).chunk)
-        fresh = engine.ledger_insert(
-            tx,
-            job.key,
-            policy=policy.name,
-            run_id=p["run_id"],
-            lo=lo,
-            hi=upto,
-            action=policy.action,
-            worker=job.lease_owner,
-        )
-        if not fresh:
+        try:
+            rows = target.apply(
+                tx,
+                parse_time(p["cutoff"]),
+                lo,
+                upto,
+                key=job.key,
+                run_id=p["run_id"],
+                worker=job.lease_owner,
+            )
+        except SchemaError as exc:
+            raise PermanentError(str(exc)) from exc
+        if rows is None:
             engine.audit_append(
                 tx,
                 "window.duplicate",
@@ -313,11 +317,6 @@ class Cleanup:
                 job_key=job.key,
             )
             return WindowResult(policy.name, 0, True)
-        try:
-            rows = target.apply(tx, parse_time(p["cutoff"]), lo, upto)
-        except SchemaError as exc:
-            raise PermanentError(str(exc)) from exc
-        engine.ledger_set_rows(tx, job.key, rows)
         if upto < hi:
             rest = new_job(
                 WINDOW,
@@ -327,15 +326,6 @@ class Cleanup:
                 priority=policy.priority,
             )
             engine.job_insert_many([rest], tx)
-        engine.audit_append(
-            tx,
-            "window.applied",
-            actor=job.lease_owner or "worker",
-            policy=policy.name,
-            run_id=p["run_id"],
-            job_key=job.key,
-            detail={"lo": lo, "hi": upto, "rows": rows, "action": policy.action},
-        )
         return WindowResult(policy.name, rows, False)
 
     def _pace(self, policy: Policy) -> _Pace:
@@ -350,7 +340,8 @@ class Cleanup:
             time.sleep(delay)
 
     def after_window(self, job: Job, result: WindowResult, seconds: float) -> None:
-        """Adapt keys per transaction toward target_transaction; book the rate limit."""
+        """Adapt keys per transaction toward target_transaction; book the rate limit;
+        rest nice_ratio times the transaction's duration."""
         policy = self.policy(job.payload["policy"])
         WINDOW_ROWS.labels(policy.name).observe(result.rows)
         pace = self._pace(policy)
@@ -375,7 +366,17 @@ class Cleanup:
                 "rows": result.rows,
             },
         )
-        self.finish_runs({job.payload["run_id"]})
+        if policy.nice_ratio and result.rows:
+            # Rest on this thread as the transaction took, times nice_ratio: the
+            # database's CPU, I/O and locks go back to live traffic in between.
+            time.sleep(min(policy.nice_ratio * seconds, MAX_REST_SECONDS))
+
+    def finish_batch(self, jobs: list[Job]) -> None:
+        """After a worker ran a claimed batch: finish the runs of its jobs that
+        have nothing left pending. One check per run and batch, not per window;
+        a run whose last job's worker died before this is left to the rescuer's
+        sweep (finish_idle_runs)."""
+        self.finish_runs({j.payload["run_id"] for j in jobs if j.payload.get("run_id")})
 
     # -- reading ------------------------------------------------------------------
 
@@ -418,8 +419,11 @@ class Cleanup:
 def register_cleanup(app: App) -> Cleanup:
     """Register the built-in planning and window handlers on ``app``."""
     cleanup = Cleanup(app)
-    app.handler(PLAN, after=cleanup.after_plan)(cleanup.plan_page)
-    app.handler(WINDOW, before=cleanup.before_window, after=cleanup.after_window)(
-        cleanup.apply_window
-    )
+    app.handler(PLAN, after=cleanup.after_plan, after_batch=cleanup.finish_batch)(cleanup.plan_page)
+    app.handler(
+        WINDOW,
+        before=cleanup.before_window,
+        after=cleanup.after_window,
+        after_batch=cleanup.finish_batch,
+    )(cleanup.apply_window)
     return cleanup

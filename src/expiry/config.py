@@ -106,6 +106,7 @@ class Policy(Strict):
     statement_timeout: Duration = parse_duration(defaults.STATEMENT_TIMEOUT)
     target_transaction: Duration = defaults.TARGET_TRANSACTION_SECONDS
     max_rows_per_second: float | None = Field(None, gt=0)
+    nice_ratio: float = Field(defaults.NICE_RATIO, ge=0, le=100)
     priority: int = Field(0, ge=-100, le=100)
     watermark_warn: Duration | None = None
     watermark_alert: Duration | None = None

@@ -27,7 +27,11 @@ RESCUE_SECONDS = 5.0
 """How often the rescuer returns expired claims to the queue."""
 
 CLAIM_BATCH = 16
-"""Jobs claimed per round trip per worker process."""
+"""The most jobs a worker loop claims in one round trip."""
+
+CLAIM_HOLD_SECONDS = 0.5
+"""A worker loop claims about this much work at a time (by its recent jobs'
+durations, at most CLAIM_BATCH): many no-op jobs, a few cleanup windows."""
 
 PRUNE_AFTER_SECONDS = 7 * 24 * 3600.0
 """Completed and cancelled jobs are kept a week; the ledger keeps the durable truth."""
@@ -49,3 +53,8 @@ STATEMENT_TIMEOUT = "30s"
 
 TARGET_TRANSACTION_SECONDS = 0.25
 """The worker sizes each cleanup transaction toward this duration."""
+
+NICE_RATIO = 1.0
+"""After each cleanup transaction a worker thread rests this many times as long
+as the transaction took (as gh-ost's --nice-ratio): live traffic gets the
+database back between transactions. bench/foreground_impact.py chose it."""

@@ -40,6 +40,7 @@ timestamp = "expires_at"
 retain = "0s"
 where = "revoked_at is null"       # revoked sessions are kept for the security team
 window = 10000
+nice_ratio = 0                     # nothing else uses this database: no rests
 schedule = "*/15 * * * *"
 
 [[policy]]
@@ -49,6 +50,7 @@ key = "id"
 timestamp = "expires_at"
 retain = "1h"
 window = 10000
+nice_ratio = 0
 schedule = "0 * * * *"
 
 [[policy]]
@@ -60,6 +62,7 @@ retain = "30d"
 action = "archive"
 archive_table = "listing_events_archive"
 window = 10000
+nice_ratio = 0
 schedule = "@daily"
 
 [[policy]]
@@ -69,6 +72,7 @@ key = "id"
 timestamp = "created_at"
 retain = "7d"
 window = 10000
+nice_ratio = 0
 schedule = "0 6 * * 1"
 """
 

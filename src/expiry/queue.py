@@ -103,6 +103,11 @@ class Queue:
         """Complete; inside ``conn``'s transaction when given. Raises LeaseLost."""
         self.engine.job_complete(job, conn)
 
+    def complete_many(self, jobs: Sequence[Job], conn: Any) -> None:
+        """Complete jobs that ran together in ``conn``'s transaction (group commit).
+        Raises LeaseLost, completing none, when any of their leases was lost."""
+        self.engine.job_complete_many(jobs, conn)
+
     def fail(
         self, job: Job, error: str, transient: bool = True, kind: str | None = None
     ) -> JobState | None:

@@ -7,6 +7,10 @@ validated (config.check_identifier) and quoted by the driver's API
 The retention predicate ``{ts} < cutoff AND (where)`` is evaluated by the
 database when the statement runs, so a row revived after planning survives.
 Dry-run, planning, the watermark and the delete all use the same predicate.
+
+A window is applied and booked in the ledger together, in the caller's
+transaction: its delete (or move) is guarded by the ledger, then the ledger row
+is inserted with the count of rows it affected.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from psycopg import sql
 
 from .config import Policy
 from .engines.base import Engine
-from .errors import SchemaError
+from .errors import AlreadyApplied, SchemaError
 
 log = logging.getLogger("expiry.target")
 
@@ -52,19 +56,30 @@ select lo from w where lo is not null order by lo
 
 WINDOW = "{key} > {p_lo} and {key} <= {p_hi} and {pred}"
 
-DELETE = "delete from {table} where " + WINDOW
+# The ledger guard: a window whose job key is booked deletes nothing. Read in
+# the statement's snapshot, it sees every ledger row committed before the
+# statement began, so a redelivery after commit is a no-op even when rows of the
+# window expired since. A delivery racing an uncommitted one can pass the guard;
+# its ledger insert, next, then waits for the other's commit and finds the key
+# taken, and Target.apply rolls back whatever its delete took.
+UNBOOKED = WINDOW + " and not exists (select 1 from {ledger} where key = {p_key})"
+
+# The count comes back as the statement's rowcount: a RETURNING to count the rows
+# in the same statement as the ledger insert costs more than the round trip it
+# saves (the deleted rows are projected and kept for the count).
+DELETE = "delete from {table} where " + UNBOOKED
 
 # PostgreSQL moves rows in one statement; SQLite (no DELETE in a CTE) copies then
 # deletes inside its single-writer transaction, and checks the two counts agree.
 ARCHIVE_MOVE = (
     """
 with moved as (delete from {table} where """
-    + WINDOW
+    + UNBOOKED
     + """ returning {columns})
 insert into {archive} ({columns}) select {columns} from moved
 """
 )
-ARCHIVE_COPY = "insert into {archive} ({columns}) select {columns} from {table} where " + WINDOW
+ARCHIVE_COPY = "insert into {archive} ({columns}) select {columns} from {table} where " + UNBOOKED
 
 COUNT = "select count(*) as n from {table} where {pred}"
 
@@ -89,6 +104,7 @@ class Target:
         self.columns: list[str] = []
         self.ts_kind = "timestamp"  # sqlite: "epoch" or "iso" / "iso-t"
         self.checked = False
+        self._texts: dict[str, str] = {}
 
     # -- building statements -----------------------------------------------------
 
@@ -96,11 +112,12 @@ class Target:
         p = self.policy
         pred = PREDICATE + (" and ({where})" if p.where else "")
         template = template.replace("{pred}", pred)
-        names = ["cutoff", "after", "max", "window", "page", "lo", "hi"]
+        names = ["cutoff", "after", "max", "window", "page", "lo", "hi", "key"]
         if self.engine.dialect == "postgres":
             return sql.SQL(template).format(
                 table=sql.Identifier(*p.table.split(".")),
                 archive=sql.Identifier(*(p.archive_table or "_").split(".")),
+                ledger=sql.Identifier("expiry", "ledger"),
                 key=sql.Identifier(p.key),
                 ts=sql.Identifier(p.timestamp),
                 columns=sql.SQL(", ").join(sql.Identifier(c) for c in self.columns),
@@ -110,6 +127,7 @@ class Target:
         return template.format(
             table=quote(p.table),
             archive=quote(p.archive_table or "_"),
+            ledger=quote("expiry_ledger"),
             key=quote(p.key),
             ts=quote(p.timestamp),
             columns=", ".join(quote(c) for c in self.columns),
@@ -117,10 +135,20 @@ class Target:
             **{f"p_{n}": f":{n}" for n in names},
         )
 
+    def text(self, conn: Any, template: str) -> str:
+        """The statement as the driver sends it, built once per template (the
+        schema check builds them afresh, as the columns may have changed)."""
+        text = self._texts.get(template)
+        if text is None:
+            built = self.statement(template)
+            text = built if isinstance(built, str) else built.as_string(conn)
+            self._texts[template] = text
+        return text
+
     def run(self, conn: Any, template: str, **params: Any) -> Any:
         if "cutoff" in params:
             params["cutoff"] = self.bind_time(params["cutoff"])
-        return conn.execute(self.statement(template), params)
+        return conn.execute(self.text(conn, template), params)
 
     def bind_time(self, value: datetime) -> Any:
         """A cutoff as the timestamp column stores it."""
@@ -176,14 +204,57 @@ class Target:
         ).fetchall()
         return [int(row["lo"]) for row in rows]
 
-    def apply(self, conn: Any, cutoff: datetime, lo: int, hi: int) -> int:
-        """Delete (or archive) the window's rows that are expired right now."""
-        if self.policy.action == "delete":
-            return int(self.run(conn, DELETE, cutoff=cutoff, lo=lo, hi=hi).rowcount)
+    def apply(
+        self,
+        conn: Any,
+        cutoff: datetime,
+        lo: int,
+        hi: int,
+        *,
+        key: str,
+        run_id: str,
+        worker: str | None,
+    ) -> int | None:
+        """Delete (or archive) the window's rows that are expired right now and book
+        the window in the ledger under ``key``, with the per-transaction limits, in
+        the caller's transaction. Returns the rows affected, or None when ``key``
+        was booked before: then nothing changed."""
+        p = self.policy
+        params = {"cutoff": cutoff, "lo": lo, "hi": hi, "key": key}
         if self.engine.dialect == "postgres":
-            return int(self.run(conn, ARCHIVE_MOVE, cutoff=cutoff, lo=lo, hi=hi).rowcount)
-        copied = int(self.run(conn, ARCHIVE_COPY, cutoff=cutoff, lo=lo, hi=hi).rowcount)
-        deleted = int(self.run(conn, DELETE, cutoff=cutoff, lo=lo, hi=hi).rowcount)
+            # Pipelined: the limits and the statement cost one round trip, and the
+            # limits are in force before the statement starts.
+            with conn.pipeline():
+                self.set_timeouts(conn)
+                template = DELETE if p.action == "delete" else ARCHIVE_MOVE
+                cur = self.run(conn, template, **params)
+            rows = int(cur.rowcount)  # known once the pipeline has synced, at its end
+        else:
+            rows = self._copy_and_delete(conn, params)
+        booked = self.engine.ledger_insert(
+            conn,
+            key,
+            policy=p.name,
+            run_id=run_id,
+            lo=lo,
+            hi=hi,
+            action=p.action,
+            worker=worker,
+            rows=rows,
+        )
+        if booked:
+            return rows
+        if rows:
+            raise AlreadyApplied(
+                f"window {key}: a concurrent delivery booked it first; this one is rolled back"
+            )
+        return None
+
+    def _copy_and_delete(self, conn: Any, params: dict[str, Any]) -> int:
+        if self.policy.action == "delete":
+            return int(self.run(conn, DELETE, **params).rowcount)
+        copied = int(self.run(conn, ARCHIVE_COPY, **params).rowcount)
+        deleted = int(self.run(conn, DELETE, **params).rowcount)
         if copied != deleted:
             raise SchemaError(f"archive copied {copied} rows but deleted {deleted}; rolled back")
         return deleted
@@ -199,6 +270,7 @@ class Target:
     def check(self, conn: Any) -> list[str]:
         """Check the policy against the live schema; returns warnings, raises SchemaError."""
         p = self.policy
+        self._texts.clear()
         columns = self._columns(conn, p.table)
         if not columns:
             raise SchemaError(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import time
+from urllib.parse import quote
 
 import pytest
 from selenium.webdriver.chrome.webdriver import WebDriver
@@ -103,6 +105,21 @@ def test_watermark_and_run_progress_after_a_real_cleanup(
     facts = text(page, "dl.facts")
     assert "Rows affected\n450" in facts
     screenshot(page, "run")
+
+
+def test_a_window_jobs_page_shows_its_ledger_row(dashboard: Dashboard) -> None:
+    """The ledger row is a window's record (no audit event per window): the job
+    page shows it, and says so when a window has none."""
+    opened = dashboard.app.cleanup.open_run("expired-sessions")  # type: ignore[union-attr]
+    run_worker(dashboard)
+    dead_job(dashboard, "no-ledger")
+    with dashboard.signed_in_client() as client:
+        applied = client.get(f"/jobs/{quote(opened.run_id + ':0', safe='')}")
+        other = client.get("/jobs/no-ledger")
+    assert applied.status_code == other.status_code == 200
+    words = " ".join(re.sub(r"<[^>]+>", " ", applied.text).split())
+    assert "100 rows deleted in keys (0, 100]" in words
+    assert "No ledger row under this job's key." in other.text
 
 
 def test_redrive_a_dead_job_by_clicking(page: WebDriver, dashboard: Dashboard) -> None:

@@ -89,8 +89,8 @@ class Engine(abc.ABC):
     def _insert_params(self, jobs: Sequence[NewJob], payloads: list[str]) -> dict[str, Any]: ...
 
     @abc.abstractmethod
-    def _list(self, values: Sequence[str]) -> Any:
-        """A list of strings as this driver binds it for ``= any``/``in``."""
+    def _list(self, values: Sequence[Any]) -> Any:
+        """A list of strings or numbers as this driver binds it for ``= any``/``in``."""
 
     @abc.abstractmethod
     def _time(self, value: Any) -> datetime: ...
@@ -202,6 +202,18 @@ class Engine(abc.ABC):
         if self.one(conn, "job_complete", {"id": job.id, "token": job.lease_token}) is None:
             raise LeaseLost(f"job {job.key}: lease lost before completion")
 
+    def job_complete_many(self, jobs: Sequence[Job], conn: Any) -> None:
+        """Complete jobs run together in ``conn``'s transaction; raises LeaseLost
+        (so that all of them roll back) when any lease has moved on."""
+        params = {
+            "ids": self._list([job.id for job in jobs]),
+            "tokens": self._list([job.lease_token or "" for job in jobs]),
+        }
+        done = {row["id"] for row in self.rows(conn, "job_complete_many", params)}
+        lost = [job.key for job in jobs if job.id not in done]
+        if lost:
+            raise LeaseLost(f"jobs {', '.join(lost)}: lease lost before completion")
+
     def job_fail(
         self, job: Job, error: str, kind: str, retry_delay: float | None
     ) -> JobState | None:
@@ -296,8 +308,10 @@ class Engine(abc.ABC):
         hi: int | None = None,
         action: str | None = None,
         worker: str | None = None,
+        rows: int = 0,
     ) -> bool:
-        """True if this transaction now owns ``key``; False if it committed before."""
+        """True if this transaction now owns ``key``; False if it committed before.
+        ``rows``: how many rows the operation affected, when that is known already."""
         params = {
             "key": key,
             "policy": policy,
@@ -306,11 +320,9 @@ class Engine(abc.ABC):
             "hi": hi,
             "action": action,
             "worker": worker,
+            "rows": rows,
         }
         return bool(self.rows(conn, "ledger_insert", params))
-
-    def ledger_set_rows(self, conn: Any, key: str, rows: int) -> None:
-        self.rows(conn, "ledger_set_rows", {"key": key, "rows": rows})
 
     def ledger_get(self, key: str) -> Row | None:
         return self.one(None, "ledger_get", {"key": key})

@@ -247,6 +247,7 @@ def job_routes(router: APIRouter, pages: Pages) -> None:
             session,
             job=found,
             policy=v.job_policy(found),
+            ledger=app.engine.ledger_get(key),
             attempts=v.attempts(found),
             events=events,
             events_truncated=truncated,

@@ -135,7 +135,7 @@ class PostgresEngine(Engine):
                     own.autocommit = False
         return found
 
-    def _list(self, values: Sequence[str]) -> Any:
+    def _list(self, values: Sequence[Any]) -> Any:
         return list(values)
 
     def _time(self, value: Any) -> datetime:

@@ -71,6 +71,17 @@ where id = %(id)s and lease_token = %(token)s and state = 'running'
   and lease_expires_at > now()
 returning id;
 
+-- name: job_complete_many
+-- Complete a group of jobs run in one transaction (group commit), each only
+-- while the caller still holds its unexpired lease. Lease tokens are unique, so
+-- matching ids and tokens as sets matches each pair.
+update expiry.jobs
+set state = 'completed', finished_at = now(), updated_at = now(),
+    lease_owner = null, lease_token = null, lease_expires_at = null
+where id = any(%(ids)s::bigint[]) and lease_token = any(%(tokens)s::text[])
+  and state = 'running' and lease_expires_at > now()
+returning id;
+
 -- name: job_fail
 -- Record a failed attempt: retryable at now() + delay while attempts remain
 -- and the error is transient, else dead. Every attempt's error is kept.
@@ -186,16 +197,14 @@ where (state = 'running'
   and (%(queue)s::text is null or queue = %(queue)s);
 
 -- name: ledger_insert
--- Claim an operation id for this transaction. No row back means it already
--- committed before: the caller must do nothing else.
-insert into expiry.ledger (key, policy, run_id, lo, hi, action, worker)
-values (%(key)s, %(policy)s, %(run_id)s, %(lo)s, %(hi)s, %(action)s, %(worker)s)
+-- Claim an operation id for this transaction, with the rows it affected when
+-- known: a window books itself after its guarded delete, in the same
+-- transaction (target.py). No row back means it already committed before: the
+-- caller must do nothing else.
+insert into expiry.ledger (key, policy, run_id, lo, hi, action, worker, rows_affected)
+values (%(key)s, %(policy)s, %(run_id)s, %(lo)s, %(hi)s, %(action)s, %(worker)s, %(rows)s)
 on conflict (key) do nothing
 returning key;
-
--- name: ledger_set_rows
--- Record how many rows the operation affected.
-update expiry.ledger set rows_affected = %(rows)s where key = %(key)s;
 
 -- name: ledger_get
 -- One ledger row.

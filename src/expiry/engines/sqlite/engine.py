@@ -121,7 +121,7 @@ class SQLiteEngine(Engine):
             found = self.rows(conn, "job_claim", params)
         return sorted(map(self._job, found), key=lambda j: (j.priority, j.run_at, j.id))
 
-    def _list(self, values: Sequence[str]) -> Any:
+    def _list(self, values: Sequence[Any]) -> Any:
         return json.dumps(list(values))
 
     def _time(self, value: Any) -> datetime:

@@ -69,6 +69,18 @@ where id = :id and lease_token = :token and state = 'running'
   and lease_expires_at > $now
 returning id;
 
+-- name: job_complete_many
+-- Complete a group of jobs run in one transaction (group commit), each only
+-- while the caller still holds its unexpired lease. Lease tokens are unique, so
+-- matching ids and tokens as sets matches each pair.
+update expiry_jobs
+set state = 'completed', finished_at = $now, updated_at = $now,
+    lease_owner = null, lease_token = null, lease_expires_at = null
+where id in (select value from json_each(:ids))
+  and lease_token in (select value from json_each(:tokens))
+  and state = 'running' and lease_expires_at > $now
+returning id;
+
 -- name: job_fail
 -- Record a failed attempt: retryable at now + delay while attempts remain and
 -- the error is transient, else dead. Every attempt's error is kept.
@@ -180,16 +192,14 @@ where (state = 'running'
   and (:queue is null or queue = :queue);
 
 -- name: ledger_insert
--- Claim an operation id for this transaction. No row back means it already
--- committed before: the caller must do nothing else.
-insert into expiry_ledger (key, policy, run_id, lo, hi, action, worker, applied_at)
-values (:key, :policy, :run_id, :lo, :hi, :action, :worker, $now)
+-- Claim an operation id for this transaction, with the rows it affected when
+-- known: a window books itself after its guarded delete, in the same
+-- IMMEDIATE transaction (target.py). No row back means it already committed
+-- before: the caller must do nothing else.
+insert into expiry_ledger (key, policy, run_id, lo, hi, action, worker, rows_affected, applied_at)
+values (:key, :policy, :run_id, :lo, :hi, :action, :worker, :rows, $now)
 on conflict (key) do nothing
 returning key;
-
--- name: ledger_set_rows
--- Record how many rows the operation affected.
-update expiry_ledger set rows_affected = :rows where key = :key;
 
 -- name: ledger_get
 -- One ledger row.

@@ -1,0 +1,173 @@
+"""A window's delete and its ledger row are one piece of bookkeeping: the delete
+is guarded by the ledger and the ledger row carries its count. A duplicate
+delivery changes nothing, even when it races the first; a window's statement is
+built once; a run is finished once per claimed batch, not after every window."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+from expiry.app import App
+from expiry.cleanup import WINDOW, Cleanup
+from expiry.errors import AlreadyApplied
+from expiry.target import Target
+from expiry.worker import Worker
+
+from .support import (
+    Db,
+    assert_run_clean,
+    claim_plan,
+    doomed,
+    expected_windows,
+    run_worker,
+    standard_rows,
+    wait_for,
+)
+
+Apps = Callable[..., App]
+POLICY = "expired-sessions"
+ARCHIVE = {"action": "archive", "archive_table": "sessions_archive"}
+
+
+def seed(db: Db, n: int = 1000) -> set[int]:
+    db.create_sessions()
+    rows = standard_rows(n)
+    db.insert_sessions(rows)
+    return doomed(rows)
+
+
+def test_a_duplicate_archive_delivery_moves_nothing(db: Db, apps: Apps) -> None:
+    gone = seed(db, 600)
+    if db.dialect == "postgres":
+        db.execute("create table sessions_archive (like sessions)")
+    else:
+        db.execute(
+            "create table sessions_archive (id integer, user_id integer, expires_at real,"
+            " revoked_at real, note text)"
+        )
+    app = apps(db.url, ARCHIVE)
+    assert app.cleanup is not None
+    opened = app.cleanup.open_run(POLICY)
+    run_worker(app)
+    assert_run_clean(db, opened.run_id)
+    ledger = db.ledger()
+    assert sum(row["rows"] for row in ledger) == len(gone) == db.count("sessions_archive")
+
+    # A row of the first window expires anew: a second application would move it.
+    window = db.windows(opened.run_id)[0]
+    lo = window["payload"]["lo"]
+    db.insert_sessions([(lo + 1, -60.0, False)])
+    before = (db.table(), db.table("sessions_archive"))
+    db.redeliver(window["key"])
+    run_worker(app)
+
+    assert (db.table(), db.table("sessions_archive")) == before
+    assert db.ledger() == ledger
+    assert db.audit("window.duplicate", window["key"]) == 1
+
+
+def test_a_delivery_racing_an_uncommitted_one_rolls_back_its_delete(pg_db: Db, apps: Apps) -> None:
+    """The ledger guard reads the statement's snapshot: a delivery that starts while
+    another has booked the window but not committed passes it and deletes, then its
+    ledger insert waits for that commit, finds the key taken, and rolls back."""
+    db = pg_db
+    seed(db, 300)
+    app = apps(db.url, {"lock_timeout": "30s"})
+    assert app.cleanup is not None
+    opened = app.cleanup.open_run(POLICY)
+    claim_plan(app)
+    [job] = app.queue.claim(1, 60, owner="late")
+    assert job.handler == WINDOW
+    table = db.table()
+
+    other = psycopg.connect(db.url)
+    other.execute(
+        "insert into expiry.ledger (key, run_id, rows_affected) values (%s, %s, 0)",
+        (job.key, opened.run_id),
+    )
+    outcome: list[BaseException] = []
+
+    def deliver() -> None:
+        try:
+            with app.engine.transaction() as tx:
+                app.handlers[WINDOW].fn(job, tx)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=deliver)
+    thread.start()
+    try:
+        wait_for(
+            lambda: db.scalar(
+                "select count(*) from pg_stat_activity where datname = current_database()"
+                " and wait_event_type = 'Lock' and query like '%expiry%ledger%'"
+            ),
+            what="the racing delivery to wait for the other's ledger row",
+        )
+        other.commit()
+    finally:
+        other.close()
+        thread.join(30)
+    assert not thread.is_alive()
+
+    [raised] = outcome
+    assert isinstance(raised, AlreadyApplied)
+    assert db.table() == table  # its delete was rolled back
+    assert [(row["key"], row["rows"]) for row in db.ledger()] == [(job.key, 0)]
+
+
+def test_each_statement_of_a_window_is_built_once(
+    db: Db, apps: Apps, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seed(db)
+    built: list[str] = []
+    statement = Target.statement
+
+    def spy(self: Target, template: str) -> Any:
+        built.append(template)
+        return statement(self, template)
+
+    monkeypatch.setattr(Target, "statement", spy)
+    app = apps(db.url)
+    assert app.cleanup is not None
+    opened = app.cleanup.open_run(POLICY)
+    run_worker(app)
+
+    assert_run_clean(db, opened.run_id)
+    assert len(db.windows(opened.run_id)) > 2
+    assert max(built.count(template) for template in built) == 1
+
+
+def test_the_run_is_finished_once_per_claimed_batch(
+    db: Db, apps: Apps, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rows = standard_rows(1000)
+    db.create_sessions()
+    db.insert_sessions(rows)
+    app = apps(db.url)
+    assert app.cleanup is not None
+    opened = app.cleanup.open_run(POLICY)
+
+    checks: list[set[str]] = []
+    finish_runs = Cleanup.finish_runs
+
+    def spy(self: Cleanup, run_ids: set[str]) -> None:
+        checks.append(set(run_ids))
+        finish_runs(self, run_ids)
+
+    monkeypatch.setattr(Cleanup, "finish_runs", spy)
+    # One loop, a claim batch larger than the run, and no rescuer sweep to help.
+    worker = Worker(app, batch=16, until_idle=True, poll=0.05, rescue_every=3600)
+    assert worker.run() == 0
+
+    windows = len(expected_windows(doomed(rows), 100))
+    assert windows > 2
+    assert db.run_state(opened.run_id) == "finished"
+    assert_run_clean(db, opened.run_id)
+    # The planning job's batch, then the windows' batch: not one check per window.
+    assert checks == [{opened.run_id}, {opened.run_id}]
