@@ -45,7 +45,8 @@ class Handler:
     group_commit: bool = False
     """Jobs of this handler claimed together may run in one transaction that
     completes them all (one commit for many short jobs). Any failure rolls the
-    group back and each job runs again alone."""
+    group back and each job runs again alone (``before`` hooks run again too).
+    ``after`` and the job-duration metric get the whole group's seconds."""
 
 
 class Once:

@@ -41,7 +41,7 @@ log = logging.getLogger("expiry.cleanup")
 PLAN = "expiry.plan"
 WINDOW = "expiry.window"
 MIN_CHUNK = 100
-MAX_REST_SECONDS = 10.0  # a nice_ratio rest never outlasts this (a stop waits for it)
+MAX_REST_SECONDS = 2.0  # a nice_ratio rest never outlasts this (a stop waits for it)
 OVERLAP_WAIT_SECONDS = 5.0
 
 

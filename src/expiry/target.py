@@ -59,9 +59,13 @@ WINDOW = "{key} > {p_lo} and {key} <= {p_hi} and {pred}"
 # The ledger guard: a window whose job key is booked deletes nothing. Read in
 # the statement's snapshot, it sees every ledger row committed before the
 # statement began, so a redelivery after commit is a no-op even when rows of the
-# window expired since. A delivery racing an uncommitted one can pass the guard;
-# its ledger insert, next, then waits for the other's commit and finds the key
-# taken, and Target.apply rolls back whatever its delete took.
+# window expired since. On PostgreSQL deliveries of one window first take turns
+# on a transaction lock of its key (WINDOW_LOCK), so the guard sees the earlier
+# one's commit. Should one still pass the guard while another is uncommitted
+# (SQLite serializes writers; this is belt and braces), its ledger insert waits
+# for the other's commit and finds the key taken, and Target.apply raises
+# AlreadyApplied so that whatever its delete took is rolled back.
+WINDOW_LOCK = "select pg_advisory_xact_lock(hashtextextended(%s, 0))"
 UNBOOKED = WINDOW + " and not exists (select 1 from {ledger} where key = {p_key})"
 
 # The count comes back as the statement's rowcount: a RETURNING to count the rows
@@ -226,6 +230,10 @@ class Target:
             # limits are in force before the statement starts.
             with conn.pipeline():
                 self.set_timeouts(conn)
+                # Deliveries of one window take turns (within lock_timeout): the
+                # later one's delete then sees the earlier one's ledger row and
+                # takes nothing, instead of racing it for the same rows.
+                conn.execute(WINDOW_LOCK, (key,))
                 template = DELETE if p.action == "delete" else ARCHIVE_MOVE
                 cur = self.run(conn, template, **params)
             rows = int(cur.rowcount)  # known once the pipeline has synced, at its end

@@ -58,7 +58,7 @@ class Worker:
     ) -> None:
         self.app = app
         self.concurrency = max(1, concurrency)
-        self.queues = queues
+        self.queues = tuple(dict.fromkeys(queues))  # a queue named twice is read once
         self.batch = max(1, batch)
         self.claim_hold = claim_hold
         self.lease = lease
@@ -341,6 +341,8 @@ class Worker:
         except Exception as exc:
             self._fail(job, exc)
             return
+        with self._lock:  # settled: no more heartbeats while the after hook runs (or rests)
+            self._held.pop(job.id, None)
         JOB_SECONDS.labels(job.handler, "completed").observe(elapsed)
         log.info("job completed", extra={**fields, "state": "completed"})
         if handler.after is not None:

@@ -4,6 +4,7 @@ and nice_ratio rests the thread after each one."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
@@ -15,7 +16,7 @@ from expiry.config import parse_config
 from expiry.errors import ConfigError
 from expiry.types import Job
 
-from .support import Db, config_data
+from .support import Db, config_data, run_worker, standard_rows
 
 Apps = Callable[..., App]
 POLICY = "expired-sessions"
@@ -87,3 +88,18 @@ def test_a_negative_nice_ratio_is_refused_naming_the_policy_and_field(db: Db) ->
         parse_config(config_data(db.url, {"nice_ratio": -1}))
     message = str(refused.value)
     assert POLICY in message and "nice_ratio" in message
+
+
+def test_a_resting_thread_does_not_heartbeat_the_window_it_finished(
+    db: Db, apps: Apps, caplog: pytest.LogCaptureFixture
+) -> None:
+    db.create_sessions()
+    db.insert_sessions(standard_rows(300))
+    app = apps(db.url, {"nice_ratio": 100})  # rests far longer than a heartbeat period
+    assert app.cleanup is not None
+    opened = app.cleanup.open_run(POLICY)
+    caplog.set_level(logging.WARNING, logger="expiry")
+    run_worker(app, lease=0.6)  # heartbeats every 0.2 s
+
+    assert db.run_state(opened.run_id) == "finished"
+    assert not [r for r in caplog.records if "lease lost" in r.getMessage()]

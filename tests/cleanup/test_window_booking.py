@@ -121,6 +121,49 @@ def test_a_delivery_racing_an_uncommitted_one_rolls_back_its_delete(pg_db: Db, a
     assert [(row["key"], row["rows"]) for row in db.ledger()] == [(job.key, 0)]
 
 
+def test_concurrent_deliveries_of_a_window_take_turns_and_the_later_takes_nothing(
+    pg_db: Db, apps: Apps
+) -> None:
+    db = pg_db
+    seed(db, 300)
+    app = apps(db.url, {"lock_timeout": "30s"})
+    assert app.cleanup is not None
+    app.cleanup.open_run(POLICY)
+    claim_plan(app)
+    [job] = app.queue.claim(1, 60, owner="first")
+    applied, release = threading.Event(), threading.Event()
+    results: dict[str, Any] = {}
+
+    def deliver(name: str) -> None:
+        with app.engine.transaction() as tx:
+            results[name] = app.handlers[WINDOW].fn(job, tx)
+            if name == "first":
+                applied.set()
+                release.wait(30)
+
+    first = threading.Thread(target=deliver, args=("first",))
+    first.start()
+    assert applied.wait(30)
+    later = threading.Thread(target=deliver, args=("later",))
+    later.start()
+    try:
+        wait_for(
+            lambda: db.scalar(
+                "select count(*) from pg_stat_activity where datname = current_database()"
+                " and wait_event = 'advisory'"
+            ),
+            what="the later delivery to wait for the window's turn",
+        )
+    finally:
+        release.set()
+        first.join(30)
+        later.join(30)
+
+    assert results["first"].rows > 0 and not results["first"].duplicate
+    assert (results["later"].rows, results["later"].duplicate) == (0, True)
+    assert [row["key"] for row in db.ledger()] == [job.key]
+
+
 def test_each_statement_of_a_window_is_built_once(
     db: Db, apps: Apps, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -149,7 +192,7 @@ def test_the_run_is_finished_once_per_claimed_batch(
     rows = standard_rows(1000)
     db.create_sessions()
     db.insert_sessions(rows)
-    app = apps(db.url)
+    app = apps(db.url, {"nice_ratio": 0, "target_transaction": "1h"})
     assert app.cleanup is not None
     opened = app.cleanup.open_run(POLICY)
 
@@ -161,8 +204,9 @@ def test_the_run_is_finished_once_per_claimed_batch(
         finish_runs(self, run_ids)
 
     monkeypatch.setattr(Cleanup, "finish_runs", spy)
-    # One loop, a claim batch larger than the run, and no rescuer sweep to help.
-    worker = Worker(app, batch=16, until_idle=True, poll=0.05, rescue_every=3600)
+    # One loop claiming the whole batch (larger than the run) at once, and no
+    # rescuer sweep to help.
+    worker = Worker(app, batch=16, claim_hold=None, until_idle=True, poll=0.05, rescue_every=3600)
     assert worker.run() == 0
 
     windows = len(expected_windows(doomed(rows), 100))
