@@ -251,6 +251,13 @@ class Worker:
                 except Exception:
                     log.exception("batch hook failed", extra={"handler": name})
 
+    def _settle(self, jobs: list[Job]) -> None:
+        """Stop heartbeating jobs about to complete: a heartbeat that meets one just
+        completed must not report its lease lost (completion checks the lease)."""
+        with self._lock:
+            for job in jobs:
+                self._held.pop(job.id, None)
+
     def _process_group(self, jobs: list[Job]) -> None:
         """Run jobs in one transaction that completes them all (group commit): one
         commit instead of one a job. Should any of them fail, snooze or find its
@@ -264,6 +271,7 @@ class Worker:
             started = time.monotonic()
             with self.app.engine.transaction() as tx:
                 results = [h.fn(job, tx) for job, h in zip(jobs, handlers, strict=True)]
+                self._settle(jobs)
                 self.app.queue.complete_many(jobs, tx)
             elapsed = time.monotonic() - started
         except Exception as exc:
@@ -274,6 +282,8 @@ class Worker:
                 str(exc).splitlines()[0][:200] if str(exc) else "",
                 extra={"worker": self.name},
             )
+            with self._lock:  # held again (and heartbeated) while they run alone
+                self._held.update({job.id: job for job in jobs})
             for job in jobs:
                 self._process(job)
             return
@@ -323,6 +333,7 @@ class Worker:
             started = time.monotonic()
             with self.app.engine.transaction() as tx:
                 result = handler.fn(job, tx)
+                self._settle([job])
                 self.app.queue.complete(job, tx)
             elapsed = time.monotonic() - started
         except AlreadyApplied:
@@ -341,8 +352,6 @@ class Worker:
         except Exception as exc:
             self._fail(job, exc)
             return
-        with self._lock:  # settled: no more heartbeats while the after hook runs (or rests)
-            self._held.pop(job.id, None)
         JOB_SECONDS.labels(job.handler, "completed").observe(elapsed)
         log.info("job completed", extra={**fields, "state": "completed"})
         if handler.after is not None:
