@@ -48,9 +48,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
@@ -58,15 +57,14 @@ from multiprocessing.process import BaseProcess
 from multiprocessing.synchronize import Barrier, Event
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
-from psycopg import sql
 
 from expiry import status
 from expiry.app import App
 from expiry.config import parse_config
 from expiry.worker import Worker
+from scratch import scratch_database
 
 ADMIN_URL = os.environ.get(
     "EXPIRY_BENCH_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -185,25 +183,6 @@ def check(engine: str, method: str, built: Built, deleted: int, after: Fingerpri
 
 
 # -- PostgreSQL -------------------------------------------------------------------
-
-
-def db_url(admin_url: str, dbname: str) -> str:
-    """The admin URL with its database replaced: postgresql://user@host:port/dbname."""
-    return urlunsplit(urlsplit(admin_url)._replace(path=f"/{dbname}"))
-
-
-@contextmanager
-def scratch_database(admin_url: str, dbname: str) -> Iterator[str]:
-    """A fresh database, dropped (even when the bench fails) at the end."""
-    name = sql.Identifier(dbname)
-    with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("drop database if exists {} with (force)").format(name))
-        admin.execute(sql.SQL("create database {}").format(name))
-    try:
-        yield db_url(admin_url, dbname)
-    finally:
-        with psycopg.connect(admin_url, autocommit=True) as admin:
-            admin.execute(sql.SQL("drop database if exists {} with (force)").format(name))
 
 
 def pg_fingerprint(

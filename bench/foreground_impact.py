@@ -62,10 +62,11 @@ from dataclasses import dataclass, field
 from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
+
+from scratch import db_url
 
 ADMIN_URL = os.environ.get(
     "EXPIRY_BENCH_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -98,10 +99,6 @@ from generate_series(1, %(rows)s::bigint) as i
 
 def expired(i: int) -> bool:
     return (i * 2654435761) % 1000 < EXPIRED_PER_MILLE
-
-
-def db_url(admin_url: str, dbname: str) -> str:
-    return urlunsplit(urlsplit(admin_url)._replace(path=f"/{dbname}"))
 
 
 def admin() -> psycopg.Connection[Any]:

@@ -41,13 +41,11 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
@@ -55,6 +53,7 @@ from psycopg import sql
 from expiry.app import App
 from expiry.queue import new_job
 from expiry.worker import Worker
+from scratch import scratch_database
 
 ADMIN_URL = os.environ.get(
     "EXPIRY_BENCH_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -68,34 +67,6 @@ _CTX = mp.get_context("spawn")
 
 
 # -- scratch databases --------------------------------------------------------
-
-
-def db_url(admin_url: str, dbname: str) -> str:
-    """The admin URL with its database replaced: postgresql://user@host:port/dbname."""
-    return urlunsplit(urlsplit(admin_url)._replace(path=f"/{dbname}"))
-
-
-@contextmanager
-def scratch_database(admin_url: str, dbname: str) -> Iterator[str]:
-    """A fresh database, dropped at the end whatever happened."""
-    name = sql.Identifier(dbname)
-    with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("drop database if exists {} with (force)").format(name))
-        admin.execute(sql.SQL("create database {}").format(name))
-    try:
-        yield db_url(admin_url, dbname)
-    finally:
-        # Retry for a while: the server may be restarting (the restart drills
-        # of the test suite do that to a shared server).
-        for attempt in range(30):
-            try:
-                with psycopg.connect(admin_url, autocommit=True, connect_timeout=5) as admin:
-                    admin.execute(sql.SQL("drop database if exists {} with (force)").format(name))
-                break
-            except psycopg.OperationalError:
-                if attempt == 29:
-                    raise
-                time.sleep(1.0)
 
 
 def settle(url: str, table: str) -> None:

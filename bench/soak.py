@@ -84,16 +84,15 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import IO, Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
-from psycopg import sql
+
+from scratch import scratch_database
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = Path(__file__).resolve().parent
@@ -116,24 +115,6 @@ T = TypeVar("T")
 
 
 # -- the database ---------------------------------------------------------------------
-
-
-def db_url(admin_url: str, dbname: str) -> str:
-    return urlunsplit(urlsplit(admin_url)._replace(path=f"/{dbname}"))
-
-
-@contextmanager
-def scratch_database(admin_url: str, dbname: str) -> Iterator[str]:
-    """A fresh database, dropped (even when the soak fails) at the end."""
-    name = sql.Identifier(dbname)
-    with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("drop database if exists {} with (force)").format(name))
-        admin.execute(sql.SQL("create database {}").format(name))
-    try:
-        yield db_url(admin_url, dbname)
-    finally:
-        with psycopg.connect(admin_url, autocommit=True) as admin:
-            admin.execute(sql.SQL("drop database if exists {} with (force)").format(name))
 
 
 def connect(url: str) -> psycopg.Connection[tuple[Any, ...]]:

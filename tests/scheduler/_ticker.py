@@ -5,7 +5,8 @@
 CONFIG_JSON is the config as JSON (for expiry.config.parse_config). CLOCK_FILE
 holds the fake time as ISO-8601, or ``stop``; the test replaces it atomically as
 its clock moves on. The process ticks as fast as it can, re-reading the clock
-before every tick, writes READY_FILE after its first tick, and on ``stop`` prints
+before every tick, writes READY_FILE after its first tick (and READY_FILE with the
+suffix ``.fired`` once it has claimed a fire), and on ``stop`` prints
 the fires it claimed as JSON lines ({"policy", "fire_time", "run_id"}) and exits 0.
 """
 
@@ -35,7 +36,10 @@ def main() -> int:
         if text == "stop":
             break
         now[0] = parse_time(text)
-        fired += scheduler.tick()
+        claimed = scheduler.tick()
+        if claimed:
+            fired += claimed
+            Path(ready_file).with_suffix(".fired").touch()  # the test can see who fired
         if not ready:
             Path(ready_file).write_text("ready")
             ready = True
