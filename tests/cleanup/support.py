@@ -106,6 +106,16 @@ class Db:
         if index:
             self.execute(f"create index {table}_expires_at on {table} (expires_at)")
 
+    def create_sessions_archive(self) -> None:
+        """``sessions_archive``: the columns of ``sessions``, without keys or indexes."""
+        if self.dialect == "postgres":
+            self.execute("create table sessions_archive (like sessions)")
+        else:
+            self.execute(
+                "create table sessions_archive (id integer, user_id integer, expires_at real,"
+                " revoked_at real, note text)"
+            )
+
     def insert_sessions(
         self, rows: Iterable[tuple[int, float, bool]], table: str = "sessions"
     ) -> None:

@@ -197,13 +197,7 @@ def test_row_revived_after_planning_survives(db: Db, apps: Apps) -> None:
 
 def test_archive_moves_exactly_the_deleted_rows(db: Db, apps: Apps) -> None:
     all_ids, gone = seed(db, 600)
-    if db.dialect == "postgres":
-        db.execute("create table sessions_archive (like sessions)")
-    else:
-        db.execute(
-            "create table sessions_archive (id integer, user_id integer, expires_at real,"
-            " revoked_at real, note text)"
-        )
+    db.create_sessions_archive()
     moving = [row for row in db.table() if row[0] in gone]
     app = apps(db.url, {"action": "archive", "archive_table": "sessions_archive"})
     assert app.cleanup is not None

@@ -43,13 +43,7 @@ def seed(db: Db, n: int = 1000) -> set[int]:
 
 def test_a_duplicate_archive_delivery_moves_nothing(db: Db, apps: Apps) -> None:
     gone = seed(db, 600)
-    if db.dialect == "postgres":
-        db.execute("create table sessions_archive (like sessions)")
-    else:
-        db.execute(
-            "create table sessions_archive (id integer, user_id integer, expires_at real,"
-            " revoked_at real, note text)"
-        )
+    db.create_sessions_archive()
     app = apps(db.url, ARCHIVE)
     assert app.cleanup is not None
     opened = app.cleanup.open_run(POLICY)
