@@ -4,6 +4,8 @@
     .venv/bin/python bench/cleanup_throughput.py --rows 500000 --window 5000 --connections 4
     .venv/bin/python bench/cleanup_throughput.py --repeat 3       # three raw/expiry pairs per engine
     .venv/bin/python bench/cleanup_throughput.py --quick          # smoke run (20,000 rows, window 1,000)
+    .venv/bin/python bench/cleanup_throughput.py --rows 4000000 --repeat 3 --queue-only
+                                                                  # and the queue alone, raw DELETEs as jobs
 
 The table is ``sessions (id bigint primary key, user_id bigint, expires_at
 timestamptz indexed, payload text of 100 bytes)``, 80% of its rows expired and
@@ -22,6 +24,15 @@ again identically, and cleaned by the other:
   the same DELETE guarded by the ledger, the ledger row and the job's
   completion. ``nice_ratio = 0``: the rests that spare live traffic by default
   are a throttle, not overhead, and the raw loop has none.
+
+With ``--queue-only`` a third method runs on PostgreSQL, to show where the
+difference between the two lies:
+
+* queue-only: the raw loop's windows as jobs of expiry's queue, one job each,
+  run by the same N worker processes with a handler that executes the raw
+  loop's DELETE in the job's transaction: the queue's claim, transaction and
+  completion per window, without the cleanup core (no planner, ledger, guard
+  or window lock). Timed from the enqueue until no job is left pending.
 
 Both clocks start with every connection open: the raw loop's connections, and
 the worker processes after they have opened their pool and LISTEN connection and
@@ -63,6 +74,7 @@ import psycopg
 from expiry import status
 from expiry.app import App
 from expiry.config import parse_config
+from expiry.queue import new_job
 from expiry.worker import Worker
 from scratch import scratch_database
 
@@ -70,8 +82,14 @@ ADMIN_URL = os.environ.get(
     "EXPIRY_BENCH_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
 POLICY = "expired-sessions"
+QUEUE_ONLY_HANDLER = "bench.delete_window"
+QUEUE_ONLY_QUEUE = "bench"
+QUEUE_ONLY_BOUNDS = (
+    "select min(id) as lo, max(id) as hi from sessions where expires_at < %(cutoff)s"
+)
+QUEUE_ONLY_DONE = "select count(*) filter (where state = 'completed') as completed from expiry.jobs where queue = %s"
 TARGET_RATIO = 0.9
-POLL_SECONDS = 0.005
+POLL_SECONDS = 0.02  # the watcher costs a round trip a poll: finds the end at most 20 ms late
 
 _CTX = mp.get_context("spawn")
 
@@ -153,7 +171,7 @@ class Measured:
     connections: int
     window: int
     rows: int
-    windows: int  # transactions that deleted: raw DELETEs, or expiry ledger rows
+    windows: int  # transactions that deleted: raw DELETEs, expiry ledger rows, or queue-only jobs
     seconds: float
     note: str = ""
 
@@ -352,11 +370,18 @@ def _expiry_worker(config: dict[str, Any], ready: Barrier, go: Event, results: A
     app = App(config=parse_config(config, "bench"), pool_size=2)
     assert app.cleanup is not None and app.config is not None
     settings = app.config.worker
+
+    @app.handler(QUEUE_ONLY_HANDLER)
+    def delete_window(job: Any, tx: Any) -> int:
+        params = {**job.payload, "cutoff": datetime.fromisoformat(job.payload["cutoff"])}
+        return int(tx.execute(PG_DELETE, params).rowcount)
+
     app.cleanup.check()
     app.queue.pending()  # the pool is open before the clock starts,
     app.engine.listen()  # and so is the LISTEN connection (PostgreSQL)
     worker = Worker(
         app,
+        queues=(QUEUE_ONLY_QUEUE, "default"),
         concurrency=1,
         batch=settings.claim_batch,
         lease=settings.lease,
@@ -372,10 +397,18 @@ def _expiry_worker(config: dict[str, Any], ready: Barrier, go: Event, results: A
 
 
 def expiry_round(
-    url: str, cutoff: datetime, window: int, workers: int, claim_batch: int | None, poll: Any
+    url: str,
+    cutoff: datetime,
+    window: int,
+    workers: int,
+    claim_batch: int | None,
+    poll: Any,
+    queue_only: bool = False,
 ) -> tuple[int, int, float, str]:
     """open_run, N worker processes, until the run is finished:
-    (rows deleted, windows applied, seconds, note)."""
+    (rows deleted, windows applied, seconds, note). ``queue_only``: enqueue the
+    raw loop's windows as jobs instead, until none is pending (``poll`` is then
+    unused)."""
     config = expiry_config(url, window, claim_batch)
     app = App(config=parse_config(config, "bench"), pool_size=2)
     assert app.cleanup is not None
@@ -393,6 +426,8 @@ def expiry_round(
             child.start()
         ready.wait(timeout=120)
         started = time.perf_counter()
+        if queue_only:
+            return queue_only_jobs(app, cutoff, window, started, go, children, results)
         opened = app.cleanup.open_run(POLICY, cutoff, opened_by="bench", actor="bench")
         go.set()
         while (state := poll(opened.run_id)) != "finished":
@@ -423,6 +458,43 @@ def expiry_round(
                 child.join()
 
 
+def queue_only_jobs(
+    app: App,
+    cutoff: datetime,
+    window: int,
+    started: float,
+    go: Event,
+    children: list[BaseProcess],
+    results: Any,
+) -> tuple[int, int, float, str]:
+    """The queue-only method, from the clock's start until no job is pending:
+    (rows deleted: 0, counted by the caller from the survivors; jobs; seconds; note)."""
+    with app.engine.transaction() as tx:
+        lo, hi = tx.execute(QUEUE_ONLY_BOUNDS, {"cutoff": cutoff}).fetchone().values()
+        jobs = [
+            new_job(
+                QUEUE_ONLY_HANDLER,
+                {"lo": low, "hi": low + window, "cutoff": cutoff.isoformat()},
+                queue=QUEUE_ONLY_QUEUE,
+                key=f"bench:{low}",
+            )
+            for low in (range(lo - 1, hi, window) if lo is not None else ())
+        ]
+        app.queue.enqueue_many(jobs, tx)
+    go.set()
+    while pending := app.queue.pending(QUEUE_ONLY_QUEUE):
+        if not any(child.is_alive() for child in children):
+            raise RuntimeError(f"every worker exited with {pending} jobs pending")
+        time.sleep(POLL_SECONDS)
+    seconds = time.perf_counter() - started
+    jobs_run = [results.get(timeout=120) for _ in children]
+    with app.engine.transaction() as tx:
+        done = tx.execute(QUEUE_ONLY_DONE, (QUEUE_ONLY_QUEUE,)).fetchone()
+    if done["completed"] != len(jobs):
+        raise RuntimeError(f"queue-only: {done['completed']} of {len(jobs)} jobs completed")
+    return 0, len(jobs), seconds, f"{len(jobs)} jobs, jobs per worker {jobs_run}"
+
+
 # -- one engine, both methods ---------------------------------------------------------
 
 
@@ -437,13 +509,19 @@ def bench_postgres(args: argparse.Namespace) -> list[Measured]:
             assert row is not None
             cutoff: datetime = row["now"]
         app.close()
+        methods = ("raw", "expiry") + (("queue-only",) if args.queue_only else ())
         for round_ in range(1, args.repeat + 1):
-            for method in ("raw", "expiry"):
+            for method in methods:
                 progress(f"postgres: building {rows:,} rows for {method} (round {round_})")
                 built = pg_build(url, rows, cutoff)
                 if method == "raw":
                     deleted, windows, seconds = raw_postgres(url, cutoff, window, n)
                     note = ""
+                elif method == "queue-only":
+                    _, windows, seconds, note = expiry_round(
+                        url, cutoff, window, n, args.claim_batch, None, queue_only=True
+                    )
+                    deleted = rows - pg_survivors(url)[0]
                 else:
                     with psycopg.connect(url, autocommit=True) as watcher:
                         deleted, windows, seconds, note = expiry_round(
@@ -453,7 +531,7 @@ def bench_postgres(args: argparse.Namespace) -> list[Measured]:
                 out.append(
                     Measured("postgres", method, round_, n, window, deleted, windows, seconds, note)
                 )
-                progress(f"postgres {method:<6} {out[-1].rate:>12,.0f} rows/s  {seconds:.3f} s")
+                progress(f"postgres {method:<10} {out[-1].rate:>12,.0f} rows/s  {seconds:.3f} s")
     return out
 
 
@@ -488,7 +566,7 @@ def bench_sqlite(args: argparse.Namespace) -> list[Measured]:
                 out.append(
                     Measured("sqlite", method, round_, 1, window, deleted, windows, seconds, note)
                 )
-                progress(f"sqlite   {method:<6} {out[-1].rate:>12,.0f} rows/s  {seconds:.3f} s")
+                progress(f"sqlite   {method:<10} {out[-1].rate:>12,.0f} rows/s  {seconds:.3f} s")
     return out
 
 
@@ -499,17 +577,17 @@ def progress(message: str) -> None:
     print(f"  {message}", flush=True)
 
 
-def ratios(results: list[Measured], engine: str) -> list[float]:
-    pairs: dict[int, dict[str, Measured]] = {}
+def ratios(results: list[Measured], engine: str, method: str = "expiry") -> list[float]:
+    rounds: dict[int, dict[str, Measured]] = {}
     for r in results:
         if r.engine == engine:
-            pairs.setdefault(r.round, {})[r.method] = r
-    return [p["expiry"].rate / p["raw"].rate for p in pairs.values() if len(p) == 2]
+            rounds.setdefault(r.round, {})[r.method] = r
+    return [m[method].rate / m["raw"].rate for m in rounds.values() if {method, "raw"} <= set(m)]
 
 
 def print_table(results: list[Measured]) -> None:
     header = (
-        f"{'engine':<9} {'method':<7} {'round':>5} {'conns':>5} {'window':>7} {'windows':>7} "
+        f"{'engine':<9} {'method':<10} {'round':>5} {'conns':>5} {'window':>7} {'windows':>7} "
         f"{'rows deleted':>13} {'seconds':>8} {'rows/s':>11} {'expiry/raw':>10}"
     )
     print(header)
@@ -517,9 +595,9 @@ def print_table(results: list[Measured]) -> None:
     raw = {(r.engine, r.round): r for r in results if r.method == "raw"}
     for r in results:
         base = raw.get((r.engine, r.round))
-        ratio = f"{r.rate / base.rate:.2f}x" if r.method == "expiry" and base else ""
+        ratio = f"{r.rate / base.rate:.2f}x" if r.method != "raw" and base else ""
         print(
-            f"{r.engine:<9} {r.method:<7} {r.round:>5} {r.connections:>5} {r.window:>7,} "
+            f"{r.engine:<9} {r.method:<10} {r.round:>5} {r.connections:>5} {r.window:>7,} "
             f"{r.windows:>7,} {r.rows:>13,} {r.seconds:>8.3f} {r.rate:>11,.0f} {ratio:>10}"
         )
     notes = [r for r in results if r.note]
@@ -539,6 +617,13 @@ def print_targets(results: list[Measured]) -> None:
             verdict = "ok" if median >= TARGET_RATIO else "MISS"
             each = ", ".join(f"{x:.2f}x" for x in found)
             print(f"  {engine:<9} {median:.2f}x (median of {each})  {verdict}")
+    found = ratios(results, "postgres", "queue-only")
+    if found:
+        each = ", ".join(f"{x:.2f}x" for x in found)
+        print(
+            f"  queue-only (the queue alone, raw DELETEs as jobs): "
+            f"{statistics.median(found):.2f}x (median of {each})"
+        )
 
 
 # -- main -----------------------------------------------------------------------------
@@ -553,6 +638,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--window", type=int, default=None, help="keys per window (10000)")
     parser.add_argument(
         "--connections", type=int, default=2, help="PostgreSQL connections / worker processes (2)"
+    )
+    parser.add_argument(
+        "--queue-only",
+        action="store_true",
+        help="also run the raw DELETEs as jobs of expiry's queue (PostgreSQL)",
     )
     parser.add_argument(
         "--claim-batch",

@@ -60,12 +60,20 @@ WINDOW = "{key} > {p_lo} and {key} <= {p_hi} and {pred}"
 # the statement's snapshot, it sees every ledger row committed before the
 # statement began, so a redelivery after commit is a no-op even when rows of the
 # window expired since. On PostgreSQL deliveries of one window first take turns
-# on a transaction lock of its key (WINDOW_LOCK), so the guard sees the earlier
+# on a transaction lock of its key (WINDOW_START), so the guard sees the earlier
 # one's commit. Should one still pass the guard while another is uncommitted
 # (SQLite serializes writers; this is belt and braces), its ledger insert waits
 # for the other's commit and finds the key taken, and Target.apply raises
 # AlreadyApplied so that whatever its delete took is rolled back.
-WINDOW_LOCK = "select pg_advisory_xact_lock(hashtextextended(%s, 0))"
+#
+# WINDOW_START sets the transaction's limits, then takes that lock, in one
+# statement: the subquery (kept apart by OFFSET 0) runs first, so lock_timeout
+# already bounds the wait.
+WINDOW_START = """
+select pg_advisory_xact_lock(hashtextextended(%(key)s, 0))
+from (select set_config('lock_timeout', %(lock_timeout)s, true),
+             set_config('statement_timeout', %(statement_timeout)s, true) offset 0) as limits
+"""
 UNBOOKED = WINDOW + " and not exists (select 1 from {ledger} where key = {p_key})"
 
 # The count comes back as the statement's rowcount: a RETURNING to count the rows
@@ -176,17 +184,6 @@ class Target:
 
     # -- the operations ----------------------------------------------------------
 
-    def set_timeouts(self, conn: Any) -> None:
-        """Per-transaction limits so live traffic is never held for long."""
-        if self.engine.dialect == "postgres":
-            conn.execute(
-                "select set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)",
-                (
-                    f"{int(self.policy.lock_timeout * 1000)}ms",
-                    f"{int(self.policy.statement_timeout * 1000)}ms",
-                ),
-            )
-
     def bounds(self, conn: Any, cutoff: datetime) -> tuple[int, int] | None:
         row = self.run(conn, BOUNDS, cutoff=cutoff).fetchone()
         if row is None or row["lo"] is None:
@@ -226,14 +223,19 @@ class Target:
         p = self.policy
         params = {"cutoff": cutoff, "lo": lo, "hi": hi, "key": key}
         if self.engine.dialect == "postgres":
-            # Pipelined: the limits and the statement cost one round trip, and the
-            # limits are in force before the statement starts.
+            # Pipelined: the limits, the turn and the statement cost one round trip.
             with conn.pipeline():
-                self.set_timeouts(conn)
                 # Deliveries of one window take turns (within lock_timeout): the
                 # later one's delete then sees the earlier one's ledger row and
                 # takes nothing, instead of racing it for the same rows.
-                conn.execute(WINDOW_LOCK, (key,))
+                conn.execute(
+                    WINDOW_START,
+                    {
+                        "key": key,
+                        "lock_timeout": f"{int(p.lock_timeout * 1000)}ms",
+                        "statement_timeout": f"{int(p.statement_timeout * 1000)}ms",
+                    },
+                )
                 template = DELETE if p.action == "delete" else ARCHIVE_MOVE
                 cur = self.run(conn, template, **params)
             rows = int(cur.rowcount)  # known once the pipeline has synced, at its end

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from datetime import datetime
@@ -49,6 +51,8 @@ PERMANENT_SQLSTATES = {
     "42501": "insufficient_privilege",
 }
 
+IDLE_CHECK_SECONDS = 1.0
+
 # Any stable number: serializes concurrent migrators across processes.
 _MIGRATION_LOCK = 0x65787069
 
@@ -57,6 +61,26 @@ def _configure(conn: psycopg.Connection[Any]) -> None:
     # UTC so that a target's "timestamp without time zone" compares as UTC.
     conn.execute("set timezone to 'UTC'")
     conn.commit()
+
+
+# When each pooled connection last came back to the pool (monotonic seconds).
+_returned_at: weakref.WeakKeyDictionary[psycopg.Connection[Any], float] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _returned(conn: psycopg.Connection[Any]) -> None:
+    _returned_at[conn] = time.monotonic()
+
+
+def _check_if_idle(conn: psycopg.Connection[Any]) -> None:
+    """Check a connection with a round trip only when it sat in the pool for a
+    while (the server may have restarted or cut it meanwhile). One back within
+    the last IDLE_CHECK_SECONDS worked then: a busy worker's window transactions
+    skip the extra round trip, and a connection broken in that gap fails one
+    transaction, which retries (a broken connection leaves the pool on return)."""
+    if time.monotonic() - _returned_at.get(conn, float("-inf")) > IDLE_CHECK_SECONDS:
+        ConnectionPool.check_connection(conn)
 
 
 class PostgresEngine(Engine):
@@ -72,8 +96,9 @@ class PostgresEngine(Engine):
             max_size=max(1, pool_size),
             kwargs={"row_factory": dict_row, "autocommit": False},
             configure=_configure,
+            reset=_returned,
             open=True,
-            check=ConnectionPool.check_connection,
+            check=_check_if_idle,
         )
         self._listener: psycopg.Connection[Any] | None = None
         self._maintenance: psycopg.Connection[Row] | None = None
