@@ -7,7 +7,7 @@
 Each drill is a test in tests/drills; EXPIRY_DRILL_LONG=1 switches them to their
 long scale (see each module's ``scale(ci, long)`` constants):
 
-    worker crashes      300,000 rows, 15 kills      ->  5,000,000 rows, 500 kills
+    worker crashes    1,000,000 rows, 50 kills      ->  5,000,000 rows, 500 kills
     database restart    150,000 rows, 1 restart     ->  3,000,000 rows, 5 restarts
     lock contention     40,000 rows                 ->  1,000,000 rows
     revival race        60,000 rows                 ->  2,000,000 rows

@@ -37,6 +37,8 @@ that started while the cleanup ran: from the run's ``opened_at`` to its
 ``finished_at`` (the database's own record), or around the naive DELETE. The
 cleanup's rows/s is the ledger's rows over that interval. Every scenario must
 delete exactly the expired rows and leave every live row (exit 1 otherwise).
+Each scenario also reports the WAL the whole cluster wrote while it ran
+(``pg_stat_wal``: bytes, and full-page images among them).
 
 The target, printed and never asserted: with the defaults, foreground p99 within
 1.25x the baseline's, while expiry keeps at least half its unthrottled rows/s.
@@ -250,6 +252,8 @@ class Result:
     p99: float
     rows: int = 0
     cleanup_seconds: float = 0.0
+    wal_bytes: int = 0  # written by the whole cluster during the scenario
+    wal_fpi: int = 0  # of which full-page images (records)
 
     @property
     def ops_per_s(self) -> float:
@@ -258,6 +262,14 @@ class Result:
     @property
     def rows_per_s(self) -> float:
         return self.rows / self.cleanup_seconds if self.cleanup_seconds else 0.0
+
+
+def wal_counters() -> tuple[int, int]:
+    """The cluster's WAL bytes and full-page images so far (pg_stat_wal)."""
+    with admin() as conn:
+        row = conn.execute("select wal_bytes::bigint, wal_fpi from pg_stat_wal").fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -453,6 +465,7 @@ def main() -> int:
             for round_ in range(args.repeat):
                 for name in scenarios:
                     with copy_of_template(f"expiry_bench_fg_{os.getpid()}_{name}") as url:
+                        wal_before = wal_counters()
                         if name == "baseline":
                             result = run_baseline(url, args)
                         elif name == "naive":
@@ -468,6 +481,9 @@ def main() -> int:
                             )
                         else:
                             parser.error(f"unknown scenario {name!r}")
+                        wal_after = wal_counters()
+                        result.wal_bytes = wal_after[0] - wal_before[0]
+                        result.wal_fpi = wal_after[1] - wal_before[1]
                     results.append(result)
                     print(
                         f"round {round_ + 1} {result.scenario:<13} p50 {result.p50 * 1000:7.2f} ms"
@@ -478,6 +494,8 @@ def main() -> int:
                             if result.rows
                             else ""
                         )
+                        + f"  WAL {result.wal_bytes / 2**20:,.0f} MiB"
+                        f" ({result.wal_fpi:,} full-page images)"
                         + f"  (load {os.getloadavg()[0]:.1f})",
                         flush=True,
                     )
@@ -512,13 +530,17 @@ def report(results: list[Result], overrides: dict[str, Any]) -> None:
     names = list(dict.fromkeys(r.scenario for r in results))
     base_p99 = median("baseline", "p99")
     print("\nforeground latency while cleaning (median over rounds)")
-    print(f"{'scenario':<14}{'p50 ms':>9}{'p99 ms':>9}{'p99/base':>10}{'ops/s':>9}{'rows/s':>11}")
+    print(
+        f"{'scenario':<14}{'p50 ms':>9}{'p99 ms':>9}{'p99/base':>10}{'ops/s':>9}{'rows/s':>11}"
+        f"{'WAL MiB':>9}{'FPIs':>9}"
+    )
     for name in names:
         rate = median(name, "rows_per_s")
         print(
             f"{name:<14}{median(name, 'p50') * 1000:9.2f}{median(name, 'p99') * 1000:9.2f}"
             f"{median(name, 'p99') / base_p99:10.2f}{median(name, 'ops_per_s'):9.0f}"
             + (f"{rate:11,.0f}" if rate else f"{'-':>11}")
+            + f"{median(name, 'wal_bytes') / 2**20:9,.0f}{median(name, 'wal_fpi'):9,.0f}"
         )
     if {"baseline", "defaults", "unthrottled"} <= set(names):
         ratio = median("defaults", "p99") / base_p99
