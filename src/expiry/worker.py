@@ -28,6 +28,8 @@ from .types import Job, JobState
 
 log = logging.getLogger("expiry.worker")
 
+HELPER_JOIN_SECONDS = 10.0
+
 
 def job_fields(job: Job) -> dict[str, Any]:
     """The fields every job log line carries."""
@@ -108,6 +110,11 @@ class Worker:
             while thread.is_alive():
                 thread.join(0.2)
         self.stopping.set()
+        # Let a heartbeat or rescue in flight finish before the caller closes the
+        # engine: a helper still inside the driver as its connection closes (or
+        # as the interpreter exits) can take the process down.
+        for thread in helpers:
+            thread.join(HELPER_JOIN_SECONDS)
         log.info("worker stopped", extra={"worker": self.name})
         return 0
 

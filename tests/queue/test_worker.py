@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 import signal
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -224,3 +226,29 @@ def test_sigterm_finishes_the_job_in_hand_and_releases_the_rest(
         job = get(app, key)
         assert job.state is JobState.AVAILABLE, key
         assert job.attempt == 0 and job.lease_token is None and job.errors == []
+
+
+def test_run_returns_only_after_a_rescue_in_flight_has_finished(app: App) -> None:
+    """The caller closes the engine once run() returns: no helper thread of the
+    worker may still be inside the driver then."""
+    rescuing, release = threading.Event(), threading.Event()
+    rescue = app.queue.rescue
+
+    def slow_rescue() -> int:
+        rescuing.set()
+        release.wait(5)
+        return rescue()
+
+    app.queue.rescue = slow_rescue  # type: ignore[method-assign]
+    worker = make_worker(app, until_idle=False, rescue_every=0.05)
+    before = set(threading.enumerate())
+    runner = threading.Thread(target=worker.run)
+    runner.start()
+    assert rescuing.wait(10)
+    worker.stop()
+    time.sleep(0.5)
+    assert runner.is_alive()  # waiting for the rescue in flight
+    release.set()
+    runner.join(10)
+    assert not runner.is_alive()
+    assert set(threading.enumerate()) <= before  # heartbeat and rescuer are gone
