@@ -232,7 +232,9 @@ def test_a_database_that_cannot_write_gets_503_with_retry_after_and_loses_nothin
                 if refused.status_code == 503:
                     break
             message = assert_error(refused, 503, "unavailable")
-            assert "read_only" in message or "connection_lost" in message
+            # A pooled connection back within the pool's idle-check second is not
+            # checked: the request that meets it cut answers admin_shutdown.
+            assert any(k in message for k in ("read_only", "connection_lost", "admin_shutdown"))
             assert refused.headers["retry-after"] == "1"
     finally:
         admin.execute(f'alter database "{dbname}" reset default_transaction_read_only')
