@@ -47,6 +47,11 @@ class Handler:
     completes them all (one commit for many short jobs). Any failure rolls the
     group back and each job runs again alone (``before`` hooks run again too).
     ``after`` and the job-duration metric get the whole group's seconds."""
+    completes_job: bool = False
+    """The handler completes its own job (``app.queue.complete(job, tx)``, or an
+    engine call that completes it along with other work) inside its transaction,
+    so that the completion shares a round trip with its last statement; the
+    worker then does not complete it. Not with ``group_commit``."""
 
 
 class Once:
@@ -147,13 +152,21 @@ class App:
         after: Callable[[Job, Any, float], None] | None = None,
         after_batch: Callable[[list[Job]], None] | None = None,
         group_commit: bool = False,
+        completes_job: bool = False,
     ) -> Callable[[HandlerFn], HandlerFn]:
         """Register ``fn(job, tx)`` to run jobs enqueued under ``name``."""
+        if group_commit and completes_job:
+            raise ConfigError(
+                f"handler {name!r}: a group commit completes its jobs together, "
+                "so a handler that completes its own job cannot join one"
+            )
 
         def register(fn: HandlerFn) -> HandlerFn:
             if name in self.handlers:
                 raise ConfigError(f"handler {name!r} is registered twice")
-            self.handlers[name] = Handler(name, fn, before, after, after_batch, group_commit)
+            self.handlers[name] = Handler(
+                name, fn, before, after, after_batch, group_commit, completes_job
+            )
             return fn
 
         return register

@@ -2,7 +2,7 @@
 
     open_run  ── run row (id = policy:cutoff) + planning job ──► queue
     plan page ── windows (lo, lo+window] as jobs + the next page ──► queue
-    window    ── delete/archive booked in the ledger ─ complete: one transaction
+    window    ── delete/archive, booked in the ledger with the job's completion: one transaction
     batch     ── after a worker's claimed batch: finish the runs with nothing pending
 
 A window job may apply only part of its range when the previous transactions
@@ -304,6 +304,7 @@ class Cleanup:
                 key=job.key,
                 run_id=p["run_id"],
                 worker=job.lease_owner,
+                job=job,  # completed with the ledger row, in one round trip
             )
         except SchemaError as exc:
             raise PermanentError(str(exc)) from exc
@@ -425,5 +426,6 @@ def register_cleanup(app: App) -> Cleanup:
         before=cleanup.before_window,
         after=cleanup.after_window,
         after_batch=cleanup.finish_batch,
+        completes_job=True,
     )(cleanup.apply_window)
     return cleanup

@@ -25,6 +25,7 @@ from psycopg import sql
 from .config import Policy
 from .engines.base import Engine
 from .errors import AlreadyApplied, SchemaError
+from .types import Job
 
 log = logging.getLogger("expiry.target")
 
@@ -215,11 +216,13 @@ class Target:
         key: str,
         run_id: str,
         worker: str | None,
+        job: Job | None = None,
     ) -> int | None:
         """Delete (or archive) the window's rows that are expired right now and book
         the window in the ledger under ``key``, with the per-transaction limits, in
-        the caller's transaction. Returns the rows affected, or None when ``key``
-        was booked before: then nothing changed."""
+        the caller's transaction; with ``job``, complete it there too (in the
+        ledger insert's round trip). Returns the rows affected, or None when
+        ``key`` was booked before: then nothing changed."""
         p = self.policy
         params = {"cutoff": cutoff, "lo": lo, "hi": hi, "key": key}
         if self.engine.dialect == "postgres":
@@ -241,17 +244,19 @@ class Target:
             rows = int(cur.rowcount)  # known once the pipeline has synced, at its end
         else:
             rows = self._copy_and_delete(conn, params)
-        booked = self.engine.ledger_insert(
-            conn,
-            key,
-            policy=p.name,
-            run_id=run_id,
-            lo=lo,
-            hi=hi,
-            action=p.action,
-            worker=worker,
-            rows=rows,
-        )
+        fields: dict[str, Any] = {
+            "policy": p.name,
+            "run_id": run_id,
+            "lo": lo,
+            "hi": hi,
+            "action": p.action,
+            "worker": worker,
+            "rows": rows,
+        }
+        if job is None:
+            booked = self.engine.ledger_insert(conn, key, **fields)
+        else:
+            booked = self.engine.ledger_insert_and_complete(conn, key, job, **fields)
         if booked:
             return rows
         if rows:

@@ -340,8 +340,11 @@ class Worker:
             started = time.monotonic()
             with self.app.engine.transaction() as tx:
                 result = handler.fn(job, tx)
+                # Settled before commit: a heartbeat that meets the completion's
+                # row lock returns after it and finds the job no longer held.
                 self._settle([job])
-                self.app.queue.complete(job, tx)
+                if not handler.completes_job:
+                    self.app.queue.complete(job, tx)
             elapsed = time.monotonic() - started
         except AlreadyApplied:
             self._complete_duplicate(job)

@@ -7,10 +7,11 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import pytest
 from _support import execute, expire_leases, placeholder
 
 from expiry.app import App
-from expiry.errors import PermanentError
+from expiry.errors import ConfigError, PermanentError
 from expiry.queue import new_job
 from expiry.types import Job, JobState
 from expiry.worker import Worker
@@ -154,3 +155,9 @@ def test_a_lost_lease_in_a_group_completes_none_of_it(app: App) -> None:
     assert app.queue.rescue() == 3
     assert make_worker(app, batch=3).run() == 0
     assert sorted(job for job, _ in effects(app)) == ["r0", "r1", "r2"]
+
+
+def test_a_handler_that_completes_its_own_job_cannot_join_a_group(app: App) -> None:
+    with pytest.raises(ConfigError, match="completes its own job"):
+        app.handler("both", group_commit=True, completes_job=True)
+    assert "both" not in app.handlers

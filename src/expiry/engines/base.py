@@ -324,6 +324,14 @@ class Engine(abc.ABC):
         }
         return bool(self.rows(conn, "ledger_insert", params))
 
+    def ledger_insert_and_complete(self, conn: Any, key: str, job: Job, **fields: Any) -> bool:
+        """ledger_insert, then complete ``job``, in ``conn``'s transaction: a job
+        that books its own work (the window job). Returns what ledger_insert
+        returns; raises LeaseLost. PostgreSQL sends both in one round trip."""
+        booked = self.ledger_insert(conn, key, **fields)
+        self.job_complete(job, conn)
+        return booked
+
     def ledger_get(self, key: str) -> Row | None:
         return self.one(None, "ledger_get", {"key": key})
 

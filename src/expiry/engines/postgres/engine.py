@@ -21,7 +21,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
-from ...errors import MigrationError
+from ...errors import LeaseLost, MigrationError
 from ...types import Job, JobState, NewJob
 from ..base import Engine, Row, classify_exception, load_migrations, load_queries
 
@@ -159,6 +159,21 @@ class PostgresEngine(Engine):
                 with suppress(psycopg.Error):
                     own.autocommit = False
         return found
+
+    def ledger_insert_and_complete(self, conn: Any, key: str, job: Job, **fields: Any) -> bool:
+        params = {
+            "key": key,
+            **{f: fields.get(f) for f in ("policy", "run_id", "lo", "hi", "action", "worker")},
+            "rows": fields.get("rows", 0),
+        }
+        with conn.pipeline():  # both results come back with the one sync at its end
+            booked = conn.execute(self.queries["ledger_insert"], params, prepare=True)
+            done = conn.execute(
+                self.queries["job_complete"], {"id": job.id, "token": job.lease_token}, prepare=True
+            )
+        if not done.fetchall():
+            raise LeaseLost(f"job {job.key}: lease lost before completion")
+        return bool(booked.fetchall())
 
     def _list(self, values: Sequence[Any]) -> Any:
         return list(values)
