@@ -63,6 +63,12 @@ def check_payload(payload: dict[str, Any]) -> str:
     return text
 
 
+def ledger_params(key: str, **fields: Any) -> dict[str, Any]:
+    """The ledger_insert query's parameters: ``key`` and whichever fields are known."""
+    named = ("policy", "run_id", "lo", "hi", "action", "worker")
+    return {"key": key, **{f: fields.get(f) for f in named}, "rows": fields.get("rows", 0)}
+
+
 class Engine(abc.ABC):
     """One database that holds both the application's tables and expiry's."""
 
@@ -312,16 +318,9 @@ class Engine(abc.ABC):
     ) -> bool:
         """True if this transaction now owns ``key``; False if it committed before.
         ``rows``: how many rows the operation affected, when that is known already."""
-        params = {
-            "key": key,
-            "policy": policy,
-            "run_id": run_id,
-            "lo": lo,
-            "hi": hi,
-            "action": action,
-            "worker": worker,
-            "rows": rows,
-        }
+        params = ledger_params(
+            key, policy=policy, run_id=run_id, lo=lo, hi=hi, action=action, worker=worker, rows=rows
+        )
         return bool(self.rows(conn, "ledger_insert", params))
 
     def ledger_insert_and_complete(self, conn: Any, key: str, job: Job, **fields: Any) -> bool:

@@ -23,7 +23,14 @@ from psycopg_pool import ConnectionPool
 
 from ...errors import LeaseLost, MigrationError
 from ...types import Job, JobState, NewJob
-from ..base import Engine, Row, classify_exception, load_migrations, load_queries
+from ..base import (
+    Engine,
+    Row,
+    classify_exception,
+    ledger_params,
+    load_migrations,
+    load_queries,
+)
 
 log = logging.getLogger("expiry.engine")
 
@@ -161,13 +168,10 @@ class PostgresEngine(Engine):
         return found
 
     def ledger_insert_and_complete(self, conn: Any, key: str, job: Job, **fields: Any) -> bool:
-        params = {
-            "key": key,
-            **{f: fields.get(f) for f in ("policy", "run_id", "lo", "hi", "action", "worker")},
-            "rows": fields.get("rows", 0),
-        }
         with conn.pipeline():  # both results come back with the one sync at its end
-            booked = conn.execute(self.queries["ledger_insert"], params, prepare=True)
+            booked = conn.execute(
+                self.queries["ledger_insert"], ledger_params(key, **fields), prepare=True
+            )
             done = conn.execute(
                 self.queries["job_complete"], {"id": job.id, "token": job.lease_token}, prepare=True
             )
