@@ -371,10 +371,13 @@ def _expiry_worker(config: dict[str, Any], ready: Barrier, go: Event, results: A
     assert app.cleanup is not None and app.config is not None
     settings = app.config.worker
 
-    @app.handler(QUEUE_ONLY_HANDLER)
+    # As the window job runs: pipelined, completed in the delete's round trip.
+    @app.handler(QUEUE_ONLY_HANDLER, completes_job=True, pipelined=True)
     def delete_window(job: Any, tx: Any) -> int:
         params = {**job.payload, "cutoff": datetime.fromisoformat(job.payload["cutoff"])}
-        return int(tx.execute(PG_DELETE, params).rowcount)
+        deleted = tx.execute(PG_DELETE, params)
+        app.queue.complete(job, tx)  # its read brings the delete's count back too
+        return int(deleted.rowcount)
 
     app.cleanup.check()
     app.queue.pending()  # the pool is open before the clock starts,

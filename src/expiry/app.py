@@ -52,6 +52,12 @@ class Handler:
     engine call that completes it along with other work) inside its transaction,
     so that the completion shares a round trip with its last statement; the
     worker then does not complete it. Not with ``group_commit``."""
+    pipelined: bool = False
+    """Run the job's transaction pipelined where the engine can (PostgreSQL's
+    pipeline mode): statements are sent when a result is read, BEGIN with the
+    first of them and COMMIT with the last, saving their round trips. The handler
+    must read every result it depends on (a query's rows, or a statement whose
+    failure must stop it); an unread statement's error surfaces at commit."""
 
 
 class Once:
@@ -153,6 +159,7 @@ class App:
         after_batch: Callable[[list[Job]], None] | None = None,
         group_commit: bool = False,
         completes_job: bool = False,
+        pipelined: bool = False,
     ) -> Callable[[HandlerFn], HandlerFn]:
         """Register ``fn(job, tx)`` to run jobs enqueued under ``name``."""
         if group_commit and completes_job:
@@ -165,7 +172,7 @@ class App:
             if name in self.handlers:
                 raise ConfigError(f"handler {name!r} is registered twice")
             self.handlers[name] = Handler(
-                name, fn, before, after, after_batch, group_commit, completes_job
+                name, fn, before, after, after_batch, group_commit, completes_job, pipelined
             )
             return fn
 

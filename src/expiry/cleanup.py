@@ -304,7 +304,7 @@ class Cleanup:
                 key=job.key,
                 run_id=p["run_id"],
                 worker=job.lease_owner,
-                job=job,  # completed with the ledger row, in one round trip
+                job=job,  # completed in the delete's round trip
             )
         except SchemaError as exc:
             raise PermanentError(str(exc)) from exc
@@ -334,7 +334,13 @@ class Cleanup:
             return self._paces.setdefault(policy.name, _Pace(chunk=policy.window))
 
     def before_window(self, job: Job) -> None:
-        """Honour max_rows_per_second: wait out the previous transaction's rows."""
+        """Check the policy's table (once per process, in a transaction of its own:
+        the window's is pipelined, and reads only what it needs); honour
+        max_rows_per_second: wait out the previous transaction's rows."""
+        try:
+            self.target(job.payload["policy"])
+        except SchemaError as exc:
+            raise PermanentError(str(exc)) from exc
         pace = self._pace(self.policy(job.payload["policy"]))
         delay = pace.not_before - time.monotonic()
         if delay > 0:
@@ -427,5 +433,6 @@ def register_cleanup(app: App) -> Cleanup:
         after=cleanup.after_window,
         after_batch=cleanup.finish_batch,
         completes_job=True,
+        pipelined=True,
     )(cleanup.apply_window)
     return cleanup

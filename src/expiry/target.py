@@ -16,6 +16,7 @@ is inserted with the count of rows it affected.
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -24,7 +25,7 @@ from psycopg import sql
 
 from .config import Policy
 from .engines.base import Engine
-from .errors import AlreadyApplied, SchemaError
+from .errors import SchemaError
 from .types import Job
 
 log = logging.getLogger("expiry.target")
@@ -221,13 +222,16 @@ class Target:
         """Delete (or archive) the window's rows that are expired right now and book
         the window in the ledger under ``key``, with the per-transaction limits, in
         the caller's transaction; with ``job``, complete it there too (in the
-        ledger insert's round trip). Returns the rows affected, or None when
+        delete's round trip). Returns the rows affected, or None when
         ``key`` was booked before: then nothing changed."""
         p = self.policy
         params = {"cutoff": cutoff, "lo": lo, "hi": hi, "key": key}
         if self.engine.dialect == "postgres":
-            # Pipelined: the limits, the turn and the statement cost one round trip.
-            with conn.pipeline():
+            # Pipelined: the limits, the turn, the statement and the completion
+            # cost one round trip. In a pipelined transaction (the worker's) it
+            # carries the BEGIN too, and the completion's read brings it back.
+            in_pipeline = bool(conn.pgconn.pipeline_status)
+            with nullcontext() if in_pipeline else conn.pipeline():
                 # Deliveries of one window take turns (within lock_timeout): the
                 # later one's delete then sees the earlier one's ledger row and
                 # takes nothing, instead of racing it for the same rows.
@@ -241,29 +245,31 @@ class Target:
                 )
                 template = DELETE if p.action == "delete" else ARCHIVE_MOVE
                 cur = self.run(conn, template, **params)
-            rows = int(cur.rowcount)  # known once the pipeline has synced, at its end
+                if job is not None:
+                    self.engine.job_complete(job, conn)
+            rows = int(cur.rowcount)  # known once a later read or a sync brought it
+            if rows < 0:
+                raise RuntimeError("Target.apply in a pipelined transaction needs its job")
         else:
             rows = self._copy_and_delete(conn, params)
-        fields: dict[str, Any] = {
-            "policy": p.name,
-            "run_id": run_id,
-            "lo": lo,
-            "hi": hi,
-            "action": p.action,
-            "worker": worker,
-            "rows": rows,
-        }
-        if job is None:
-            booked = self.engine.ledger_insert(conn, key, **fields)
-        else:
-            booked = self.engine.ledger_insert_and_complete(conn, key, job, **fields)
-        if booked:
-            return rows
-        if rows:
-            raise AlreadyApplied(
-                f"window {key}: a concurrent delivery booked it first; this one is rolled back"
-            )
-        return None
+            if job is not None:
+                self.engine.job_complete(job, conn)
+        # Rows taken: the ledger row must be this delivery's (strict), else the
+        # transaction rolls back with AlreadyApplied; on PostgreSQL the insert then
+        # travels unread with the COMMIT. None taken: a booked key is a duplicate.
+        booked = self.engine.ledger_insert(
+            conn,
+            key,
+            strict=rows > 0,
+            policy=p.name,
+            run_id=run_id,
+            lo=lo,
+            hi=hi,
+            action=p.action,
+            worker=worker,
+            rows=rows,
+        )
+        return rows if booked else None
 
     def _copy_and_delete(self, conn: Any, params: dict[str, Any]) -> int:
         if self.policy.action == "delete":

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg.pq import TransactionStatus
 import pytest
 
 from expiry.app import App
@@ -66,13 +67,17 @@ def test_a_duplicate_archive_delivery_moves_nothing(db: Db, apps: Apps) -> None:
     assert db.audit("window.duplicate", window["key"]) == 1
 
 
-def test_a_delivery_racing_an_uncommitted_one_rolls_back_its_delete(pg_db: Db, apps: Apps) -> None:
+@pytest.mark.parametrize("pipelined", [False, True], ids=["plain", "pipelined"])
+def test_a_delivery_racing_an_uncommitted_one_rolls_back_its_delete(
+    pg_db: Db, apps: Apps, pipelined: bool
+) -> None:
     """The ledger guard reads the statement's snapshot: a delivery that starts while
     another has booked the window but not committed passes it and deletes, then its
-    ledger insert waits for that commit, finds the key taken, and rolls back."""
+    ledger insert waits for that commit, finds the key taken, and rolls back. In a
+    pipelined transaction (the worker's) the conflict comes back with the COMMIT."""
     db = pg_db
     seed(db, 300)
-    app = apps(db.url, {"lock_timeout": "30s"})
+    app = apps(db.url, {"lock_timeout": "30s"}, pool_size=1)  # one connection, checked after
     assert app.cleanup is not None
     opened = app.cleanup.open_run(POLICY)
     claim_plan(app)
@@ -89,7 +94,7 @@ def test_a_delivery_racing_an_uncommitted_one_rolls_back_its_delete(pg_db: Db, a
 
     def deliver() -> None:
         try:
-            with app.engine.transaction() as tx:
+            with app.engine.transaction(pipelined=pipelined) as tx:
                 app.handlers[WINDOW].fn(job, tx)
         except BaseException as exc:
             outcome.append(exc)
@@ -114,6 +119,11 @@ def test_a_delivery_racing_an_uncommitted_one_rolls_back_its_delete(pg_db: Db, a
     assert isinstance(raised, AlreadyApplied)
     assert db.table() == table  # its delete was rolled back
     assert [(row["key"], row["rows"]) for row in db.ledger()] == [(job.key, 0)]
+    running = app.queue.get(job.key)
+    assert running is not None and running.state.value == "running"  # completion undone too
+    with app.engine.pool.connection() as conn:  # back in the pool as it came out
+        assert conn.info.transaction_status == TransactionStatus.IDLE
+        assert not conn.autocommit and not conn.pgconn.pipeline_status
 
 
 def test_concurrent_deliveries_of_a_window_take_turns_and_the_later_takes_nothing(
@@ -224,9 +234,18 @@ def test_the_run_is_finished_once_per_claimed_batch(
     assert checks == [{opened.run_id}, {opened.run_id}]
 
 
-def test_a_window_costs_five_round_trips_on_postgres(pg_db: Db, apps: Apps, tmp_path: Path) -> None:
-    """BEGIN; limits, turn and delete; ledger row and completion; COMMIT; then the
-    batch's run check. Counted as the server's ReadyForQuery messages in libpq's
+def round_trips(trace: str) -> int:
+    """Round trips in a libpq protocol trace: each run of the client's messages
+    (F) that the server's (B) answer."""
+    directions = [line.split("\t")[1] for line in trace.splitlines() if "\t" in line]
+    return sum(1 for sent, got in zip(directions, directions[1:]) if (sent, got) == ("F", "B"))
+
+
+def test_a_window_costs_three_round_trips_on_postgres(
+    pg_db: Db, apps: Apps, tmp_path: Path
+) -> None:
+    """A pipelined transaction: BEGIN, limits, turn, delete and completion; then
+    the ledger row with the COMMIT; then the batch's run check. Counted in libpq's
     protocol trace of the pool's one connection."""
     db = pg_db
     seed(db, 300)
@@ -251,4 +270,7 @@ def test_a_window_costs_five_round_trips_on_postgres(pg_db: Db, apps: Apps, tmp_
     assert booked["key"] == job.key and booked["rows"] > 0
     completed = app.queue.get(job.key)
     assert completed is not None and completed.state.value == "completed"
-    assert text.count("ReadyForQuery") == 5, text
+    assert round_trips(text) == 3, text
+    first_sync = text.index("\tSync")
+    assert text.index('"BEGIN"') < text.index('"DELETE ') < text.index('"UPDATE 1"') < first_sync
+    assert text.index('"INSERT 0 1"') < text.index('"COMMIT"')

@@ -21,7 +21,7 @@ from importlib import resources
 from typing import Any
 
 from ..defaults import MAX_PAYLOAD_BYTES
-from ..errors import LeaseLost, MigrationError, PayloadTooLarge
+from ..errors import AlreadyApplied, LeaseLost, MigrationError, PayloadTooLarge
 from ..types import EnqueueResult, Job, JobState, NewJob, QueueStats
 
 Row = dict[str, Any]
@@ -63,6 +63,10 @@ def check_payload(payload: dict[str, Any]) -> str:
     return text
 
 
+def ledger_conflict(key: str) -> str:
+    return f"{key}: a concurrent delivery booked it first; this one is rolled back"
+
+
 def ledger_params(key: str, **fields: Any) -> dict[str, Any]:
     """The ledger_insert query's parameters: ``key`` and whichever fields are known."""
     named = ("policy", "run_id", "lo", "hi", "action", "worker")
@@ -81,8 +85,13 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     @contextmanager
-    def transaction(self) -> Iterator[Any]:
-        """A driver connection inside a transaction, committed on success."""
+    def transaction(self, *, pipelined: bool = False) -> Iterator[Any]:
+        """A driver connection inside a transaction, committed on success.
+
+        ``pipelined``: where the driver can, statements are queued and sent
+        together when a result is read, BEGIN with the first of them and COMMIT
+        with the last (PostgreSQL's pipeline mode); an error of a statement whose
+        result is never read surfaces at commit. Others ignore it."""
 
     @abc.abstractmethod
     def rows(self, conn: Any, name: str, params: dict[str, Any] | None = None) -> list[Row]:
@@ -308,6 +317,7 @@ class Engine(abc.ABC):
         conn: Any,
         key: str,
         *,
+        strict: bool = False,
         policy: str | None = None,
         run_id: str | None = None,
         lo: int | None = None,
@@ -317,18 +327,16 @@ class Engine(abc.ABC):
         rows: int = 0,
     ) -> bool:
         """True if this transaction now owns ``key``; False if it committed before.
-        ``rows``: how many rows the operation affected, when that is known already."""
+        ``rows``: how many rows the operation affected, when that is known already.
+        ``strict``: the caller has acted already and must own ``key``; should it
+        not, AlreadyApplied is raised (on PostgreSQL in a pipelined transaction,
+        at commit: the insert is sent with the COMMIT, unread)."""
         params = ledger_params(
             key, policy=policy, run_id=run_id, lo=lo, hi=hi, action=action, worker=worker, rows=rows
         )
-        return bool(self.rows(conn, "ledger_insert", params))
-
-    def ledger_insert_and_complete(self, conn: Any, key: str, job: Job, **fields: Any) -> bool:
-        """ledger_insert, then complete ``job``, in ``conn``'s transaction: a job
-        that books its own work (the window job). Returns what ledger_insert
-        returns; raises LeaseLost. PostgreSQL sends both in one round trip."""
-        booked = self.ledger_insert(conn, key, **fields)
-        self.job_complete(job, conn)
+        booked = bool(self.rows(conn, "ledger_insert", params))
+        if strict and not booked:
+            raise AlreadyApplied(ledger_conflict(key))
         return booked
 
     def ledger_get(self, key: str) -> Row | None:

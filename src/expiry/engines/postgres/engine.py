@@ -18,15 +18,17 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
-from ...errors import LeaseLost, MigrationError
+from ...errors import AlreadyApplied, MigrationError
 from ...types import Job, JobState, NewJob
 from ..base import (
     Engine,
     Row,
     classify_exception,
+    ledger_conflict,
     ledger_params,
     load_migrations,
     load_queries,
@@ -90,6 +92,38 @@ def _check_if_idle(conn: psycopg.Connection[Any]) -> None:
         ConnectionPool.check_connection(conn)
 
 
+@contextmanager
+def _pipelined_transaction(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """A transaction in pipeline mode, BEGIN queued with its first statements and
+    COMMIT with its last. Written out rather than conn.transaction(), which in
+    pipeline mode syncs after BEGIN and again before COMMIT: two round trips."""
+    conn.autocommit = True  # else psycopg sends a BEGIN of its own, and waits for it
+    try:
+        with conn.pipeline() as pipeline:
+            conn.execute("begin")
+            try:
+                yield
+            except BaseException:
+                # Collect what an error left queued (the server skipped it), so
+                # that leaving the pipeline does not report it again.
+                with suppress(psycopg.Error):
+                    pipeline.sync()
+                raise
+            conn.execute("commit")
+    finally:
+        with suppress(psycopg.Error):  # a broken connection: the pool drops it
+            # After an error, or a Python exception before COMMIT, the transaction
+            # is still open (the server skips what follows an error until the
+            # pipeline's sync, COMMIT included).
+            if conn.info.transaction_status != TransactionStatus.IDLE:
+                conn.rollback()
+            conn.autocommit = False
+
+
+def _is_ledger_conflict(exc: psycopg.errors.UniqueViolation) -> bool:
+    return exc.diag.schema_name == "expiry" and exc.diag.constraint_name == "ledger_pkey"
+
+
 class PostgresEngine(Engine):
     dialect = "postgres"
 
@@ -121,11 +155,19 @@ class PostgresEngine(Engine):
         self._listener = self._maintenance = None
 
     @contextmanager
-    def transaction(self) -> Iterator[psycopg.Connection[Row]]:
+    def transaction(self, *, pipelined: bool = False) -> Iterator[psycopg.Connection[Row]]:
         with self.pool.connection() as conn:
             try:
-                with conn.transaction():
-                    yield conn
+                if pipelined:
+                    with _pipelined_transaction(conn):
+                        yield conn
+                else:
+                    with conn.transaction():
+                        yield conn
+            except psycopg.errors.UniqueViolation as exc:
+                if _is_ledger_conflict(exc):
+                    raise AlreadyApplied(f"ledger: {exc.diag.message_detail}") from exc
+                raise
             except psycopg.errors.ReadOnlySqlTransaction:
                 # A session opened while the database was read-only (a standby, or
                 # default_transaction_read_only) stays so: drop it, so that the pool
@@ -145,6 +187,15 @@ class PostgresEngine(Engine):
 
     def rows(self, conn: Any, name: str, params: dict[str, Any] | None = None) -> list[Row]:
         cur = conn.execute(self.queries[name], params or {}, prepare=True)
+        if conn.pgconn.pipeline_status:
+            # Pipelined: the description arrives with the result, which only a
+            # read fetches (sending what is queued before it, in one round trip).
+            try:
+                return list(cur.fetchall())
+            except psycopg.ProgrammingError as exc:
+                if exc.sqlstate:  # the server's error (class 42: permission, syntax)
+                    raise
+                return []  # psycopg's own: the statement returns no rows
         return list(cur.fetchall()) if cur.description is not None else []
 
     def run(self, conn: Any | None, name: str, params: dict[str, Any] | None = None) -> list[Row]:
@@ -167,17 +218,18 @@ class PostgresEngine(Engine):
                     own.autocommit = False
         return found
 
-    def ledger_insert_and_complete(self, conn: Any, key: str, job: Job, **fields: Any) -> bool:
-        with conn.pipeline():  # both results come back with the one sync at its end
-            booked = conn.execute(
-                self.queries["ledger_insert"], ledger_params(key, **fields), prepare=True
-            )
-            done = conn.execute(
-                self.queries["job_complete"], {"id": job.id, "token": job.lease_token}, prepare=True
-            )
-        if not done.fetchall():
-            raise LeaseLost(f"job {job.key}: lease lost before completion")
-        return bool(booked.fetchall())
+    def ledger_insert(self, conn: Any, key: str, *, strict: bool = False, **fields: Any) -> bool:
+        if not strict:
+            return super().ledger_insert(conn, key, **fields)
+        # Unread: in a pipelined transaction it is sent with the COMMIT, and a
+        # conflict fails the commit (transaction() raises it as AlreadyApplied).
+        try:
+            conn.execute(self.queries["ledger_book"], ledger_params(key, **fields), prepare=True)
+        except psycopg.errors.UniqueViolation as exc:
+            if _is_ledger_conflict(exc):
+                raise AlreadyApplied(ledger_conflict(key)) from exc
+            raise
+        return True
 
     def _list(self, values: Sequence[Any]) -> Any:
         return list(values)

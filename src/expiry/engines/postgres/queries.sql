@@ -206,6 +206,14 @@ values (%(key)s, %(policy)s, %(run_id)s, %(lo)s, %(hi)s, %(action)s, %(worker)s,
 on conflict (key) do nothing
 returning key;
 
+-- name: ledger_book
+-- ledger_insert for a caller that has acted already (a window after its delete)
+-- and must own the key: a conflict fails the transaction (unique_violation on
+-- ledger_pkey, raised as AlreadyApplied), so nothing needs to be read back and
+-- the insert can travel with the COMMIT.
+insert into expiry.ledger (key, policy, run_id, lo, hi, action, worker, rows_affected)
+values (%(key)s, %(policy)s, %(run_id)s, %(lo)s, %(hi)s, %(action)s, %(worker)s, %(rows)s);
+
 -- name: ledger_get
 -- One ledger row.
 select * from expiry.ledger where key = %(key)s;
