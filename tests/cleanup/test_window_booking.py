@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg.pq import TransactionStatus
 import pytest
+from psycopg.pq import TransactionStatus
 
 from expiry.app import App
 from expiry.cleanup import WINDOW, Cleanup, parse_time
@@ -238,7 +239,7 @@ def round_trips(trace: str) -> int:
     """Round trips in a libpq protocol trace: each run of the client's messages
     (F) that the server's (B) answer."""
     directions = [line.split("\t")[1] for line in trace.splitlines() if "\t" in line]
-    return sum(1 for sent, got in zip(directions, directions[1:]) if (sent, got) == ("F", "B"))
+    return sum(1 for pair in pairwise(directions) if pair == ("F", "B"))
 
 
 def test_a_window_costs_three_round_trips_on_postgres(
