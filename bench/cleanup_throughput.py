@@ -30,7 +30,8 @@ difference between the two lies:
 
 * queue-only: the raw loop's windows as jobs of expiry's queue, one job each,
   run by the same N worker processes with a handler that executes the raw
-  loop's DELETE in the job's transaction: the queue's claim, transaction and
+  loop's DELETE in the job's transaction, pipelined and completing its job as
+  the window job does (two round trips): the queue's claim, transaction and
   completion per window, without the cleanup core (no planner, ledger, guard
   or window lock). Timed from the enqueue until no job is left pending.
 
