@@ -72,14 +72,14 @@ def _configure(conn: psycopg.Connection[Any]) -> None:
     conn.commit()
 
 
-# When each pooled connection last came back to the pool (monotonic seconds).
+# When each pooled connection was last given back (monotonic seconds). Noted by
+# PostgresEngine._pooled, not by the pool's reset hook: psycopg_pool runs that
+# hook on one of its worker threads, and a connection returned through it is
+# back only once that thread has run, which on a busy machine can take longer
+# than the job loop takes to ask for it again.
 _returned_at: weakref.WeakKeyDictionary[psycopg.Connection[Any], float] = (
     weakref.WeakKeyDictionary()
 )
-
-
-def _returned(conn: psycopg.Connection[Any]) -> None:
-    _returned_at[conn] = time.monotonic()
 
 
 def _check_if_idle(conn: psycopg.Connection[Any]) -> None:
@@ -137,7 +137,6 @@ class PostgresEngine(Engine):
             max_size=max(1, pool_size),
             kwargs={"row_factory": dict_row, "autocommit": False},
             configure=_configure,
-            reset=_returned,
             open=True,
             check=_check_if_idle,
         )
@@ -155,8 +154,16 @@ class PostgresEngine(Engine):
         self._listener = self._maintenance = None
 
     @contextmanager
-    def transaction(self, *, pipelined: bool = False) -> Iterator[psycopg.Connection[Row]]:
+    def _pooled(self) -> Iterator[psycopg.Connection[Row]]:
         with self.pool.connection() as conn:
+            try:
+                yield conn
+            finally:
+                _returned_at[conn] = time.monotonic()
+
+    @contextmanager
+    def transaction(self, *, pipelined: bool = False) -> Iterator[psycopg.Connection[Row]]:
+        with self._pooled() as conn:
             try:
                 if pipelined:
                     with _pipelined_transaction(conn):
@@ -205,7 +212,7 @@ class PostgresEngine(Engine):
         finishing runs)."""
         if conn is not None:
             return self.rows(conn, name, params)
-        with self.pool.connection() as own:
+        with self._pooled() as own:
             own.autocommit = True
             try:
                 found = self.rows(own, name, params)
