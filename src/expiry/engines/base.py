@@ -63,10 +63,6 @@ def check_payload(payload: dict[str, Any]) -> str:
     return text
 
 
-def ledger_conflict(key: str) -> str:
-    return f"{key}: a concurrent delivery booked it first; this one is rolled back"
-
-
 def ledger_params(key: str, **fields: Any) -> dict[str, Any]:
     """The ledger_insert query's parameters: ``key`` and whichever fields are known."""
     named = ("policy", "run_id", "lo", "hi", "action", "worker")
@@ -329,14 +325,15 @@ class Engine(abc.ABC):
         """True if this transaction now owns ``key``; False if it committed before.
         ``rows``: how many rows the operation affected, when that is known already.
         ``strict``: the caller has acted already and must own ``key``; should it
-        not, AlreadyApplied is raised (on PostgreSQL in a pipelined transaction,
-        at commit: the insert is sent with the COMMIT, unread)."""
+        not, AlreadyApplied is raised, so that its transaction rolls back (on
+        PostgreSQL by Engine.transaction, at commit when pipelined: the insert is
+        sent with the COMMIT, unread)."""
         params = ledger_params(
             key, policy=policy, run_id=run_id, lo=lo, hi=hi, action=action, worker=worker, rows=rows
         )
         booked = bool(self.rows(conn, "ledger_insert", params))
         if strict and not booked:
-            raise AlreadyApplied(ledger_conflict(key))
+            raise AlreadyApplied(f"{key}: a concurrent delivery booked it first")
         return booked
 
     def ledger_get(self, key: str) -> Row | None:

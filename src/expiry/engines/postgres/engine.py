@@ -28,7 +28,6 @@ from ..base import (
     Engine,
     Row,
     classify_exception,
-    ledger_conflict,
     ledger_params,
     load_migrations,
     load_queries,
@@ -120,10 +119,6 @@ def _pipelined_transaction(conn: psycopg.Connection[Any]) -> Iterator[None]:
             conn.autocommit = False
 
 
-def _is_ledger_conflict(exc: psycopg.errors.UniqueViolation) -> bool:
-    return exc.diag.schema_name == "expiry" and exc.diag.constraint_name == "ledger_pkey"
-
-
 class PostgresEngine(Engine):
     dialect = "postgres"
 
@@ -172,7 +167,8 @@ class PostgresEngine(Engine):
                     with conn.transaction():
                         yield conn
             except psycopg.errors.UniqueViolation as exc:
-                if _is_ledger_conflict(exc):
+                # A strict ledger insert (ledger_book) found its key taken.
+                if exc.diag.schema_name == "expiry" and exc.diag.constraint_name == "ledger_pkey":
                     raise AlreadyApplied(f"ledger: {exc.diag.message_detail}") from exc
                 raise
             except psycopg.errors.ReadOnlySqlTransaction:
@@ -228,14 +224,9 @@ class PostgresEngine(Engine):
     def ledger_insert(self, conn: Any, key: str, *, strict: bool = False, **fields: Any) -> bool:
         if not strict:
             return super().ledger_insert(conn, key, **fields)
-        # Unread: in a pipelined transaction it is sent with the COMMIT, and a
-        # conflict fails the commit (transaction() raises it as AlreadyApplied).
-        try:
-            conn.execute(self.queries["ledger_book"], ledger_params(key, **fields), prepare=True)
-        except psycopg.errors.UniqueViolation as exc:
-            if _is_ledger_conflict(exc):
-                raise AlreadyApplied(ledger_conflict(key)) from exc
-            raise
+        # Unread: in a pipelined transaction it is sent with the COMMIT. A conflict
+        # fails the statement or the commit; transaction() raises it as AlreadyApplied.
+        conn.execute(self.queries["ledger_book"], ledger_params(key, **fields), prepare=True)
         return True
 
     def _list(self, values: Sequence[Any]) -> Any:
