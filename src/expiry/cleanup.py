@@ -30,7 +30,7 @@ from .config import Policy
 from .errors import ConfigError, PermanentError, SchemaError, Snooze
 from .metrics import WINDOW_ROWS
 from .queue import new_job
-from .target import Target
+from .target import Outcome, Target
 from .types import Job
 
 if TYPE_CHECKING:
@@ -72,9 +72,20 @@ class RunOpened:
 
 @dataclass(frozen=True)
 class WindowResult:
+    """A window job's result, read once its transaction has committed (on
+    PostgreSQL the result travels back with the COMMIT)."""
+
     policy: str
-    rows: int
-    duplicate: bool
+    outcome: Outcome
+
+    @property
+    def rows(self) -> int:
+        return self.outcome.rows() or 0
+
+    @property
+    def duplicate(self) -> bool:
+        """Booked before: this delivery changed nothing."""
+        return self.outcome.rows() is None
 
 
 @dataclass(frozen=True)
@@ -291,12 +302,11 @@ class Cleanup:
         transaction. The ledger row is the window's record (range, rows, worker,
         time); only a duplicate delivery is audited."""
         p = job.payload
-        engine = self.app.engine
         policy, target = self.policy(p["policy"]), self.target(p["policy"], tx)
         lo, hi = int(p["lo"]), int(p["hi"])
         upto = min(hi, lo + self._pace(policy).chunk)
         try:
-            rows = target.apply(
+            outcome = target.apply(
                 tx,
                 parse_time(p["cutoff"]),
                 lo,
@@ -304,30 +314,22 @@ class Cleanup:
                 key=job.key,
                 run_id=p["run_id"],
                 worker=job.lease_owner,
-                job=job,  # completed in the delete's round trip
+                job=job,  # completed in the same statement (PostgreSQL) or transaction
             )
+            # A window cut short by pacing: the delivery that booked its first
+            # part enqueues the rest (reading the outcome now costs a round trip).
+            if upto < hi and outcome.rows() is not None:
+                rest = new_job(
+                    WINDOW,
+                    {**p, "lo": upto, "hi": hi},
+                    key=f"{p['run_id']}:{upto}",
+                    max_attempts=policy.max_attempts,
+                    priority=policy.priority,
+                )
+                self.app.engine.job_insert_many([rest], tx)
         except SchemaError as exc:
             raise PermanentError(str(exc)) from exc
-        if rows is None:
-            engine.audit_append(
-                tx,
-                "window.duplicate",
-                actor=job.lease_owner or "worker",
-                policy=policy.name,
-                run_id=p["run_id"],
-                job_key=job.key,
-            )
-            return WindowResult(policy.name, 0, True)
-        if upto < hi:
-            rest = new_job(
-                WINDOW,
-                {**p, "lo": upto, "hi": hi},
-                key=f"{p['run_id']}:{upto}",
-                max_attempts=policy.max_attempts,
-                priority=policy.priority,
-            )
-            engine.job_insert_many([rest], tx)
-        return WindowResult(policy.name, rows, False)
+        return WindowResult(policy.name, outcome)
 
     def _pace(self, policy: Policy) -> _Pace:
         with self._lock:

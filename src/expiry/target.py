@@ -16,6 +16,7 @@ is inserted with the count of rows it affected.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -65,22 +66,25 @@ WINDOW = "{key} > {p_lo} and {key} <= {p_hi} and {pred}"
 # on a transaction lock of its key (WINDOW_START), so the guard sees the earlier
 # one's commit. Should one still pass the guard while another is uncommitted
 # (SQLite serializes writers; this is belt and braces), its ledger insert waits
-# for the other's commit and finds the key taken, and Target.apply raises
-# AlreadyApplied so that whatever its delete took is rolled back.
+# for the other's commit and finds the key taken, and AlreadyApplied rolls back
+# whatever its delete took.
 #
 # WINDOW_START sets the transaction's limits, then takes that lock, in one
 # statement: the subquery (kept apart by OFFSET 0) runs first, so lock_timeout
-# already bounds the wait.
+# already bounds the wait. The COMMIT is sent with the window's statements, so
+# the server would commit a window whose worker died while it ran: the client
+# check makes a statement whose client has gone fail instead (within a second),
+# and the transaction roll back; its job's lease then expires and it runs again.
 WINDOW_START = """
 select pg_advisory_xact_lock(hashtextextended(%(key)s, 0))
 from (select set_config('lock_timeout', %(lock_timeout)s, true),
-             set_config('statement_timeout', %(statement_timeout)s, true) offset 0) as limits
+             set_config('statement_timeout', %(statement_timeout)s, true),
+             set_config('client_connection_check_interval', '1s', true) offset 0) as limits
 """
 UNBOOKED = WINDOW + " and not exists (select 1 from {ledger} where key = {p_key})"
 
-# The count comes back as the statement's rowcount: a RETURNING to count the rows
-# in the same statement as the ledger insert costs more than the round trip it
-# saves (the deleted rows are projected and kept for the count).
+# The count comes back as the statement's row count, never by a RETURNING: that
+# would project and keep every row taken, which costs more than the delete.
 DELETE = "delete from {table} where " + UNBOOKED
 
 # PostgreSQL moves rows in one statement; SQLite (no DELETE in a CTE) copies then
@@ -94,6 +98,19 @@ insert into {archive} ({columns}) select {columns} from moved
 """
 )
 ARCHIVE_COPY = "insert into {archive} ({columns}) select {columns} from {table} where " + UNBOOKED
+
+# On PostgreSQL the delete (or move), its count, the job's completion and the
+# ledger row (or a duplicate's audit event) are one statement: the function of
+# migration 0004, given the window's statement with positional parameters. After
+# WINDOW_START, nothing needs reading before the COMMIT. The comment names the
+# table to whoever reads pg_stat_activity.
+WINDOW_APPLY = """
+select expiry.window_apply(%(statement)s, %(lo)s, %(hi)s, %(cutoff)s, %(key)s, %(policy)s,
+                           %(run_id)s, %(action)s, %(worker)s, %(job_id)s, %(lease_token)s) as rows
+"""
+APPLY_DELETE = "/* expiry window: delete from {table} */" + WINDOW_APPLY
+APPLY_ARCHIVE = "/* expiry window: delete from {table}, archive into {archive} */" + WINDOW_APPLY
+WINDOW_APPLY_PARAMETERS = {"lo": "$1", "hi": "$2", "cutoff": "$3", "key": "$4"}
 
 COUNT = "select count(*) as n from {table} where {pred}"
 
@@ -109,6 +126,26 @@ class Column:
     indexed: bool
 
 
+class Outcome:
+    """What applying a window took: its rows, or None when its key was booked
+    before (then nothing changed). On PostgreSQL the result is read once: after
+    the COMMIT that travels with the window's statements, or earlier at the cost
+    of a round trip."""
+
+    def __init__(self, read: Callable[[], int | None]) -> None:
+        self._read: Callable[[], int | None] | None = read
+        self._rows: int | None = None
+
+    @classmethod
+    def known(cls, rows: int | None) -> Outcome:
+        return cls(lambda: rows)
+
+    def rows(self) -> int | None:
+        if self._read is not None:
+            self._rows, self._read = self._read(), None
+        return self._rows
+
+
 class Target:
     """A policy's table in one engine's dialect."""
 
@@ -118,16 +155,26 @@ class Target:
         self.columns: list[str] = []
         self.ts_kind = "timestamp"  # sqlite: "epoch" or "iso" / "iso-t"
         self.checked = False
-        self._texts: dict[str, str] = {}
+        self._texts: dict[tuple[str, bool], str] = {}
 
     # -- building statements -----------------------------------------------------
 
-    def statement(self, template: str) -> Any:
+    def statement(self, template: str, *, positional: bool = False) -> Any:
+        """The statement of ``template`` for this policy. ``positional`` (PostgreSQL):
+        with window_apply's $1..$4 for parameters, as text that function executes."""
         p = self.policy
         pred = PREDICATE + (" and ({where})" if p.where else "")
         template = template.replace("{pred}", pred)
         names = ["cutoff", "after", "max", "window", "page", "lo", "hi", "key"]
         if self.engine.dialect == "postgres":
+            if positional:
+                where = p.where or "true"  # sent as a value: no %% escaping
+                placeholders: dict[str, sql.Composable] = {
+                    n: sql.SQL(WINDOW_APPLY_PARAMETERS.get(n, "null")) for n in names
+                }
+            else:
+                where = p.where.replace("%", "%%") if p.where else "true"
+                placeholders = {n: sql.Placeholder(n) for n in names}
             return sql.SQL(template).format(
                 table=sql.Identifier(*p.table.split(".")),
                 archive=sql.Identifier(*(p.archive_table or "_").split(".")),
@@ -135,8 +182,8 @@ class Target:
                 key=sql.Identifier(p.key),
                 ts=sql.Identifier(p.timestamp),
                 columns=sql.SQL(", ").join(sql.Identifier(c) for c in self.columns),
-                where=sql.SQL(p.where.replace("%", "%%") if p.where else "true"),
-                **{f"p_{n}": sql.Placeholder(n) for n in names},
+                where=sql.SQL(where),
+                **{f"p_{n}": placeholder for n, placeholder in placeholders.items()},
             )
         return template.format(
             table=quote(p.table),
@@ -149,14 +196,14 @@ class Target:
             **{f"p_{n}": f":{n}" for n in names},
         )
 
-    def text(self, conn: Any, template: str) -> str:
+    def text(self, conn: Any, template: str, *, positional: bool = False) -> str:
         """The statement as the driver sends it, built once per template (the
         schema check builds them afresh, as the columns may have changed)."""
-        text = self._texts.get(template)
+        text = self._texts.get((template, positional))
         if text is None:
-            built = self.statement(template)
+            built = self.statement(template, positional=positional)
             text = built if isinstance(built, str) else built.as_string(conn)
-            self._texts[template] = text
+            self._texts[(template, positional)] = text
         return text
 
     def run(self, conn: Any, template: str, **params: Any) -> Any:
@@ -218,58 +265,65 @@ class Target:
         run_id: str,
         worker: str | None,
         job: Job | None = None,
-    ) -> int | None:
+    ) -> Outcome:
         """Delete (or archive) the window's rows that are expired right now and book
-        the window in the ledger under ``key``, with the per-transaction limits, in
-        the caller's transaction; with ``job``, complete it there too (in the
-        delete's round trip). Returns the rows affected, or None when
-        ``key`` was booked before: then nothing changed."""
+        the window under ``key`` (its ledger row, or a duplicate's audit event),
+        with the per-transaction limits, in the caller's transaction; with
+        ``job``, complete it there too. Raises AlreadyApplied when rows were taken
+        but the key was booked meanwhile: the transaction must roll back."""
         p = self.policy
-        params = {"cutoff": cutoff, "lo": lo, "hi": hi, "key": key}
-        if self.engine.dialect == "postgres":
-            # Pipelined: the limits, the turn, the statement and the completion
-            # cost one round trip. In a pipelined transaction (the worker's) it
-            # carries the BEGIN too, and the completion's read brings it back.
-            in_pipeline = bool(conn.pgconn.pipeline_status)
-            with nullcontext() if in_pipeline else conn.pipeline():
-                # Deliveries of one window take turns (within lock_timeout): the
-                # later one's delete then sees the earlier one's ledger row and
-                # takes nothing, instead of racing it for the same rows.
-                conn.execute(
-                    WINDOW_START,
-                    {
-                        "key": key,
-                        "lock_timeout": f"{int(p.lock_timeout * 1000)}ms",
-                        "statement_timeout": f"{int(p.statement_timeout * 1000)}ms",
-                    },
-                )
-                template = DELETE if p.action == "delete" else ARCHIVE_MOVE
-                cur = self.run(conn, template, **params)
-                if job is not None:
-                    self.engine.job_complete(job, conn)
-            rows = int(cur.rowcount)  # known once a later read or a sync brought it
-            if rows < 0:
-                raise RuntimeError("Target.apply in a pipelined transaction needs its job")
-        else:
+        ledger = {"policy": p.name, "run_id": run_id, "action": p.action, "worker": worker}
+        if self.engine.dialect != "postgres":
+            params = {"cutoff": cutoff, "lo": lo, "hi": hi, "key": key}
             rows = self._copy_and_delete(conn, params)
             if job is not None:
                 self.engine.job_complete(job, conn)
-        # Rows taken: the ledger row must be this delivery's (strict), else the
-        # transaction rolls back with AlreadyApplied; on PostgreSQL the insert then
-        # travels unread with the COMMIT. None taken: a booked key is a duplicate.
-        booked = self.engine.ledger_insert(
-            conn,
-            key,
-            strict=rows > 0,
-            policy=p.name,
-            run_id=run_id,
-            lo=lo,
-            hi=hi,
-            action=p.action,
-            worker=worker,
-            rows=rows,
-        )
-        return rows if booked else None
+            # Rows taken: the ledger row must be this delivery's (strict), else
+            # AlreadyApplied; none taken: a booked key is a duplicate.
+            if self.engine.ledger_insert(
+                conn, key, strict=rows > 0, lo=lo, hi=hi, rows=rows, **ledger
+            ):
+                return Outcome.known(rows)
+            self.engine.audit_append(
+                conn,
+                "window.duplicate",
+                actor=worker or "worker",
+                policy=p.name,
+                run_id=run_id,
+                job_key=key,
+            )
+            return Outcome.known(None)
+        # Pipelined: nothing is read before the COMMIT, so that in the worker's
+        # pipelined transaction the whole window is one round trip. Deliveries
+        # of one window take turns (within lock_timeout): the later one's delete
+        # then sees the earlier one's ledger row and takes nothing.
+        with nullcontext() if conn.pgconn.pipeline_status else conn.pipeline():
+            conn.execute(
+                WINDOW_START,
+                {
+                    "key": key,
+                    "lock_timeout": f"{int(p.lock_timeout * 1000)}ms",
+                    "statement_timeout": f"{int(p.statement_timeout * 1000)}ms",
+                },
+            )
+            delete = p.action == "delete"
+            cur = conn.execute(
+                self.text(conn, APPLY_DELETE if delete else APPLY_ARCHIVE),
+                {
+                    "statement": self.text(
+                        conn, DELETE if delete else ARCHIVE_MOVE, positional=True
+                    ),
+                    "lo": lo,
+                    "hi": hi,
+                    "cutoff": cutoff,
+                    "key": key,
+                    "job_id": job.id if job is not None else None,
+                    "lease_token": job.lease_token if job is not None else None,
+                    **ledger,
+                },
+                prepare=True,
+            )
+        return Outcome(lambda: _rows(cur.fetchone()))
 
     def _copy_and_delete(self, conn: Any, params: dict[str, Any]) -> int:
         if self.policy.action == "delete":
@@ -402,6 +456,10 @@ class Target:
             f"where {quote(column.name)} is not null limit 1"
         ).fetchone()
         return "iso-t" if sample and "T" in str(sample["v"]) else "iso"
+
+
+def _rows(row: Any) -> int | None:
+    return None if row["rows"] is None else int(row["rows"])
 
 
 def quote(identifier: str) -> str:

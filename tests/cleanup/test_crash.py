@@ -1,6 +1,8 @@
 """Crashes, with real processes on PostgreSQL: a worker SIGKILLed before its
-window commits changes nothing; one killed after the commit leaves the ledger
-proving completion, and a redelivery of that window has no second effect."""
+window commits changes nothing, though the COMMIT was sent with the window (the
+server notices the client is gone and rolls back); one killed after the commit
+leaves the ledger proving completion, and a redelivery of that window has no
+second effect."""
 
 from __future__ import annotations
 
@@ -97,17 +99,20 @@ def test_worker_killed_before_commit_changes_nothing(
         # Killed mid-transaction: nothing of the window (or any other) changed.
         assert db.table() == before
         assert db.ledger() == []
+
+        # The COMMIT went with the window's statements, but the orphaned backend
+        # checks its client: it ends while still blocked (well before its 60 s
+        # lock_timeout), its transaction rolled back, before the row is released.
+        wait_for(
+            lambda: (
+                not db.scalar("select count(*) from pg_stat_activity where pid = %s", [backend])
+            ),
+            timeout=15,
+            what="the orphaned backend to notice its client is gone",
+        )
     finally:
         locker.rollback()
         locker.close()
-
-    # The orphaned backend finishes its statement, finds its client gone and
-    # rolls back; nothing it did is ever committed.
-    wait_for(
-        lambda: not db.scalar("select count(*) from pg_stat_activity where pid = %s", [backend]),
-        timeout=30,
-        what="the orphaned backend to end",
-    )
     assert db.table() == before
     assert db.ledger() == []
 

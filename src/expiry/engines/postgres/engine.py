@@ -22,13 +22,12 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
-from ...errors import AlreadyApplied, MigrationError
+from ...errors import AlreadyApplied, LeaseLost, MigrationError
 from ...types import Job, JobState, NewJob
 from ..base import (
     Engine,
     Row,
     classify_exception,
-    ledger_params,
     load_migrations,
     load_queries,
 )
@@ -58,6 +57,9 @@ PERMANENT_SQLSTATES = {
     "42703": "undefined_column",
     "42501": "insufficient_privilege",
 }
+
+# Raised by expiry.window_apply (migration 0004) when the job's lease moved on.
+LEASE_LOST = "EX001"
 
 IDLE_CHECK_SECONDS = 1.0
 
@@ -167,7 +169,7 @@ class PostgresEngine(Engine):
                     with conn.transaction():
                         yield conn
             except psycopg.errors.UniqueViolation as exc:
-                # A strict ledger insert (ledger_book) found its key taken.
+                # A window that took rows found its ledger key booked meanwhile.
                 if exc.diag.schema_name == "expiry" and exc.diag.constraint_name == "ledger_pkey":
                     raise AlreadyApplied(f"ledger: {exc.diag.message_detail}") from exc
                 raise
@@ -176,6 +178,10 @@ class PostgresEngine(Engine):
                 # default_transaction_read_only) stays so: drop it, so that the pool
                 # connects afresh and writes resume once the database allows them.
                 conn.close()
+                raise
+            except psycopg.Error as exc:
+                if exc.sqlstate == LEASE_LOST:  # window_apply: the job is no longer ours
+                    raise LeaseLost(exc.diag.message_primary or "lease lost") from exc
                 raise
 
     @contextmanager
@@ -220,14 +226,6 @@ class PostgresEngine(Engine):
                 with suppress(psycopg.Error):
                     own.autocommit = False
         return found
-
-    def ledger_insert(self, conn: Any, key: str, *, strict: bool = False, **fields: Any) -> bool:
-        if not strict:
-            return super().ledger_insert(conn, key, **fields)
-        # Unread: in a pipelined transaction it is sent with the COMMIT. A conflict
-        # fails the statement or the commit; transaction() raises it as AlreadyApplied.
-        conn.execute(self.queries["ledger_book"], ledger_params(key, **fields), prepare=True)
-        return True
 
     def _list(self, values: Sequence[Any]) -> Any:
         return list(values)

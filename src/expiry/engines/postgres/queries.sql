@@ -27,7 +27,11 @@ select pg_notify('expiry_jobs', %(queue)s);
 -- order of its jobs_due index (a LATERAL per queue: `queue = any(...)` would
 -- sort the whole backlog on every claim), then the best n are taken. SKIP
 -- LOCKED in a CTE locks the rows the LIMIT picked; the attempt is counted now.
-with picked as (
+-- The claim commits without waiting for its WAL to reach disk (synchronous_commit
+-- off, for this transaction only): lost in a crash, a claim only leaves its jobs
+-- available, and a job's own transaction, durable, flushes the claim's WAL first.
+with async_commit as (select set_config('synchronous_commit', 'off', true)),
+picked as (
     select due.id
     from unnest(%(queues)s::text[]) as q(name)
     cross join lateral (
@@ -50,7 +54,7 @@ set state = 'running',
     lease_expires_at = now() + make_interval(secs => %(lease)s),
     attempted_at = now(),
     updated_at = now()
-from picked
+from picked, async_commit
 where j.id = picked.id
 returning j.*;
 
@@ -205,14 +209,6 @@ insert into expiry.ledger (key, policy, run_id, lo, hi, action, worker, rows_aff
 values (%(key)s, %(policy)s, %(run_id)s, %(lo)s, %(hi)s, %(action)s, %(worker)s, %(rows)s)
 on conflict (key) do nothing
 returning key;
-
--- name: ledger_book
--- ledger_insert for a caller that has acted already (a window after its delete)
--- and must own the key: a conflict fails the transaction (unique_violation on
--- ledger_pkey, raised as AlreadyApplied), so nothing needs to be read back and
--- the insert can travel with the COMMIT.
-insert into expiry.ledger (key, policy, run_id, lo, hi, action, worker, rows_affected)
-values (%(key)s, %(policy)s, %(run_id)s, %(lo)s, %(hi)s, %(action)s, %(worker)s, %(rows)s);
 
 -- name: ledger_get
 -- One ledger row.
