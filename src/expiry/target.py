@@ -10,7 +10,9 @@ Dry-run, planning, the watermark and the delete all use the same predicate.
 
 A window is applied and booked in the ledger together, in the caller's
 transaction: its delete (or move) is guarded by the ledger, then the ledger row
-is inserted with the count of rows it affected.
+is inserted with the count of rows it affected. On PostgreSQL both are one
+statement, the function expiry.window_apply (migration 0004), which executes the
+window's statement built here, with its values bound by position.
 """
 
 from __future__ import annotations
