@@ -213,6 +213,30 @@ def test_archive_moves_exactly_the_deleted_rows(db: Db, apps: Apps) -> None:
     assert sum(row["rows"] for row in db.ledger()) == len(gone)
 
 
+@pytest.mark.parametrize("action", ["delete", "archive"])
+def test_a_where_predicate_with_a_percent_sign_is_applied_as_written(
+    db: Db, apps: Apps, action: str
+) -> None:
+    """The predicate reaches the database unchanged whichever way the window's
+    statement is sent (on PostgreSQL as text that window_apply executes)."""
+    db.create_sessions()
+    rows = standard_rows(300)
+    db.insert_sessions(rows)
+    db.create_sessions_archive()
+    archive = {"action": "archive", "archive_table": "sessions_archive"}
+    app = apps(db.url, {"where": "id % 2 = 0", **(archive if action == "archive" else {})})
+    assert app.cleanup is not None
+    opened = app.cleanup.open_run(POLICY)
+    run_worker(app)
+
+    gone = {i for i, offset, _ in rows if offset < 0 and i % 2 == 0}
+    assert 0 < len(gone) < len(rows) / 2
+    assert db.ids() == {i for i, _, _ in rows} - gone
+    assert db.ids("sessions_archive") == (gone if action == "archive" else set())
+    assert sum(row["rows"] for row in db.ledger()) == len(gone)
+    assert_run_clean(db, opened.run_id)
+
+
 def test_sparse_keys_cost_one_job_per_nonempty_window(db: Db, apps: Apps) -> None:
     db.create_sessions()
     clusters = [1, 250, 251, 10_000, 10_099, 10_100, 10_101, 5_000_000, 2**40, 2**40 + 7]
