@@ -48,11 +48,11 @@ begin
 
     if taken > 0 then
         -- This delivery must own the key: a conflict fails the transaction.
-        insert into expiry.ledger as l (key, policy, run_id, lo, hi, action, worker, rows_affected)
+        insert into expiry.ledger (key, policy, run_id, lo, hi, action, worker, rows_affected)
         values (window_apply.key, policy, run_id, lo, hi, action, worker, taken);
         return taken;
     end if;
-    insert into expiry.ledger as l (key, policy, run_id, lo, hi, action, worker, rows_affected)
+    insert into expiry.ledger (key, policy, run_id, lo, hi, action, worker, rows_affected)
     values (window_apply.key, policy, run_id, lo, hi, action, worker, 0)
     on conflict on constraint ledger_pkey do nothing;
     if found then
