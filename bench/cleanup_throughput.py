@@ -30,10 +30,12 @@ difference between the two lies:
 
 * queue-only: the raw loop's windows as jobs of expiry's queue, one job each,
   run by the same N worker processes with a handler that executes the raw
-  loop's DELETE in the job's transaction, pipelined and completing its job as
-  the window job does (two round trips): the queue's claim, transaction and
-  completion per window, without the cleanup core (no planner, ledger, guard
-  or window lock). Timed from the enqueue until no job is left pending.
+  loop's DELETE in the job's transaction, pipelined, completing its job in the
+  delete's round trip and then committing (two round trips; the window job
+  needs one, as its count comes back with its COMMIT): the queue's claim,
+  transaction and completion per window, without the cleanup core (no planner,
+  ledger, guard or window lock). Timed from the enqueue until no job is left
+  pending.
 
 Both clocks start with every connection open: the raw loop's connections, and
 the worker processes after they have opened their pool and LISTEN connection and
