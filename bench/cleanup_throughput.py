@@ -374,7 +374,7 @@ def _expiry_worker(config: dict[str, Any], ready: Barrier, go: Event, results: A
     assert app.cleanup is not None and app.config is not None
     settings = app.config.worker
 
-    # As the window job runs: pipelined, completed in the delete's round trip.
+    # Pipelined, completed in the delete's round trip, then committed: two round trips.
     @app.handler(QUEUE_ONLY_HANDLER, completes_job=True, pipelined=True)
     def delete_window(job: Any, tx: Any) -> int:
         params = {**job.payload, "cutoff": datetime.fromisoformat(job.payload["cutoff"])}

@@ -325,9 +325,7 @@ class Engine(abc.ABC):
         """True if this transaction now owns ``key``; False if it committed before.
         ``rows``: how many rows the operation affected, when that is known already.
         ``strict``: the caller has acted already and must own ``key``; should it
-        not, AlreadyApplied is raised, so that its transaction rolls back (on
-        PostgreSQL by Engine.transaction, at commit when pipelined: the insert is
-        sent with the COMMIT, unread)."""
+        not, AlreadyApplied is raised, so that its transaction rolls back."""
         params = ledger_params(
             key, policy=policy, run_id=run_id, lo=lo, hi=hi, action=action, worker=worker, rows=rows
         )
