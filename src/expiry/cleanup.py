@@ -235,7 +235,9 @@ class Cleanup:
         cutoff = parse_time(p["cutoff"])
         after: int | None = p.get("after")
         max_key: int = p.get("max") or 0
+        page = defaults.PLAN_PAGE
         if after is None:
+            page = min(defaults.FIRST_PLAN_PAGE, page)
             pending = engine.one(
                 tx, "run_pending_elsewhere", {"policy": policy.name, "id": p["run_id"]}
             )
@@ -248,7 +250,7 @@ class Cleanup:
                 engine.rows(tx, "run_add_windows", {"id": p["run_id"], "windows": 0, "done": True})
                 return 0
             after, max_key = bounds[0] - 1, bounds[1]
-        los = target.plan_page(tx, cutoff, after, max_key, defaults.PLAN_PAGE)
+        los = target.plan_page(tx, cutoff, after, max_key, page)
         jobs = [
             new_job(
                 WINDOW,
@@ -265,7 +267,7 @@ class Cleanup:
             )
             for lo in los
         ]
-        last_page = len(los) < defaults.PLAN_PAGE
+        last_page = len(los) < page
         if not last_page:
             cursor = los[-1] + policy.window
             jobs.append(

@@ -45,6 +45,10 @@ WINDOW = 10_000
 PLAN_PAGE = 500
 """Windows a planning job emits per page before it re-enqueues itself."""
 
+FIRST_PLAN_PAGE = 16
+"""Windows of a run's first page (at most PLAN_PAGE): a short scan, so that the
+workers start deleting within milliseconds of the run's opening."""
+
 LOCK_TIMEOUT = "2s"
 """A window waits this long for a row lock held by live traffic, then retries later."""
 

@@ -91,9 +91,12 @@ class Queue:
         *,
         queues: Sequence[str] = (defaults.QUEUE,),
         owner: str = "anonymous",
+        fair_share: bool = False,
     ) -> list[Job]:
-        """Lease up to ``n`` due jobs; nobody else gets them while the lease holds."""
-        return self.engine.job_claim(queues, n, lease, owner)
+        """Lease up to ``n`` due jobs; nobody else gets them while the lease holds.
+        ``fair_share``: take at most half of the due jobs (rounded up), so that the
+        last jobs of a backlog spread over the workers that claim them."""
+        return self.engine.job_claim(queues, n, lease, owner, fair_share)
 
     def heartbeat(self, job: Job, lease: float = defaults.LEASE_SECONDS) -> bool:
         """Extend the lease; False means it was lost and the job must be dropped."""

@@ -132,7 +132,10 @@ class Worker:
         seconds, at most ``batch``: short jobs come many to a claim, while slow
         ones (cleanup windows) are not held back from idle workers, and a crash
         charges an attempt to few jobs that only waited their turn. One until the
-        first batch is timed; always ``batch`` when ``claim_hold`` is None."""
+        first batch is timed. The claim itself then takes at most half of the due
+        jobs (fair share), so that a backlog's last jobs spread over the workers
+        and a run ends when its last window does, not one batch later. Always
+        ``batch``, and no fair share, when ``claim_hold`` is None."""
         if self.claim_hold is None:
             return self.batch
         if per_job is None:
@@ -145,7 +148,11 @@ class Worker:
         while not self.stopping.is_set():
             try:
                 jobs = self.app.queue.claim(
-                    self._claim_size(per_job), self.lease, queues=self.queues, owner=self.name
+                    self._claim_size(per_job),
+                    self.lease,
+                    queues=self.queues,
+                    owner=self.name,
+                    fair_share=self.claim_hold is not None,
                 )
                 failures = 0
             except Exception as exc:  # the database went away: back off, reconnect

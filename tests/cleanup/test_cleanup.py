@@ -293,6 +293,40 @@ def test_planning_in_pages_gives_the_same_windows(
     assert windows_planned == len(jobs)
 
 
+def test_a_runs_first_page_is_short_and_the_rest_follows_it(
+    db: Db, apps: Apps, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first planning job queues FIRST_PLAN_PAGE windows, so that workers
+    start at once, then the next page behind them; the windows are the same."""
+    db.create_sessions()
+    rows = standard_rows(400)
+    db.insert_sessions(rows)
+    gone = doomed(rows)
+    app = apps(db.url, {"window": 10})
+    assert app.cleanup is not None
+    monkeypatch.setattr(expiry.cleanup.defaults, "FIRST_PLAN_PAGE", 4)
+    monkeypatch.setattr(expiry.cleanup.defaults, "PLAN_PAGE", 25)
+    opened = app.cleanup.open_run(POLICY)
+
+    [first] = app.queue.claim(1)
+    Worker(app).process(first)
+    assert len(db.windows(opened.run_id)) == 4
+    plans = db.jobs(expiry.cleanup.PLAN, opened.run_id)
+    assert [p["state"] for p in plans] == ["completed", "available"]
+
+    run_worker(app)
+    planned = expected_windows(gone, 10)
+    assert len(planned) > 4 + 25  # three pages at least
+    jobs = sorted((j["payload"]["lo"], j["payload"]["hi"]) for j in db.windows(opened.run_id))
+    assert jobs == planned
+    pages = 1 + -(-(len(planned) - 4) // 25)  # 4, then pages of 25
+    assert len(db.jobs(expiry.cleanup.PLAN, opened.run_id)) == pages + (
+        (len(planned) - 4) % 25 == 0
+    )
+    assert db.ids() == {i for i, _, _ in rows} - gone
+    assert_run_clean(db, opened.run_id)
+
+
 def load_example(monkeypatch: pytest.MonkeyPatch, url: str) -> Any:
     monkeypatch.setenv("EXPIRY_DATABASE_URL", url)
     path = Path(__file__).resolve().parents[2] / "examples" / "listings.py"
@@ -423,7 +457,9 @@ def test_concurrent_workers_on_postgres(pg_db: Db, apps: Apps) -> None:
     assert {w["attempt"] for w in windows} == {1}
     assert pg_db.audit("window.duplicate") == 0
     assert sum(row["rows"] for row in pg_db.ledger()) == len(gone)
-    assert sum(w.processed for w in workers) == len(windows) + 1
+    plans = pg_db.jobs(expiry.cleanup.PLAN, opened.run_id)
+    assert len(plans) == 2  # a short first page, then the rest
+    assert sum(w.processed for w in workers) == len(windows) + len(plans)
     assert app.cleanup.watermark(POLICY) == 0
 
 

@@ -55,3 +55,26 @@ def test_fast_jobs_are_claimed_a_full_batch_at_a_time(app: App) -> None:
     assert worker.run() == 0
 
     assert sum(sizes) == 200 and max(sizes) == 16, sizes
+
+
+def test_the_end_of_a_backlog_is_claimed_in_halves(app: App) -> None:
+    """Fair share: a loop takes at most half of what is due, so the last jobs of a
+    backlog would spread over the workers instead of waiting in one worker's batch."""
+    app.handler("fast")(lambda job, tx: None)
+    app.queue.enqueue_many(new_job("fast", {}, None, f"f{i:02}") for i in range(40))
+    sizes = record_claims(app)
+    worker = Worker(app, batch=16, claim_hold=10.0, until_idle=True, rng=random.Random(0))
+    assert worker.run() == 0
+
+    # One until timed; then 16 of 39 due, 12 of 23, 6 of 11, 3 of 5, 1 of 2, 1 of 1.
+    assert sizes == [1, 16, 12, 6, 3, 1, 1]
+
+
+def test_a_fixed_batch_worker_claims_whole_batches_to_the_end(app: App) -> None:
+    app.handler("fast")(lambda job, tx: None)
+    app.queue.enqueue_many(new_job("fast", {}, None, f"f{i:02}") for i in range(40))
+    sizes = record_claims(app)
+    worker = Worker(app, batch=16, claim_hold=None, until_idle=True, rng=random.Random(0))
+    assert worker.run() == 0
+
+    assert sizes == [16, 16, 8]

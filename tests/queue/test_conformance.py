@@ -126,6 +126,32 @@ def test_claim_returns_at_most_n_in_claim_order(queue: Queue) -> None:
     assert queue.claim(5) == []
 
 
+def test_a_fair_share_claim_takes_at_most_half_of_what_is_due(queue: Queue) -> None:
+    """A worker's claim near the end of a backlog leaves half for the others."""
+    queue.enqueue_many(new_job("noop", {}, None, f"j{i:02}") for i in range(40))
+
+    assert len(queue.claim(16, fair_share=True)) == 16  # 40 due: a full batch
+    assert len(queue.claim(16, fair_share=True)) == 12  # 24 due: half
+    assert [j.key for j in queue.claim(16, fair_share=True)] == [f"j{i}" for i in range(28, 34)]
+    assert [len(queue.claim(16, fair_share=True)) for _ in range(4)] == [3, 2, 1, 0]
+    assert queue.claim(16, fair_share=True) == []
+
+
+def test_a_fair_share_claim_counts_every_named_queue(queue: Queue) -> None:
+    queue.enqueue_many(
+        new_job("noop", {}, None, f"{q}{i}", queue=q) for q in ("a", "b") for i in range(3)
+    )
+
+    # Six due over the two queues: half of them, in claim order.
+    assert [j.key for j in queue.claim(16, queues=("a", "b"), fair_share=True)] == [
+        "a0",
+        "a1",
+        "a2",
+    ]
+    assert queue.claim(16, queues=("a",), fair_share=True) == []
+    assert [j.key for j in queue.claim(16, queues=("b",), fair_share=True)] == ["b0", "b1"]
+
+
 def test_claim_counts_the_attempt_and_takes_only_named_queues(queue: Queue) -> None:
     queue.enqueue("noop", {}, None, "a")
     queue.enqueue("noop", {}, None, "b", queue="other")

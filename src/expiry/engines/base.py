@@ -197,9 +197,20 @@ class Engine(abc.ABC):
         """Hint listeners that due work arrived (PostgreSQL only; others poll)."""
 
     def job_claim(
-        self, queues: Sequence[str], n: int, lease_seconds: float, owner: str
+        self,
+        queues: Sequence[str],
+        n: int,
+        lease_seconds: float,
+        owner: str,
+        fair_share: bool = False,
     ) -> list[Job]:
-        params = {"queues": self._list(queues), "n": n, "lease": lease_seconds, "owner": owner}
+        params = {
+            "queues": self._list(queues),
+            "n": n,
+            "lease": lease_seconds,
+            "owner": owner,
+            "fair_share": fair_share,
+        }
         jobs = [self._job(row) for row in self.run(None, "job_claim", params)]
         return sorted(jobs, key=lambda j: (j.priority, j.run_at, j.id))
 

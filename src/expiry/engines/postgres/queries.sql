@@ -27,10 +27,27 @@ select pg_notify('expiry_jobs', %(queue)s);
 -- order of its jobs_due index (a LATERAL per queue: `queue = any(...)` would
 -- sort the whole backlog on every claim), then the best n are taken. SKIP
 -- LOCKED in a CTE locks the rows the LIMIT picked; the attempt is counted now.
+-- A fair-share claim (a worker's) takes at most half of the due jobs it sees,
+-- rounded up, looking at no more than 2n a queue: near the end of a backlog
+-- the last jobs spread over the workers, instead of one worker holding a batch
+-- while the others have nothing left to do.
 -- The claim commits without waiting for its WAL to reach disk (synchronous_commit
 -- off, for this transaction only): lost in a crash, a claim only leaves its jobs
 -- available, and a job's own transaction, durable, flushes the claim's WAL first.
 with async_commit as (select set_config('synchronous_commit', 'off', true)),
+seen as (
+    select count(*) as due
+    from unnest(%(queues)s::text[]) as q(name)
+    cross join lateral (
+        select 1 from expiry.jobs
+        where %(fair_share)s
+          and state in ('scheduled', 'available', 'retryable')
+          and queue = q.name
+          and run_at <= now()
+        order by priority, run_at, id
+        limit 2 * %(n)s
+    ) due
+),
 picked as (
     select due.id
     from unnest(%(queues)s::text[]) as q(name)
@@ -44,7 +61,8 @@ picked as (
         for update skip locked
     ) due
     order by due.priority, due.run_at, due.id
-    limit %(n)s
+    limit (select case when %(fair_share)s then least(%(n)s, (due + 1) / 2) else %(n)s end
+           from seen)
 )
 update expiry.jobs j
 set state = 'running',

@@ -107,16 +107,26 @@ class SQLiteEngine(Engine):
         return list(cur.fetchall()) if cur.description is not None else []
 
     def job_claim(
-        self, queues: Sequence[str], n: int, lease_seconds: float, owner: str
+        self,
+        queues: Sequence[str],
+        n: int,
+        lease_seconds: float,
+        owner: str,
+        fair_share: bool = False,
     ) -> list[Job]:
         """Pick the best n due jobs across the queues (each read in its index
-        order) and lease them, all in one IMMEDIATE transaction."""
+        order) and lease them, all in one IMMEDIATE transaction. ``fair_share``:
+        at most half of the due jobs seen (rounded up, up to 2n a queue)."""
         with self.transaction() as conn:
-            due = [row for q in queues for row in self.rows(conn, "job_due", {"queue": q, "n": n})]
+            look = 2 * n if fair_share else n
+            due = [
+                row for q in queues for row in self.rows(conn, "job_due", {"queue": q, "n": look})
+            ]
             due.sort(key=lambda row: (row["priority"], row["run_at"], row["id"]))
             if not due:
                 return []
-            ids = json.dumps([row["id"] for row in due[:n]])
+            take = min(n, (len(due) + 1) // 2) if fair_share else n
+            ids = json.dumps([row["id"] for row in due[:take]])
             params = {"ids": ids, "lease": lease_seconds, "owner": owner}
             found = self.rows(conn, "job_claim", params)
         return sorted(map(self._job, found), key=lambda j: (j.priority, j.run_at, j.id))
