@@ -58,6 +58,11 @@ class Handler:
     first of them and COMMIT with the last, saving their round trips. The handler
     must read every result it depends on (a query's rows, or a statement whose
     failure must stop it); an unread statement's error surfaces at commit."""
+    statement: bool = False
+    """Run the job outside any transaction where the engine can (PostgreSQL's
+    autocommit): a handler whose work and completion are one statement then
+    costs one round trip, with no BEGIN or COMMIT; work of several statements
+    goes in ``engine.atomic(tx)``. Requires ``completes_job``."""
 
 
 class Once:
@@ -160,6 +165,7 @@ class App:
         group_commit: bool = False,
         completes_job: bool = False,
         pipelined: bool = False,
+        statement: bool = False,
     ) -> Callable[[HandlerFn], HandlerFn]:
         """Register ``fn(job, tx)`` to run jobs enqueued under ``name``."""
         if group_commit and completes_job:
@@ -167,12 +173,27 @@ class App:
                 f"handler {name!r}: a group commit completes its jobs together, "
                 "so a handler that completes its own job cannot join one"
             )
+        if statement and (pipelined or not completes_job):
+            raise ConfigError(
+                f"handler {name!r}: in statement mode each statement is its own "
+                "transaction, so the handler must complete its job itself "
+                "(completes_job=True), in the statement or engine.atomic() block "
+                "that does its work; and it is not pipelined"
+            )
 
         def register(fn: HandlerFn) -> HandlerFn:
             if name in self.handlers:
                 raise ConfigError(f"handler {name!r} is registered twice")
             self.handlers[name] = Handler(
-                name, fn, before, after, after_batch, group_commit, completes_job, pipelined
+                name,
+                fn,
+                before,
+                after,
+                after_batch,
+                group_commit,
+                completes_job,
+                pipelined,
+                statement,
             )
             return fn
 

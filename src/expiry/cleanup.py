@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -30,7 +31,7 @@ from .config import Policy
 from .errors import ConfigError, PermanentError, SchemaError, Snooze
 from .metrics import WINDOW_ROWS
 from .queue import new_job
-from .target import Outcome, Target
+from .target import Target
 from .types import Job
 
 if TYPE_CHECKING:
@@ -72,20 +73,20 @@ class RunOpened:
 
 @dataclass(frozen=True)
 class WindowResult:
-    """A window job's result, read once its transaction has committed (on
-    PostgreSQL the result travels back with the COMMIT)."""
+    """A window job's result: the rows it took, or None when its key was booked
+    before and this delivery changed nothing."""
 
     policy: str
-    outcome: Outcome
+    taken: int | None
 
     @property
     def rows(self) -> int:
-        return self.outcome.rows() or 0
+        return self.taken or 0
 
     @property
     def duplicate(self) -> bool:
         """Booked before: this delivery changed nothing."""
-        return self.outcome.rows() is None
+        return self.taken is None
 
 
 @dataclass(frozen=True)
@@ -300,38 +301,40 @@ class Cleanup:
     # -- the window job -----------------------------------------------------------
 
     def apply_window(self, job: Job, tx: Any) -> WindowResult:
-        """Delete or archive, booked in the ledger with its rows: in the worker's
-        transaction. The ledger row is the window's record (range, rows, worker,
-        time); only a duplicate delivery is audited."""
+        """Delete or archive, booked in the ledger with its rows, and complete the
+        job: on PostgreSQL one statement, its own transaction (the worker's
+        statement mode). A window cut short by pacing enqueues its rest in the
+        same transaction, opened for the two. The ledger row is the window's
+        record (range, rows, worker, time); only a duplicate delivery is audited."""
         p = job.payload
         policy, target = self.policy(p["policy"]), self.target(p["policy"], tx)
         lo, hi = int(p["lo"]), int(p["hi"])
         upto = min(hi, lo + self._pace(policy).chunk)
         try:
-            outcome = target.apply(
-                tx,
-                parse_time(p["cutoff"]),
-                lo,
-                upto,
-                key=job.key,
-                run_id=p["run_id"],
-                worker=job.lease_owner,
-                job=job,  # completed in the same statement (PostgreSQL) or transaction
-            )
-            # A window cut short by pacing: the delivery that booked its first
-            # part enqueues the rest (reading the outcome now costs a round trip).
-            if upto < hi and outcome.rows() is not None:
-                rest = new_job(
-                    WINDOW,
-                    {**p, "lo": upto, "hi": hi},
-                    key=f"{p['run_id']}:{upto}",
-                    max_attempts=policy.max_attempts,
-                    priority=policy.priority,
+            with self.app.engine.atomic(tx) if upto < hi else nullcontext():
+                taken = target.apply(
+                    tx,
+                    parse_time(p["cutoff"]),
+                    lo,
+                    upto,
+                    key=job.key,
+                    run_id=p["run_id"],
+                    worker=job.lease_owner,
+                    job=job,  # completed in the same statement (PostgreSQL) or transaction
                 )
-                self.app.engine.job_insert_many([rest], tx)
+                # The delivery that booked the window's first part enqueues the rest.
+                if upto < hi and taken is not None:
+                    rest = new_job(
+                        WINDOW,
+                        {**p, "lo": upto, "hi": hi},
+                        key=f"{p['run_id']}:{upto}",
+                        max_attempts=policy.max_attempts,
+                        priority=policy.priority,
+                    )
+                    self.app.engine.job_insert_many([rest], tx)
         except SchemaError as exc:
             raise PermanentError(str(exc)) from exc
-        return WindowResult(policy.name, outcome)
+        return WindowResult(policy.name, taken)
 
     def _pace(self, policy: Policy) -> _Pace:
         with self._lock:
@@ -339,7 +342,7 @@ class Cleanup:
 
     def before_window(self, job: Job) -> None:
         """Check the policy's table (once per process, in a transaction of its own:
-        the window's is pipelined, and reads only what it needs); honour
+        the window's is one statement); honour
         max_rows_per_second: wait out the previous transaction's rows."""
         try:
             self.target(job.payload["policy"])
@@ -437,6 +440,6 @@ def register_cleanup(app: App) -> Cleanup:
         after=cleanup.after_window,
         after_batch=cleanup.finish_batch,
         completes_job=True,
-        pipelined=True,
+        statement=True,
     )(cleanup.apply_window)
     return cleanup

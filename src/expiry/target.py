@@ -11,15 +11,14 @@ Dry-run, planning, the watermark and the delete all use the same predicate.
 A window is applied and booked in the ledger together, in the caller's
 transaction: its delete (or move) is guarded by the ledger, then the ledger row
 is inserted with the count of rows it affected. On PostgreSQL both are one
-statement, the function expiry.window_apply (migration 0004), which executes the
-window's statement built here, with its values bound by position.
+statement, the function expiry.window_apply (migrations 0004 and 0005), which
+takes the window's turn and executes the window's statement built here, with
+its values bound by position.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -65,24 +64,12 @@ WINDOW = "{key} > {p_lo} and {key} <= {p_hi} and {pred}"
 # the statement's snapshot, it sees every ledger row committed before the
 # statement began, so a redelivery after commit is a no-op even when rows of the
 # window expired since. On PostgreSQL deliveries of one window first take turns
-# on a transaction lock of its key (WINDOW_START), so the guard sees the earlier
-# one's commit. Should one still pass the guard while another is uncommitted
-# (SQLite serializes writers; this is belt and braces), its ledger insert waits
-# for the other's commit and finds the key taken, and AlreadyApplied rolls back
-# whatever its delete took.
-#
-# WINDOW_START sets the transaction's limits, then takes that lock, in one
-# statement: the subquery (kept apart by OFFSET 0) runs first, so lock_timeout
-# already bounds the wait. The COMMIT is sent with the window's statements, so
-# the server would commit a window whose worker died while it ran: the client
-# check makes a statement whose client has gone fail instead (within a second),
-# and the transaction roll back; its job's lease then expires and it runs again.
-WINDOW_START = """
-select pg_advisory_xact_lock(hashtextextended(%(key)s, 0))
-from (select set_config('lock_timeout', %(lock_timeout)s, true),
-             set_config('statement_timeout', %(statement_timeout)s, true),
-             set_config('client_connection_check_interval', '1s', true) offset 0) as limits
-"""
+# on a transaction lock of its key (inside expiry.window_apply, before the
+# delete takes its snapshot), so the guard sees the earlier one's commit. Should
+# one still pass the guard while another is uncommitted (SQLite serializes
+# writers; this is belt and braces), its ledger insert waits for the other's
+# commit and finds the key taken, and AlreadyApplied rolls back whatever its
+# delete took.
 UNBOOKED = WINDOW + " and not exists (select 1 from {ledger} where key = {p_key})"
 
 # The count comes back as the statement's row count, never by a RETURNING: that
@@ -101,11 +88,12 @@ insert into {archive} ({columns}) select {columns} from moved
 )
 ARCHIVE_COPY = "insert into {archive} ({columns}) select {columns} from {table} where " + UNBOOKED
 
-# On PostgreSQL the delete (or move), its count, the job's completion and the
-# ledger row (or a duplicate's audit event) are one statement: the function of
-# migration 0004, given the window's statement with positional parameters. After
-# WINDOW_START, nothing needs reading before the COMMIT. The comment names the
-# table to whoever reads pg_stat_activity.
+# On PostgreSQL the turn, the delete (or move), its count, the job's completion
+# and the ledger row (or a duplicate's audit event) are one statement: the
+# function of migration 0005, given the window's statement with positional
+# parameters. Outside a transaction (the worker's statement mode) it is its own
+# transaction: one round trip. The comment names the table to whoever reads
+# pg_stat_activity.
 WINDOW_APPLY = """
 select expiry.window_apply(%(statement)s, %(lo)s, %(hi)s, %(cutoff)s, %(key)s, %(policy)s,
                            %(run_id)s, %(action)s, %(worker)s, %(job_id)s, %(lease_token)s) as rows
@@ -126,26 +114,6 @@ class Column:
     name: str
     type: str
     indexed: bool
-
-
-class Outcome:
-    """What applying a window took: its rows, or None when its key was booked
-    before (then nothing changed). On PostgreSQL the result is read once: after
-    the COMMIT that travels with the window's statements, or earlier at the cost
-    of a round trip."""
-
-    def __init__(self, read: Callable[[], int | None]) -> None:
-        self._read: Callable[[], int | None] | None = read
-        self._rows: int | None = None
-
-    @classmethod
-    def known(cls, rows: int | None) -> Outcome:
-        return cls(lambda: rows)
-
-    def rows(self) -> int | None:
-        if self._read is not None:
-            self._rows, self._read = self._read(), None
-        return self._rows
 
 
 class Target:
@@ -267,12 +235,15 @@ class Target:
         run_id: str,
         worker: str | None,
         job: Job | None = None,
-    ) -> Outcome:
+    ) -> int | None:
         """Delete (or archive) the window's rows that are expired right now and book
         the window under ``key`` (its ledger row, or a duplicate's audit event),
-        with the per-transaction limits, in the caller's transaction; with
-        ``job``, complete it there too. Raises AlreadyApplied when rows were taken
-        but the key was booked meanwhile: the transaction must roll back."""
+        under the policy's limits, in the caller's transaction (or, on a
+        PostgreSQL connection outside one, as a transaction of its own); with
+        ``job``, complete it there too. Returns the rows taken, or None when the
+        key was booked before (nothing changed). Raises AlreadyApplied when rows
+        were taken but the key was booked meanwhile: the transaction must roll
+        back."""
         p = self.policy
         ledger = {"policy": p.name, "run_id": run_id, "action": p.action, "worker": worker}
         if self.engine.dialect != "postgres":
@@ -285,7 +256,7 @@ class Target:
             if self.engine.ledger_insert(
                 conn, key, strict=rows > 0, lo=lo, hi=hi, rows=rows, **ledger
             ):
-                return Outcome.known(rows)
+                return rows
             self.engine.audit_append(
                 conn,
                 "window.duplicate",
@@ -294,38 +265,26 @@ class Target:
                 run_id=run_id,
                 job_key=key,
             )
-            return Outcome.known(None)
-        # Pipelined: nothing is read before the COMMIT, so that in the worker's
-        # pipelined transaction the whole window is one round trip. Deliveries
-        # of one window take turns (within lock_timeout): the later one's delete
-        # then sees the earlier one's ledger row and takes nothing.
-        with nullcontext() if conn.pgconn.pipeline_status else conn.pipeline():
-            conn.execute(
-                WINDOW_START,
-                {
-                    "key": key,
-                    "lock_timeout": f"{int(p.lock_timeout * 1000)}ms",
-                    "statement_timeout": f"{int(p.statement_timeout * 1000)}ms",
-                },
-            )
-            delete = p.action == "delete"
-            cur = conn.execute(
-                self.text(conn, APPLY_DELETE if delete else APPLY_ARCHIVE),
-                {
-                    "statement": self.text(
-                        conn, DELETE if delete else ARCHIVE_MOVE, positional=True
-                    ),
-                    "lo": lo,
-                    "hi": hi,
-                    "cutoff": cutoff,
-                    "key": key,
-                    "job_id": job.id if job is not None else None,
-                    "lease_token": job.lease_token if job is not None else None,
-                    **ledger,
-                },
-                prepare=True,
-            )
-        return Outcome(lambda: _rows(cur.fetchone()))
+            return None
+        self.engine.session_limits(
+            conn, f"{int(p.lock_timeout * 1000)}ms", f"{int(p.statement_timeout * 1000)}ms"
+        )
+        delete = p.action == "delete"
+        row = conn.execute(
+            self.text(conn, APPLY_DELETE if delete else APPLY_ARCHIVE),
+            {
+                "statement": self.text(conn, DELETE if delete else ARCHIVE_MOVE, positional=True),
+                "lo": lo,
+                "hi": hi,
+                "cutoff": cutoff,
+                "key": key,
+                "job_id": job.id if job is not None else None,
+                "lease_token": job.lease_token if job is not None else None,
+                **ledger,
+            },
+            prepare=True,
+        ).fetchone()
+        return None if row["rows"] is None else int(row["rows"])
 
     def _copy_and_delete(self, conn: Any, params: dict[str, Any]) -> int:
         if self.policy.action == "delete":
@@ -458,10 +417,6 @@ class Target:
             f"where {quote(column.name)} is not null limit 1"
         ).fetchone()
         return "iso-t" if sample and "T" in str(sample["v"]) else "iso"
-
-
-def _rows(row: Any) -> int | None:
-    return None if row["rows"] is None else int(row["rows"])
 
 
 def quote(identifier: str) -> str:

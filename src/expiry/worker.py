@@ -345,7 +345,9 @@ class Worker:
             if handler.before is not None:
                 handler.before(job)
             started = time.monotonic()
-            with self.app.engine.transaction(pipelined=handler.pipelined) as tx:
+            with self.app.engine.transaction(
+                pipelined=handler.pipelined, statement=handler.statement
+            ) as tx:
                 result = handler.fn(job, tx)
                 # Settled before commit: a heartbeat that meets the completion's
                 # row lock returns after it and finds the job no longer held.

@@ -14,7 +14,6 @@ from expiry.app import App
 from expiry.cleanup import MIN_CHUNK, WINDOW, WindowResult
 from expiry.config import parse_config
 from expiry.errors import ConfigError
-from expiry.target import Outcome
 from expiry.types import Job
 
 from .support import Db, config_data, run_worker, standard_rows
@@ -41,13 +40,13 @@ def test_nice_ratio_rests_the_thread_that_ran_the_window(db: Db, apps: Apps) -> 
     nice, eager = apps(db.url, {"nice_ratio": 2}), apps(db.url, {"nice_ratio": 0})
     assert nice.cleanup is not None and eager.cleanup is not None
     job = window_job(nice)
-    applied = WindowResult(POLICY, Outcome.known(500))
+    applied = WindowResult(POLICY, 500)
 
     rested = timed(lambda: nice.cleanup.after_window(job, applied, 0.1))  # type: ignore[union-attr]
     assert 0.2 <= rested < 1.0
     assert timed(lambda: eager.cleanup.after_window(job, applied, 0.1)) < 0.05  # type: ignore[union-attr]
     # A duplicate (no rows) took nothing from the database: no rest.
-    nothing = WindowResult(POLICY, Outcome.known(None))
+    nothing = WindowResult(POLICY, None)
     assert timed(lambda: nice.cleanup.after_window(job, nothing, 0.1)) < 0.05  # type: ignore[union-attr]
 
 
@@ -56,7 +55,7 @@ def test_max_rows_per_second_spaces_the_next_transaction(db: Db, apps: Apps) -> 
     app = apps(db.url, {"max_rows_per_second": 1000, "nice_ratio": 0})
     assert app.cleanup is not None
     job = window_job(app)
-    app.cleanup.after_window(job, WindowResult(POLICY, Outcome.known(300)), 0.01)
+    app.cleanup.after_window(job, WindowResult(POLICY, 300), 0.01)
 
     waited = timed(lambda: app.cleanup.before_window(job))  # type: ignore[union-attr]
     assert 0.2 <= waited < 0.6  # 300 rows at 1,000 rows/s
@@ -68,7 +67,7 @@ def test_keys_per_transaction_halve_when_slow_and_grow_back_when_fast(db: Db, ap
     assert app.cleanup is not None
     job = window_job(app)
     chunk = app.cleanup._pace(app.cleanup.policy(POLICY))
-    applied = WindowResult(POLICY, Outcome.known(50))
+    applied = WindowResult(POLICY, 50)
 
     app.cleanup.after_window(job, applied, 0.2)  # past 1.5x the target
     assert chunk.chunk == 500

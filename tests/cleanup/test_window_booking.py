@@ -68,14 +68,14 @@ def test_a_duplicate_archive_delivery_moves_nothing(db: Db, apps: Apps) -> None:
     assert db.audit("window.duplicate", window["key"]) == 1
 
 
-@pytest.mark.parametrize("pipelined", [False, True], ids=["plain", "pipelined"])
+@pytest.mark.parametrize("statement", [False, True], ids=["transaction", "statement"])
 def test_a_delivery_racing_an_uncommitted_one_rolls_back_its_delete(
-    pg_db: Db, apps: Apps, pipelined: bool
+    pg_db: Db, apps: Apps, statement: bool
 ) -> None:
     """The ledger guard reads the statement's snapshot: a delivery that starts while
     another has booked the window but not committed passes it and deletes, then its
-    ledger insert waits for that commit, finds the key taken, and rolls back. In a
-    pipelined transaction (the worker's) the conflict comes back with the COMMIT."""
+    ledger insert waits for that commit, finds the key taken, and rolls back: in a
+    transaction, or as the one statement of the worker's statement mode."""
     db = pg_db
     seed(db, 300)
     app = apps(db.url, {"lock_timeout": "30s"}, pool_size=1)  # one connection, checked after
@@ -95,7 +95,7 @@ def test_a_delivery_racing_an_uncommitted_one_rolls_back_its_delete(
 
     def deliver() -> None:
         try:
-            with app.engine.transaction(pipelined=pipelined) as tx:
+            with app.engine.transaction(statement=statement) as tx:
                 app.handlers[WINDOW].fn(job, tx)
         except BaseException as exc:
             outcome.append(exc)
@@ -177,8 +177,8 @@ def test_concurrent_deliveries_of_a_window_take_turns_and_the_later_takes_nothin
         first.join(30)
         later.join(30)
 
-    assert results["first"].rows() > 0
-    assert results["later"].rows() is None  # booked before: nothing taken
+    assert results["first"] > 0
+    assert results["later"] is None  # booked before: nothing taken
     assert [row["key"] for row in db.ledger()] == [job.key]
 
 
@@ -243,42 +243,77 @@ def round_trips(trace: str) -> int:
 
 
 def test_a_window_costs_one_round_trip_on_postgres(pg_db: Db, apps: Apps, tmp_path: Path) -> None:
-    """A pipelined transaction: BEGIN, limits and turn, window_apply (delete,
-    completion, ledger row) and COMMIT, sent together with one Sync; then the
-    batch's run check. Counted in libpq's protocol trace of the pool's one
-    connection."""
+    """The worker's statement mode: window_apply (turn, delete, completion, ledger
+    row) alone, its own transaction, with no BEGIN or COMMIT; then the batch's run
+    check. The first window on a connection also prepares its statements and sets
+    the policy's limits on the session; the second is counted, in libpq's
+    protocol trace of the pool's one connection."""
     db = pg_db
     seed(db, 300)
     app = apps(db.url, pool_size=1)
     assert app.cleanup is not None
     app.cleanup.open_run(POLICY)
     claim_plan(app)
-    [job] = app.queue.claim(1, 60, owner="traced")
-    assert job.handler == WINDOW
+    first, second = app.queue.claim(2, 60, owner="traced")
+    assert first.handler == second.handler == WINDOW
+    Worker(app).process(first)
     with app.engine.pool.connection() as conn:  # back in the pool now: no check
         pgconn = conn.pgconn
     trace = tmp_path / "libpq.trace"
     with trace.open("w") as out:
         pgconn.trace(out.fileno())
         try:
-            Worker(app).process(job)
+            Worker(app).process(second)
         finally:
             pgconn.untrace()
     text = trace.read_text()
 
-    [booked] = db.ledger()
-    assert booked["key"] == job.key and booked["rows"] > 0
-    completed = app.queue.get(job.key)
+    booked = {row["key"]: row for row in db.ledger()}[second.key]
+    assert booked["rows"] > 0
+    completed = app.queue.get(second.key)
     assert completed is not None and completed.state.value == "completed"
     assert round_trips(text) == 2, text
-    first_answer = text.index("\tB\t")
-    sent = [
-        text.index(message)
-        for message in ('"begin"', "pg_advisory_xact_lock", "window_apply", '"commit"', "\tSync")
-    ]
-    assert sent == sorted(sent) and sent[-1] < first_answer, text
-    assert (
-        text.index('"BEGIN"')
-        < text.index(f"DataRow\t 1 {len(str(booked['rows']))} '{booked['rows']}'")
-        < text.index('"COMMIT"')
+    window = text[: text.index("ReadyForQuery")]
+    assert 'delete from "sessions"' in window, text  # the window's statement, bound
+    assert f"DataRow\t 1 {len(str(booked['rows']))} '{booked['rows']}'" in window, text
+    for absent in ('"begin"', '"commit"', "set_config", "pg_advisory_xact_lock", "Parse"):
+        assert absent not in window, text  # prepared, limits already set, no BEGIN/COMMIT
+
+
+def test_a_window_runs_under_its_policys_limits_and_other_work_under_its_own(
+    pg_db: Db, apps: Apps
+) -> None:
+    """In statement mode the policy's limits are the session's (PostgreSQL arms a
+    statement's timeout as it starts), set once; a transaction of another kind on
+    the same connection gets the connection's own limits back."""
+    db = pg_db
+    seed(db, 300)
+    db.execute(
+        "create function slow_delete() returns trigger language plpgsql as $$"
+        " begin perform pg_sleep(0.5); return null; end $$"
     )
+    db.execute(
+        "create trigger slow_delete before delete on sessions"
+        " for each statement execute function slow_delete()"
+    )
+    app = apps(db.url, {"statement_timeout": "100ms", "lock_timeout": "250ms"}, pool_size=1)
+    assert app.cleanup is not None
+    app.cleanup.open_run(POLICY)
+    claim_plan(app)
+    [job] = app.queue.claim(1, 60, owner="timed")
+    table = db.table()
+
+    Worker(app).process(job)
+
+    failed = app.queue.get(job.key)
+    assert failed is not None and failed.state.value == "retryable"
+    assert failed.last_error_kind == "statement_timeout", failed.last_error
+    assert db.table() == table and db.ledger() == []
+    with app.engine.pool.connection() as conn:  # the pool's one connection
+        assert conn.execute("show statement_timeout").fetchone() == {"statement_timeout": "100ms"}
+        conn.rollback()
+    with app.engine.transaction() as tx:
+        limits = tx.execute(
+            "select current_setting('statement_timeout') as s, current_setting('lock_timeout') as l"
+        ).fetchone()
+    assert limits == {"s": "0", "l": "0"}

@@ -187,6 +187,14 @@ def pending(url: str) -> int:
     return int(row[0]) if row else 0
 
 
+def runs_open(url: str) -> int:
+    """Runs not finished. A worker killed after its run's last commit leaves the
+    run open until a rescuer's sweep (every few seconds) finishes it."""
+    with connect(url) as conn:
+        row = conn.execute("select count(*) from expiry.runs where state <> 'finished'").fetchone()
+    return int(row[0]) if row else 0
+
+
 def job_states(url: str) -> dict[str, int]:
     with connect(url) as conn:
         return {

@@ -81,13 +81,31 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     @contextmanager
-    def transaction(self, *, pipelined: bool = False) -> Iterator[Any]:
+    def transaction(self, *, pipelined: bool = False, statement: bool = False) -> Iterator[Any]:
         """A driver connection inside a transaction, committed on success.
 
         ``pipelined``: where the driver can, statements are queued and sent
         together when a result is read, BEGIN with the first of them and COMMIT
         with the last (PostgreSQL's pipeline mode); an error of a statement whose
-        result is never read surfaces at commit. Others ignore it."""
+        result is never read surfaces at commit. Others ignore it.
+
+        ``statement``: where the engine can, the connection comes outside any
+        transaction, so that one statement is its own transaction, sent without
+        BEGIN or COMMIT (PostgreSQL's autocommit); work of several statements
+        goes in ``atomic(conn)``. Others give an ordinary transaction."""
+
+    @contextmanager
+    def atomic(self, conn: Any) -> Iterator[Any]:
+        """Statements that must commit together, on a connection from
+        ``transaction()``: in statement mode, a transaction of their own;
+        otherwise they are in the caller's already."""
+        yield conn
+
+    def session_limits(self, conn: Any, lock_timeout: str, statement_timeout: str) -> None:
+        """Bind the statements that follow on ``conn`` by these limits, where the
+        engine has them (PostgreSQL); values like '2000ms'. SQLite has none: its
+        single writer waits out busy_timeout instead."""
+        return None
 
     @abc.abstractmethod
     def rows(self, conn: Any, name: str, params: dict[str, Any] | None = None) -> list[Row]:

@@ -70,7 +70,19 @@ _MIGRATION_LOCK = 0x65787069
 def _configure(conn: psycopg.Connection[Any]) -> None:
     # UTC so that a target's "timestamp without time zone" compares as UTC.
     conn.execute("set timezone to 'UTC'")
+    # A statement whose client has gone fails within a second instead of running
+    # on: the backend of a worker killed during a window rolls it back rather
+    # than committing it by itself (a window is one statement, its own transaction).
+    conn.execute("set client_connection_check_interval to '1s'")
     conn.commit()
+
+
+# The limits (lock_timeout, statement_timeout) a window last set on a pooled
+# connection's session, so that the next window of the same policy sets nothing,
+# and a transaction of any other kind resets them first.
+_session_limits: weakref.WeakKeyDictionary[psycopg.Connection[Any], tuple[str, str]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 # When each pooled connection was last given back (monotonic seconds). Noted by
@@ -121,6 +133,32 @@ def _pipelined_transaction(conn: psycopg.Connection[Any]) -> Iterator[None]:
             conn.autocommit = False
 
 
+@contextmanager
+def _autocommit(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """The connection outside any transaction: each statement its own, unless the
+    caller opens one (Engine.atomic)."""
+    conn.autocommit = True
+    try:
+        yield
+    finally:
+        with suppress(psycopg.Error):  # a broken connection: the pool drops it
+            if conn.info.transaction_status != TransactionStatus.IDLE:
+                conn.rollback()
+            conn.autocommit = False
+
+
+def _reset_limits(conn: psycopg.Connection[Any]) -> None:
+    """Give a connection back its own limits before a transaction that is not a
+    window's (a handler's statements are not bound by a policy's timeouts)."""
+    conn.autocommit = True
+    try:
+        conn.execute("reset lock_timeout")
+        conn.execute("reset statement_timeout")
+        del _session_limits[conn]
+    finally:
+        conn.autocommit = False
+
+
 class PostgresEngine(Engine):
     dialect = "postgres"
 
@@ -159,15 +197,23 @@ class PostgresEngine(Engine):
                 _returned_at[conn] = time.monotonic()
 
     @contextmanager
-    def transaction(self, *, pipelined: bool = False) -> Iterator[psycopg.Connection[Row]]:
+    def transaction(
+        self, *, pipelined: bool = False, statement: bool = False
+    ) -> Iterator[psycopg.Connection[Row]]:
         with self._pooled() as conn:
             try:
-                if pipelined:
-                    with _pipelined_transaction(conn):
+                if statement:
+                    with _autocommit(conn):
                         yield conn
                 else:
-                    with conn.transaction():
-                        yield conn
+                    if conn in _session_limits:
+                        _reset_limits(conn)
+                    if pipelined:
+                        with _pipelined_transaction(conn):
+                            yield conn
+                    else:
+                        with conn.transaction():
+                            yield conn
             except psycopg.errors.UniqueViolation as exc:
                 # A window that took rows found its ledger key booked meanwhile.
                 if exc.diag.schema_name == "expiry" and exc.diag.constraint_name == "ledger_pkey":
@@ -183,6 +229,33 @@ class PostgresEngine(Engine):
                 if exc.sqlstate == LEASE_LOST:  # window_apply: the job is no longer ours
                     raise LeaseLost(exc.diag.message_primary or "lease lost") from exc
                 raise
+
+    @contextmanager
+    def atomic(self, conn: Any) -> Iterator[Any]:
+        """A transaction of its own on a connection outside one (statement mode);
+        inside the caller's transaction, nothing more."""
+        if conn.info.transaction_status == TransactionStatus.IDLE:
+            with conn.transaction():
+                yield conn
+        else:
+            yield conn
+
+    def session_limits(self, conn: Any, lock_timeout: str, statement_timeout: str) -> None:
+        """Bind the statements that follow on ``conn`` by a policy's limits. Outside
+        a transaction, on the session, and only when they differ from what a window
+        set there last (a window is one statement: PostgreSQL arms its timeout as it
+        starts); inside one, for that transaction."""
+        limits = (lock_timeout, statement_timeout)
+        idle = conn.info.transaction_status == TransactionStatus.IDLE
+        if idle and _session_limits.get(conn) == limits:
+            return
+        conn.execute(
+            "select set_config('lock_timeout', %s, %s), set_config('statement_timeout', %s, %s)",
+            (lock_timeout, not idle, statement_timeout, not idle),
+            prepare=True,
+        )
+        if idle:
+            _session_limits[conn] = limits
 
     @contextmanager
     def connect(self) -> Iterator[psycopg.Connection[Row]]:

@@ -87,7 +87,9 @@ class SQLiteEngine(Engine):
         self._local = threading.local()
 
     @contextmanager
-    def transaction(self, *, pipelined: bool = False) -> Iterator[sqlite3.Connection]:
+    def transaction(
+        self, *, pipelined: bool = False, statement: bool = False
+    ) -> Iterator[sqlite3.Connection]:
         conn = self._conn()
         conn.execute("begin immediate")
         try:
