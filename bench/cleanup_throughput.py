@@ -32,7 +32,7 @@ difference between the two lies:
   run by the same N worker processes with a handler that executes the raw
   loop's DELETE in the job's transaction, pipelined, completing its job in the
   delete's round trip and then committing (two round trips; the window job
-  needs one, as its count comes back with its COMMIT): the queue's claim,
+  needs one, a single statement in autocommit): the queue's claim,
   transaction and completion per window, without the cleanup core (no planner,
   ledger, guard or window lock). Timed from the enqueue until no job is left
   pending.
