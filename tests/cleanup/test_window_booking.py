@@ -68,14 +68,15 @@ def test_a_duplicate_archive_delivery_moves_nothing(db: Db, apps: Apps) -> None:
     assert db.audit("window.duplicate", window["key"]) == 1
 
 
-@pytest.mark.parametrize("statement", [False, True], ids=["transaction", "statement"])
+@pytest.mark.parametrize("mode", ["transaction", "pipelined", "statement"])
 def test_a_delivery_racing_an_uncommitted_one_rolls_back_its_delete(
-    pg_db: Db, apps: Apps, statement: bool
+    pg_db: Db, apps: Apps, mode: str
 ) -> None:
     """The ledger guard reads the statement's snapshot: a delivery that starts while
     another has booked the window but not committed passes it and deletes, then its
     ledger insert waits for that commit, finds the key taken, and rolls back: in a
-    transaction, or as the one statement of the worker's statement mode."""
+    transaction (plain or pipelined), or as the one statement of the worker's
+    statement mode. Either way the connection goes back to the pool as it came."""
     db = pg_db
     seed(db, 300)
     app = apps(db.url, {"lock_timeout": "30s"}, pool_size=1)  # one connection, checked after
@@ -95,7 +96,9 @@ def test_a_delivery_racing_an_uncommitted_one_rolls_back_its_delete(
 
     def deliver() -> None:
         try:
-            with app.engine.transaction(statement=statement) as tx:
+            with app.engine.transaction(
+                pipelined=mode == "pipelined", statement=mode == "statement"
+            ) as tx:
                 app.handlers[WINDOW].fn(job, tx)
         except BaseException as exc:
             outcome.append(exc)

@@ -106,37 +106,11 @@ def _check_if_idle(conn: psycopg.Connection[Any]) -> None:
 
 
 @contextmanager
-def _pipelined_transaction(conn: psycopg.Connection[Any]) -> Iterator[None]:
-    """A transaction in pipeline mode, BEGIN queued with its first statements and
-    COMMIT with its last. Written out rather than conn.transaction(), which in
-    pipeline mode syncs after BEGIN and again before COMMIT: two round trips."""
-    conn.autocommit = True  # else psycopg sends a BEGIN of its own, and waits for it
-    try:
-        with conn.pipeline() as pipeline:
-            conn.execute("begin")
-            try:
-                yield
-            except BaseException:
-                # Collect what an error left queued (the server skipped it), so
-                # that leaving the pipeline does not report it again.
-                with suppress(psycopg.Error):
-                    pipeline.sync()
-                raise
-            conn.execute("commit")
-    finally:
-        with suppress(psycopg.Error):  # a broken connection: the pool drops it
-            # After an error, or a Python exception before COMMIT, the transaction
-            # is still open (the server skips what follows an error until the
-            # pipeline's sync, COMMIT included).
-            if conn.info.transaction_status != TransactionStatus.IDLE:
-                conn.rollback()
-            conn.autocommit = False
-
-
-@contextmanager
 def _autocommit(conn: psycopg.Connection[Any]) -> Iterator[None]:
     """The connection outside any transaction: each statement its own, unless the
-    caller opens one (Engine.atomic)."""
+    caller opens one (Engine.atomic, or BEGIN written out). A transaction still
+    open at the end (after an error, or a Python exception before its COMMIT) is
+    rolled back, and the connection goes back to the pool as it came."""
     conn.autocommit = True
     try:
         yield
@@ -145,6 +119,26 @@ def _autocommit(conn: psycopg.Connection[Any]) -> Iterator[None]:
             if conn.info.transaction_status != TransactionStatus.IDLE:
                 conn.rollback()
             conn.autocommit = False
+
+
+@contextmanager
+def _pipelined_transaction(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """A transaction in pipeline mode, BEGIN queued with its first statements and
+    COMMIT with its last. Written out rather than conn.transaction(), which in
+    pipeline mode syncs after BEGIN and again before COMMIT: two round trips.
+    In autocommit, else psycopg sends a BEGIN of its own, and waits for it."""
+    with _autocommit(conn), conn.pipeline() as pipeline:
+        conn.execute("begin")
+        try:
+            yield
+        except BaseException:
+            # Collect what an error left queued (the server skipped it, COMMIT
+            # included, until the pipeline's sync), so that leaving the pipeline
+            # does not report it again.
+            with suppress(psycopg.Error):
+                pipeline.sync()
+            raise
+        conn.execute("commit")
 
 
 def _reset_limits(conn: psycopg.Connection[Any]) -> None:
