@@ -18,9 +18,12 @@ again identically, and cleaned by the other:
   shared counter and run ``DELETE FROM sessions WHERE id > lo AND id <= hi AND
   expires_at < cutoff``, each window its own transaction (autocommit);
 * expiry: ``App(config=parse_config(...))`` with one delete policy of the same
-  window, ``cleanup.open_run`` and N worker processes (``Worker(until_idle=True)``,
-  concurrency 1, the config's claim batch and lease), timed from ``open_run`` to
-  the run's state being ``finished``. Each window is expiry's own transaction:
+  window, N worker processes (``Worker``, concurrency 1, the config's claim batch
+  and lease) and ``cleanup.open_run``, timed from ``open_run`` to the run's state
+  being ``finished``. The workers run as deployed, as `expiry worker` does: started
+  before the clock, their first claim empty, they idle in LISTEN until the run's
+  first hint. The end is read when the run's finished hint arrives (PostgreSQL;
+  SQLite polls every 20 ms). Each window is expiry's own transaction:
   the same DELETE guarded by the ledger, the ledger row and the job's
   completion. ``nice_ratio = 0``: the rests that spare live traffic by default
   are a throttle, not overhead, and the raw loop has none.
@@ -39,7 +42,8 @@ difference between the two lies:
 
 Both clocks start with every connection open: the raw loop's connections, and
 the worker processes after they have opened their pool and LISTEN connection and
-checked the policy.
+checked the policy. Odd rounds run the raw loop first, even rounds expiry
+first, so that whatever the second place costs or gains is shared.
 Before each measurement the table is VACUUM ANALYZEd and a CHECKPOINT flushes
 the build's dirty pages. ``sessions`` has autovacuum off, so that a vacuum
 starting during one method and not the other does not decide the result.
@@ -92,7 +96,11 @@ QUEUE_ONLY_BOUNDS = (
 )
 QUEUE_ONLY_DONE = "select count(*) filter (where state = 'completed') as completed from expiry.jobs where queue = %s"
 TARGET_RATIO = 0.9
-POLL_SECONDS = 0.02  # the watcher costs a round trip a poll: finds the end at most 20 ms late
+# The watcher reads the run's state when a run-finished hint arrives (PostgreSQL's
+# LISTEN expiry_runs) or every 20 ms: a round trip each. SQLite has no hints, so
+# there it finds the end at most 20 ms late, and queue-only polls on both.
+POLL_SECONDS = 0.02
+IDLE_SECONDS = 0.3  # after start-up, before the clock: the workers' first claims come back empty
 
 _CTX = mp.get_context("spawn")
 
@@ -367,9 +375,10 @@ def expiry_config(url: str, window: int, claim_batch: int | None) -> dict[str, A
     }
 
 
-def _expiry_worker(config: dict[str, Any], ready: Barrier, go: Event, results: Any) -> None:
-    """One worker process: connect and check the policy, wait for the run, work
-    until idle, report how many jobs it ran."""
+def _expiry_worker(config: dict[str, Any], ready: Barrier, done: Event, results: Any) -> None:
+    """One worker process, as deployed: connect and check the policy, then run,
+    idle in LISTEN until the run's first hint; stop once the parent saw the run
+    end, and report how many jobs it ran."""
     app = App(config=parse_config(config, "bench"), pool_size=2)
     assert app.cleanup is not None and app.config is not None
     settings = app.config.worker
@@ -392,11 +401,14 @@ def _expiry_worker(config: dict[str, Any], ready: Barrier, go: Event, results: A
         batch=settings.claim_batch,
         lease=settings.lease,
         prune_after=settings.prune_after,
-        until_idle=True,
     )
+
+    def stop_when_done() -> None:
+        done.wait(timeout=600)
+        worker.stop()
+
+    threading.Thread(target=stop_when_done, daemon=True).start()
     ready.wait(timeout=120)
-    if not go.wait(timeout=300):
-        raise RuntimeError("the run was never opened")
     worker.run()
     results.put(worker.processed)
     app.close()
@@ -411,7 +423,7 @@ def expiry_round(
     poll: Any,
     queue_only: bool = False,
 ) -> tuple[int, int, float, str]:
-    """open_run, N worker processes, until the run is finished:
+    """N idle worker processes, open_run, until the run is finished:
     (rows deleted, windows applied, seconds, note). ``queue_only``: enqueue the
     raw loop's windows as jobs instead, until none is pending (``poll`` is then
     unused)."""
@@ -419,28 +431,30 @@ def expiry_round(
     app = App(config=parse_config(config, "bench"), pool_size=2)
     assert app.cleanup is not None
     ready = _CTX.Barrier(workers + 1)
-    go = _CTX.Event()
+    done = _CTX.Event()
     results = _CTX.Queue()
     children: list[BaseProcess] = [
-        _CTX.Process(target=_expiry_worker, args=(config, ready, go, results))
+        _CTX.Process(target=_expiry_worker, args=(config, ready, done, results))
         for _ in range(workers)
     ]
     try:
         app.cleanup.check()
         app.queue.pending()
+        app.engine.wait_for_runs(0)  # LISTEN expiry_runs from here (PostgreSQL)
         for child in children:
             child.start()
         ready.wait(timeout=120)
+        time.sleep(IDLE_SECONDS)  # every worker's first claim found nothing: it idles
         started = time.perf_counter()
         if queue_only:
-            return queue_only_jobs(app, cutoff, window, started, go, children, results)
+            return queue_only_jobs(app, cutoff, window, started, done, children, results)
         opened = app.cleanup.open_run(POLICY, cutoff, opened_by="bench", actor="bench")
-        go.set()
         while (state := poll(opened.run_id)) != "finished":
             if not any(child.is_alive() for child in children):
                 raise RuntimeError(f"every worker exited but the run is {state!r}")
-            time.sleep(POLL_SECONDS)
+            app.engine.wait_for_runs(POLL_SECONDS)
         seconds = time.perf_counter() - started
+        done.set()
         jobs = [results.get(timeout=120) for _ in children]
         for child in children:
             child.join(timeout=60)
@@ -469,7 +483,7 @@ def queue_only_jobs(
     cutoff: datetime,
     window: int,
     started: float,
-    go: Event,
+    done: Event,
     children: list[BaseProcess],
     results: Any,
 ) -> tuple[int, int, float, str]:
@@ -487,12 +501,12 @@ def queue_only_jobs(
             for low in (range(lo - 1, hi, window) if lo is not None else ())
         ]
         app.queue.enqueue_many(jobs, tx)
-    go.set()
     while pending := app.queue.pending(QUEUE_ONLY_QUEUE):
         if not any(child.is_alive() for child in children):
             raise RuntimeError(f"every worker exited with {pending} jobs pending")
         time.sleep(POLL_SECONDS)
     seconds = time.perf_counter() - started
+    done.set()
     jobs_run = [results.get(timeout=120) for _ in children]
     with app.engine.transaction() as tx:
         done = tx.execute(QUEUE_ONLY_DONE, (QUEUE_ONLY_QUEUE,)).fetchone()
@@ -502,6 +516,13 @@ def queue_only_jobs(
 
 
 # -- one engine, both methods ---------------------------------------------------------
+
+
+def round_order(methods: tuple[str, ...], round_: int) -> tuple[str, ...]:
+    """Raw first in odd rounds, expiry first in even ones: whatever going first or
+    second is worth on this host (the server's caches, drift) each gets in half
+    of an even number of rounds."""
+    return methods if round_ % 2 else (methods[1], methods[0], *methods[2:])
 
 
 def bench_postgres(args: argparse.Namespace) -> list[Measured]:
@@ -517,7 +538,7 @@ def bench_postgres(args: argparse.Namespace) -> list[Measured]:
         app.close()
         methods = ("raw", "expiry") + (("queue-only",) if args.queue_only else ())
         for round_ in range(1, args.repeat + 1):
-            for method in methods:
+            for method in round_order(methods, round_):
                 progress(f"postgres: building {rows:,} rows for {method} (round {round_})")
                 built = pg_build(url, rows, cutoff)
                 if method == "raw":
@@ -549,7 +570,7 @@ def bench_sqlite(args: argparse.Namespace) -> list[Measured]:
         path = Path(tmp) / "sessions.db"
         url = f"sqlite:///{path}"
         for round_ in range(1, args.repeat + 1):
-            for method in ("raw", "expiry"):
+            for method in round_order(("raw", "expiry"), round_):
                 progress(f"sqlite: building {rows:,} rows for {method} (round {round_})")
                 built = sqlite_build(path, rows, cutoff)
                 if method == "raw":

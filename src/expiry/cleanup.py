@@ -237,6 +237,7 @@ class Cleanup:
         after: int | None = p.get("after")
         max_key: int = p.get("max") or 0
         page = defaults.PLAN_PAGE
+        first_page = after is None
         if after is None:
             page = min(defaults.FIRST_PLAN_PAGE, page)
             pending = engine.one(
@@ -271,14 +272,19 @@ class Cleanup:
         last_page = len(los) < page
         if not last_page:
             cursor = los[-1] + policy.window
-            jobs.append(
+            # Planning keeps ahead of the deletes: the next page's job is queued
+            # (claimed) before this page's second half, or before all of a run's
+            # short first page, so one worker plans it while the others delete
+            # instead of every worker waiting for it after the last window.
+            jobs.insert(
+                0 if first_page else len(jobs) // 2,
                 new_job(
                     PLAN,
                     {**p, "after": cursor, "max": max_key},
                     key=f"{p['run_id']}:plan:{cursor}",
                     max_attempts=policy.max_attempts,
                     priority=policy.priority,
-                )
+                ),
             )
         engine.job_insert_many(jobs, tx)
         engine.rows(

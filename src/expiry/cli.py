@@ -15,7 +15,6 @@ import logging
 import os
 import signal
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -457,7 +456,7 @@ def _wait(app: App, run_id: str, *, show: bool) -> dict[str, Any]:
                 assert app.cleanup is not None
                 app.cleanup.finish_runs({run_id})
                 return status.run_summary(app, run_id) or summary
-            time.sleep(0.2)
+            app.engine.wait_for_runs(0.2)
 
 
 PENDING = ("scheduled", "available", "retryable", "running")

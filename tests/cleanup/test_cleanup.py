@@ -297,7 +297,9 @@ def test_a_runs_first_page_is_short_and_the_rest_follows_it(
     db: Db, apps: Apps, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The first planning job queues FIRST_PLAN_PAGE windows, so that workers
-    start at once, then the next page behind them; the windows are the same."""
+    start at once, and the next page's job ahead of them, so that it is planned
+    while they run; later pages queue the next one ahead of their second half.
+    The windows are the same."""
     db.create_sessions()
     rows = standard_rows(400)
     db.insert_sessions(rows)
@@ -308,11 +310,28 @@ def test_a_runs_first_page_is_short_and_the_rest_follows_it(
     monkeypatch.setattr(expiry.cleanup.defaults, "PLAN_PAGE", 25)
     opened = app.cleanup.open_run(POLICY)
 
+    def waiting() -> list[str]:
+        """The run's waiting jobs in claim order: "plan" or a window's lo."""
+        return [
+            "plan" if j["handler"] == expiry.cleanup.PLAN else j["payload"]["lo"]
+            for j in db.jobs(run_id=opened.run_id)
+            if j["state"] == "available"
+        ]
+
     [first] = app.queue.claim(1)
     Worker(app).process(first)
     assert len(db.windows(opened.run_id)) == 4
     plans = db.jobs(expiry.cleanup.PLAN, opened.run_id)
     assert [p["state"] for p in plans] == ["completed", "available"]
+    first_page = [j["payload"]["lo"] for j in db.windows(opened.run_id)]
+    assert waiting() == ["plan", *first_page]
+
+    [second] = app.queue.claim(1)
+    assert second.handler == expiry.cleanup.PLAN
+    Worker(app).process(second)
+    second_page = [j["payload"]["lo"] for j in db.windows(opened.run_id)[4:]]  # id order: as queued
+    assert len(second_page) == 25
+    assert waiting() == [*first_page, *second_page[:12], "plan", *second_page[12:]]
 
     run_worker(app)
     planned = expected_windows(gone, 10)
@@ -461,6 +480,31 @@ def test_concurrent_workers_on_postgres(pg_db: Db, apps: Apps) -> None:
     assert len(plans) == 2  # a short first page, then the rest
     assert sum(w.processed for w in workers) == len(windows) + len(plans)
     assert app.cleanup.watermark(POLICY) == 0
+
+
+def test_a_finished_run_wakes_whoever_waits_for_it(db: Db, apps: Apps) -> None:
+    """PostgreSQL hints LISTEN expiry_runs when a run finishes, so `trigger --wait`
+    (or the benchmark) returns at once rather than at its next poll; SQLite has no
+    hints, and the wait sleeps its timeout."""
+    db.create_sessions()
+    db.insert_sessions(standard_rows(200))
+    app = apps(db.url, {"window": 50})
+    assert app.cleanup is not None
+
+    started = time.monotonic()
+    app.engine.wait_for_runs(0.3)  # nothing finishes: the wait lasts its timeout
+    assert time.monotonic() - started >= 0.3
+
+    opened = app.cleanup.open_run(POLICY)
+    run_worker(app)  # finishes the run; the hint waits on the listener
+    assert db.scalar("select state from expiry.runs where id = %s", [opened.run_id]) == ("finished")
+    started = time.monotonic()
+    app.engine.wait_for_runs(2.0)
+    waited = time.monotonic() - started
+    if db.dialect == "postgres":
+        assert waited < 1.0
+    else:
+        assert waited >= 2.0
 
 
 def test_overlapping_run_waits_for_the_earlier_one(

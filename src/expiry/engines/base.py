@@ -159,6 +159,13 @@ class Engine(abc.ABC):
 
         time.sleep(timeout)
 
+    def wait_for_runs(self, timeout: float) -> None:
+        """Block up to ``timeout`` seconds, returning early on a hint that a run
+        finished (PostgreSQL's LISTEN; engines without hints sleep)."""
+        import time
+
+        time.sleep(timeout)
+
     def check_schema_version(self, current: int) -> None:
         latest = self.migrations[-1][0]
         if current > latest:

@@ -174,13 +174,15 @@ class PostgresEngine(Engine):
         self._maintenance_lock = threading.Lock()
         self._listener_lock = threading.Lock()
         self._woken = threading.Condition()
+        self._run_listener: psycopg.Connection[Any] | None = None
+        self._run_listener_lock = threading.Lock()
 
     def close(self) -> None:
         self.pool.close()
-        for conn in (self._listener, self._maintenance):
+        for conn in (self._listener, self._maintenance, self._run_listener):
             if conn is not None:
                 conn.close()
-        self._listener = self._maintenance = None
+        self._listener = self._maintenance = self._run_listener = None
 
     @contextmanager
     def _pooled(self) -> Iterator[psycopg.Connection[Row]]:
@@ -416,6 +418,24 @@ class PostgresEngine(Engine):
             self._listener_lock.release()
             with self._woken:
                 self._woken.notify_all()
+
+    def wait_for_runs(self, timeout: float) -> None:
+        """LISTEN for runs finishing, on a connection of its own (a worker's job
+        hints are not consumed here, nor these there). The first call opens it;
+        the state in expiry.runs remains the source of truth."""
+        with self._run_listener_lock:
+            try:
+                if self._run_listener is None or self._run_listener.closed:
+                    self._run_listener = psycopg.connect(self.url, autocommit=True)
+                    self._run_listener.execute("listen expiry_runs")
+                for _ in self._run_listener.notifies(timeout=timeout, stop_after=1):
+                    pass
+            except psycopg.Error as exc:
+                log.warning("listen connection failed, polling instead: %s", exc)
+                if self._run_listener is not None:
+                    self._run_listener.close()
+                self._run_listener = None
+                super().wait_for_runs(timeout)
 
     def schema_version(self) -> int:
         with self.transaction() as conn:

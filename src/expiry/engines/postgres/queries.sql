@@ -269,27 +269,37 @@ set windows_planned = windows_planned + %(windows)s,
 where id = %(id)s;
 
 -- name: run_finish
--- Mark a planned run finished once none of its jobs is pending.
-update expiry.runs r
-set state = 'finished',
-    finished_at = coalesce((select max(finished_at) from expiry.jobs j where j.run_id = r.id), now())
-where r.id = %(id)s and r.state = 'running'
-  and not exists (select 1 from expiry.jobs j
-                  where j.run_id = r.id
-                    and j.state in ('scheduled', 'available', 'retryable', 'running'))
-returning id;
+-- Mark a planned run finished once none of its jobs is pending, and tell
+-- whoever waits for it (a hint, sent at commit: LISTEN expiry_runs).
+with finished as (
+    update expiry.runs r
+    set state = 'finished',
+        finished_at = coalesce((select max(finished_at) from expiry.jobs j where j.run_id = r.id),
+                               now())
+    where r.id = %(id)s and r.state = 'running'
+      and not exists (select 1 from expiry.jobs j
+                      where j.run_id = r.id
+                        and j.state in ('scheduled', 'available', 'retryable', 'running'))
+    returning id
+)
+select f.id from finished f cross join lateral (select pg_notify('expiry_runs', f.id)) as hint;
 
 -- name: run_finish_idle
 -- Finish every planned run none of whose jobs is pending: the sweep for runs whose
--- last job's worker died after its commit, or whose last job ended dead.
-update expiry.runs r
-set state = 'finished',
-    finished_at = coalesce((select max(finished_at) from expiry.jobs j where j.run_id = r.id), now())
-where r.state = 'running'
-  and not exists (select 1 from expiry.jobs j
-                  where j.run_id = r.id
-                    and j.state in ('scheduled', 'available', 'retryable', 'running'))
-returning id;
+-- last job's worker died after its commit, or whose last job ended dead. Hints
+-- as run_finish.
+with finished as (
+    update expiry.runs r
+    set state = 'finished',
+        finished_at = coalesce((select max(finished_at) from expiry.jobs j where j.run_id = r.id),
+                               now())
+    where r.state = 'running'
+      and not exists (select 1 from expiry.jobs j
+                      where j.run_id = r.id
+                        and j.state in ('scheduled', 'available', 'retryable', 'running'))
+    returning id
+)
+select f.id from finished f cross join lateral (select pg_notify('expiry_runs', f.id)) as hint;
 
 -- name: run_jobs
 -- A run's jobs by handler and state, with attempts spent and failed attempts.
