@@ -28,10 +28,12 @@ from typing import TYPE_CHECKING, Any
 
 from . import defaults
 from .config import Policy
-from .errors import ConfigError, PermanentError, SchemaError, Snooze
+from .durations import format_duration
+from .errors import ConfigError, CutoffRefused, PermanentError, SchemaError, Snooze
 from .metrics import WINDOW_ROWS
 from .queue import new_job
 from .target import Target
+from .timestamps import Storage
 from .types import Job
 
 if TYPE_CHECKING:
@@ -96,6 +98,8 @@ class PlanPreview:
     candidates: int
     windows: int
     first_windows: list[tuple[int, int]]
+    storage: str = ""
+    """How the timestamp column stores time, as this preview read it."""
 
 
 @dataclass
@@ -166,16 +170,28 @@ class Cleanup:
         opened_by: str = "trigger",
         actor: str = "operator",
         conn: Any | None = None,
+        force: bool = False,
     ) -> RunOpened:
         """Open the run for ``cutoff`` (default: the database's now() - retain),
-        inside ``conn``'s transaction when given."""
+        inside ``conn``'s transaction when given. A cutoff later than now - retain
+        would delete rows still within retention: it is refused (CutoffRefused)
+        unless ``force``."""
         policy = self.policy(name)
         engine = self.app.engine
         with engine._tx(conn) as tx:
             self.target(name, tx)
+            now = engine.now(tx)
+            latest = now - timedelta(seconds=policy.retain)
             if cutoff is None:
-                now = engine.now(tx).replace(microsecond=0)
-                cutoff = now - timedelta(seconds=policy.retain)
+                cutoff = latest.replace(microsecond=0)
+            elif cutoff > latest and not force:
+                raise CutoffRefused(
+                    f"policy {name!r}: cutoff {format_time(cutoff)} is later than now - retain "
+                    f"({format_time(now)} - {format_duration(policy.retain)} = "
+                    f"{format_time(latest)}): rows still within retention would be deleted. "
+                    "Fix: give an earlier cutoff, or none for now - retain; if this is "
+                    'intended, pass --force (CLI) or "force": true (HTTP)'
+                )
             rid = run_id(name, cutoff)
             created = bool(
                 engine.rows(
@@ -247,12 +263,22 @@ class Cleanup:
                 raise Snooze(
                     OVERLAP_WAIT_SECONDS, f"{pending['n']} jobs of an earlier run are pending"
                 )
-            bounds = target.bounds(tx, cutoff)
+            try:
+                # The run reads the column's storage once, from the data as it is
+                # now, and every window of the run compares in that domain.
+                storage = target.detect(tx)
+                bounds = target.bounds(tx, cutoff, storage)
+                if bounds is not None:
+                    target.sample_check(tx, cutoff, storage)
+            except SchemaError as exc:
+                raise PermanentError(str(exc)) from exc
             if bounds is None:
                 engine.rows(tx, "run_add_windows", {"id": p["run_id"], "windows": 0, "done": True})
                 return 0
+            p = {**p, "storage": storage.token}
             after, max_key = bounds[0] - 1, bounds[1]
-        los = target.plan_page(tx, cutoff, after, max_key, page)
+        storage = _storage(p, target)
+        los = target.plan_page(tx, cutoff, after, max_key, page, storage)
         jobs = [
             new_job(
                 WINDOW,
@@ -262,6 +288,7 @@ class Cleanup:
                     "cutoff": p["cutoff"],
                     "lo": lo,
                     "hi": lo + policy.window,
+                    "storage": storage.token,
                 },
                 key=f"{p['run_id']}:{lo}",
                 max_attempts=policy.max_attempts,
@@ -327,6 +354,7 @@ class Cleanup:
                     run_id=p["run_id"],
                     worker=job.lease_owner,
                     job=job,  # completed in the same statement (PostgreSQL) or transaction
+                    storage=_storage(p, target),
                 )
                 # The delivery that booked the window's first part enqueues the rest.
                 if upto < hi and taken is not None:
@@ -417,12 +445,15 @@ class Cleanup:
                 conn.execute("set transaction read only")
             if cutoff is None:
                 cutoff = engine.now(conn).replace(microsecond=0) - timedelta(seconds=policy.retain)
+            target.storage = storage = target.detect(conn)  # as a run would read it now
             candidates = target.count(conn, cutoff)
             windows: list[int] = []
-            bounds = target.bounds(conn, cutoff)
+            bounds = target.bounds(conn, cutoff, storage)
             if bounds:
                 after = bounds[0] - 1
-                while page := target.plan_page(conn, cutoff, after, bounds[1], defaults.PLAN_PAGE):
+                while page := target.plan_page(
+                    conn, cutoff, after, bounds[1], defaults.PLAN_PAGE, storage
+                ):
                     windows += page
                     after = page[-1] + policy.window
                     if len(page) < defaults.PLAN_PAGE:
@@ -433,7 +464,15 @@ class Cleanup:
             candidates,
             len(windows),
             [(lo, lo + policy.window) for lo in windows[:limit]],
+            storage.describe(),
         )
+
+
+def _storage(payload: dict[str, Any], target: Target) -> Storage:
+    """The storage a run's planner read, carried by its jobs (jobs queued before
+    runs carried it use the storage of the process's check)."""
+    token = payload.get("storage")
+    return Storage.from_token(token) if token else target.storage
 
 
 def register_cleanup(app: App) -> Cleanup:

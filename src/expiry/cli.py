@@ -125,6 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
     trigger.add_argument("--cutoff", help="ISO-8601 cutoff (default: database now() - retain)")
     trigger.add_argument("--dry-run", action="store_true", help="show what the run would do")
     trigger.add_argument(
+        "--force",
+        action="store_true",
+        help="accept a --cutoff later than now - retain (deletes rows still within retention)",
+    )
+    trigger.add_argument(
         "--wait", action="store_true", help="wait for the run; exit 1 if a window died"
     )
     trigger.add_argument("--actor", default=env("ACTOR", getpass.getuser()))
@@ -220,11 +225,19 @@ def cmd_check(args: argparse.Namespace) -> int:
     assert app.cleanup is not None
     warnings = app.cleanup.check()
     names = [p.name for p in app.cleanup.policies]
+    timestamps = {
+        p.name: f"{p.timestamp} read as {app.cleanup.target(p.name).storage.describe()}"
+        for p in app.cleanup.policies
+    }
     emit(
         args,
-        {"ok": True, "policies": names, "warnings": warnings},
+        {"ok": True, "policies": names, "warnings": warnings, "timestamps": timestamps},
         lambda: out.print(
-            "\n".join([f"warning: {w}" for w in warnings] + [f"ok: {len(names)} policies"])
+            "\n".join(
+                [f"warning: {w}" for w in warnings]
+                + [f"policy {name}: {text}" for name, text in timestamps.items()]
+                + [f"ok: {len(names)} policies"]
+            )
         ),
     )
     return 0
@@ -407,7 +420,9 @@ def cmd_trigger(args: argparse.Namespace) -> int:
     cutoff = _cutoff(args.cutoff, parse_time)
     if args.dry_run:
         return _print_preview(args, cleanup.preview(args.policy, cutoff))
-    opened = cleanup.open_run(args.policy, cutoff, opened_by="cli", actor=args.actor)
+    opened = cleanup.open_run(
+        args.policy, cutoff, opened_by="cli", actor=args.actor, force=args.force
+    )
     data = {
         "run_id": opened.run_id,
         "policy": opened.policy,
@@ -487,13 +502,15 @@ def _print_preview(args: argparse.Namespace, preview: Any) -> int:
         "candidates": preview.candidates,
         "windows": preview.windows,
         "first_windows": [{"lo": lo, "hi": hi} for lo, hi in preview.first_windows],
+        "timestamp_storage": preview.storage,
         "dry_run": True,
     }
 
     def render() -> None:
         out.print(
             f"policy {preview.policy}: cutoff {data['cutoff']}, {preview.candidates} candidate "
-            f"rows in {preview.windows} windows (dry run: nothing changed)"
+            f"rows in {preview.windows} windows (dry run: nothing changed); timestamps "
+            f"read as {preview.storage}"
         )
         for lo, hi in preview.first_windows:
             out.print(f"  window ({lo}, {hi}]")

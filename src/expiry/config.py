@@ -92,6 +92,9 @@ class Policy(Strict):
     table: str
     key: str
     timestamp: str
+    timestamp_format: Literal["iso", "epoch", "epoch_ms", "julianday"] | None = None
+    """How the timestamp column stores time when it is not a native time type;
+    read from the data when absent, and checked against the data when stated."""
     retain: Duration = 0.0
     where: str | None = None
     action: Literal["delete", "archive"] = "delete"
@@ -139,6 +142,16 @@ class Policy(Strict):
             from .cron import check_expression
 
             check_expression(value)
+        return value
+
+    @field_validator("lock_timeout", "statement_timeout")
+    @classmethod
+    def _limit(cls, value: float) -> float:
+        if value < 0.001:  # PostgreSQL takes whole milliseconds: less is 0
+            raise ValueError(
+                "0 turns the limit off in PostgreSQL (a window could wait on a lock, or "
+                'run, without end): write a positive duration such as "2s" or "30s"'
+            )
         return value
 
     @field_validator("where")

@@ -9,13 +9,19 @@ _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 
 
 def parse_duration(text: str | int | float) -> float:
-    """Seconds in a duration; a bare number is seconds. Raises ValueError."""
+    """Seconds in a duration. A unit is required: a bare number is refused, as
+    ``retain = 30`` read as seconds would plan rows 30 s old instead of 30 days.
+    Raises ValueError."""
     if isinstance(text, bool):
         raise ValueError('expected a duration like "30d", "12h", "90m" or "0s"')
     if isinstance(text, int | float):
         if text < 0:
             raise ValueError("a duration cannot be negative")
-        return float(text)
+        n = f"{text:g}"
+        raise ValueError(
+            f'{n} has no unit: write it as a string with one, like "{n}d", "{n}h", '
+            f'"{n}m" or "{n}s" (units: ms, s, m, h, d, w)'
+        )
     compact = text.strip().replace(" ", "")
     if not compact or _PART.sub("", compact) != "":
         raise ValueError(

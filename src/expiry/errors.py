@@ -2,6 +2,7 @@
 
     ExpiryError
     ├── ConfigError            bad expiry.toml or bad usage; the CLI exits 2
+    │   └── CutoffRefused      a cutoff later than now - retain, without force
     ├── SchemaError            a policy does not match the live database schema
     ├── MigrationError         the database was migrated by a newer expiry
     ├── PayloadTooLarge        a job payload over the limit
@@ -28,6 +29,10 @@ class ExpiryError(Exception):
 
 class ConfigError(ExpiryError):
     """The configuration is invalid."""
+
+
+class CutoffRefused(ConfigError):
+    """The cutoff is later than now - retain: rows still within retention would be deleted."""
 
 
 class SchemaError(ExpiryError):

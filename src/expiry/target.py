@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from psycopg import sql
@@ -28,13 +28,17 @@ from psycopg import sql
 from .config import Policy
 from .engines.base import Engine
 from .errors import SchemaError
+from .timestamps import NUMERIC_RANGES, UTC_ZONES, Storage, instant, numeric_format
 from .types import Job
 
 log = logging.getLogger("expiry.target")
 
 # -- the statements ----------------------------------------------------------------
 
-PREDICATE = "{ts} < {p_cutoff}"
+# The retention predicate: the index bound and the storage's guard (see
+# timestamps.py), then the user's where in parentheses. {bound} and {guard}
+# are filled per storage and dialect by _predicate below.
+PREDICATE = "{ts} < {bound}{guard}"
 
 BOUNDS = """
 select (select {key} from {table} where {pred} order by {key} limit 1) as lo,
@@ -108,6 +112,67 @@ OLDEST = "select min({ts}) as oldest from {table} where {pred}"
 
 EXPLAIN_WHERE = "explain select 1 from {table} where {where}"
 
+# How the column stores time, read from every row the policy covers (never one
+# row): per storage class and ISO spelling, the count and the range. SQLite
+# only; a full scan of the timestamp index, once per run and per check.
+STORAGE_SQLITE = """
+select typeof({ts}) as storage,
+       case when typeof({ts}) <> 'text' then ''
+            when julianday({ts}) is null then '?'
+            when length({ts}) = 10 then 'date'
+            else substr({ts}, 11, 1) || '|' || case
+                when {ts} like '%Z' then ''
+                when substr({ts}, -6, 1) in ('+', '-') and substr({ts}, -3, 1) = ':'
+                    then substr({ts}, -6)
+                else '' end
+       end as spelling,
+       count(*) as n, min({ts}) as lo, max({ts}) as hi
+from {table} where {ts} is not null and ({where})
+group by 1, 2
+"""
+# PostgreSQL integer columns: the range tells the unit.
+STORAGE_POSTGRES = (
+    "select min({ts}) as lo, max({ts}) as hi from {table} where {ts} is not null and ({where})"
+)
+
+# The run's sample check: candidates read by the very predicate the windows
+# use, from both ends of the timestamp order and from the first keys.
+SAMPLE = """
+select * from (select {key} as k, {ts} as v from {table} where {pred}
+               order by {ts} limit {p_page}) as oldest
+union all
+select * from (select {key} as k, {ts} as v from {table} where {pred}
+               order by {ts} desc limit {p_page}) as newest
+union all
+select * from (select {key} as k, {ts} as v from {table} where {pred}
+               order by {key} limit {p_page}) as first_keys
+"""
+
+SAMPLE_SIZE = 20
+"""Candidates read from each end by the sample check (three reads of this many)."""
+
+
+def _predicate(storage: Storage, dialect: str) -> tuple[str, str]:
+    """The index bound and the guard of ``storage`` in ``dialect`` (timestamps.py
+    says why each holds). PostgreSQL converts its timestamptz parameter in SQL,
+    so window_apply's $3 stays one type; SQLite binds values Python computed."""
+    if dialect == "postgres":
+        if storage.format == "epoch":
+            bound = "cast(ceil(extract(epoch from {p_cutoff})) as bigint)"
+        elif storage.format == "epoch_ms":
+            bound = "cast(ceil(extract(epoch from {p_cutoff}) * 1000) as bigint)"
+        else:
+            return "{p_cutoff}", ""
+        return bound, f" and {{ts}} >= {NUMERIC_RANGES[storage.format][0]:.0f}"
+    if storage.format == "native":  # SQLite has no native time type: before a check
+        return "{p_cutoff}", " and 0"  # reads the column, a statement matches nothing
+    if storage.format == "iso":
+        return "{p_cutoff}", (
+            " and typeof({ts}) = 'text' and julianday({ts}) < julianday({p_exact})"
+        )
+    low = NUMERIC_RANGES[storage.format][0]
+    return "{p_cutoff}", f" and typeof({{ts}}) in ('integer', 'real') and {{ts}} >= {low:.0f}"
+
 
 @dataclass(frozen=True)
 class Column:
@@ -123,19 +188,28 @@ class Target:
         self.engine = engine
         self.policy = policy
         self.columns: list[str] = []
-        self.ts_kind = "timestamp"  # sqlite: "epoch" or "iso" / "iso-t"
+        self.storage = Storage("native")
+        """How the timestamp column stores time, as the last check read it. A run
+        reads it again when it plans and carries it in its jobs' payloads."""
         self.checked = False
-        self._texts: dict[tuple[str, bool], str] = {}
+        self._declared = ""
+        self._texts: dict[tuple[str, bool, str], str] = {}
 
     # -- building statements -----------------------------------------------------
 
-    def statement(self, template: str, *, positional: bool = False) -> Any:
-        """The statement of ``template`` for this policy. ``positional`` (PostgreSQL):
-        with window_apply's $1..$4 for parameters, as text that function executes."""
+    def statement(
+        self, template: str, *, positional: bool = False, storage: Storage | None = None
+    ) -> Any:
+        """The statement of ``template`` for this policy and ``storage`` (default:
+        the checked one). ``positional`` (PostgreSQL): with window_apply's $1..$4
+        for parameters, as text that function executes."""
         p = self.policy
-        pred = PREDICATE + (" and ({where})" if p.where else "")
+        storage = storage or self.storage
+        bound, guard = _predicate(storage, self.engine.dialect)
+        pred = PREDICATE.format(ts="{ts}", bound=bound, guard=guard)
+        pred += " and ({where})" if p.where else ""
         template = template.replace("{pred}", pred)
-        names = ["cutoff", "after", "max", "window", "page", "lo", "hi", "key"]
+        names = ["cutoff", "exact", "after", "max", "window", "page", "lo", "hi", "key"]
         if self.engine.dialect == "postgres":
             if positional:
                 where = p.where or "true"  # sent as a value: no %% escaping
@@ -166,56 +240,54 @@ class Target:
             **{f"p_{n}": f":{n}" for n in names},
         )
 
-    def text(self, conn: Any, template: str, *, positional: bool = False) -> str:
-        """The statement as the driver sends it, built once per template (the
-        schema check builds them afresh, as the columns may have changed)."""
-        text = self._texts.get((template, positional))
+    def text(
+        self, conn: Any, template: str, *, positional: bool = False, storage: Storage | None = None
+    ) -> str:
+        """The statement as the driver sends it, built once per template and
+        storage (the schema check builds them afresh, as the columns may have
+        changed)."""
+        storage = storage or self.storage
+        cache = (template, positional, storage.token if "{pred}" in template else "")
+        text = self._texts.get(cache)
         if text is None:
-            built = self.statement(template, positional=positional)
+            built = self.statement(template, positional=positional, storage=storage)
             text = built if isinstance(built, str) else built.as_string(conn)
-            self._texts[(template, positional)] = text
+            self._texts[cache] = text
         return text
 
-    def run(self, conn: Any, template: str, **params: Any) -> Any:
+    def run(self, conn: Any, template: str, storage: Storage | None = None, **params: Any) -> Any:
+        storage = storage or self.storage
         if "cutoff" in params:
-            params["cutoff"] = self.bind_time(params["cutoff"])
-        return conn.execute(self.text(conn, template), params)
-
-    def bind_time(self, value: datetime) -> Any:
-        """A cutoff as the timestamp column stores it."""
-        if self.engine.dialect == "postgres":
-            return value
-        value = value.astimezone(UTC)
-        if self.ts_kind == "epoch":
-            return value.timestamp()
-        sep = "T" if self.ts_kind == "iso-t" else " "
-        return value.strftime(f"%Y-%m-%d{sep}%H:%M:%S.%f").rstrip("0").rstrip(".")
-
-    def read_time(self, value: Any) -> datetime | None:
-        if value is None:
-            return None
-        if isinstance(value, datetime):
-            return value if value.tzinfo else value.replace(tzinfo=UTC)
-        if isinstance(value, int | float):
-            return datetime.fromtimestamp(float(value), UTC)
-        parsed = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+            cutoff = params["cutoff"]
+            if self.engine.dialect != "postgres":
+                params["cutoff"] = storage.bound(cutoff)
+                params["exact"] = storage.exact(cutoff)
+        return conn.execute(self.text(conn, template, storage=storage), params)
 
     # -- the operations ----------------------------------------------------------
 
-    def bounds(self, conn: Any, cutoff: datetime) -> tuple[int, int] | None:
-        row = self.run(conn, BOUNDS, cutoff=cutoff).fetchone()
+    def bounds(
+        self, conn: Any, cutoff: datetime, storage: Storage | None = None
+    ) -> tuple[int, int] | None:
+        row = self.run(conn, BOUNDS, storage, cutoff=cutoff).fetchone()
         if row is None or row["lo"] is None:
             return None
         return int(row["lo"]), int(row["hi"])
 
     def plan_page(
-        self, conn: Any, cutoff: datetime, after: int, max_key: int, page: int
+        self,
+        conn: Any,
+        cutoff: datetime,
+        after: int,
+        max_key: int,
+        page: int,
+        storage: Storage | None = None,
     ) -> list[int]:
         """Lower bounds of up to ``page`` windows (lo, lo + window] after ``after``."""
         rows = self.run(
             conn,
             PLAN_PAGE,
+            storage,
             cutoff=cutoff,
             after=after,
             max=max_key,
@@ -235,6 +307,7 @@ class Target:
         run_id: str,
         worker: str | None,
         job: Job | None = None,
+        storage: Storage | None = None,
     ) -> int | None:
         """Delete (or archive) the window's rows that are expired right now and book
         the window under ``key`` (its ledger row, or a duplicate's audit event),
@@ -248,7 +321,7 @@ class Target:
         ledger = {"policy": p.name, "run_id": run_id, "action": p.action, "worker": worker}
         if self.engine.dialect != "postgres":
             params = {"cutoff": cutoff, "lo": lo, "hi": hi, "key": key}
-            rows = self._copy_and_delete(conn, params)
+            rows = self._copy_and_delete(conn, params, storage)
             if job is not None:
                 self.engine.job_complete(job, conn)
             # Rows taken: the ledger row must be this delivery's (strict), else
@@ -273,7 +346,9 @@ class Target:
         row = conn.execute(
             self.text(conn, APPLY_DELETE if delete else APPLY_ARCHIVE),
             {
-                "statement": self.text(conn, DELETE if delete else ARCHIVE_MOVE, positional=True),
+                "statement": self.text(
+                    conn, DELETE if delete else ARCHIVE_MOVE, positional=True, storage=storage
+                ),
                 "lo": lo,
                 "hi": hi,
                 "cutoff": cutoff,
@@ -286,11 +361,11 @@ class Target:
         ).fetchone()
         return None if row["rows"] is None else int(row["rows"])
 
-    def _copy_and_delete(self, conn: Any, params: dict[str, Any]) -> int:
+    def _copy_and_delete(self, conn: Any, params: dict[str, Any], storage: Storage | None) -> int:
         if self.policy.action == "delete":
-            return int(self.run(conn, DELETE, **params).rowcount)
-        copied = int(self.run(conn, ARCHIVE_COPY, **params).rowcount)
-        deleted = int(self.run(conn, DELETE, **params).rowcount)
+            return int(self.run(conn, DELETE, storage, **params).rowcount)
+        copied = int(self.run(conn, ARCHIVE_COPY, storage, **dict(params)).rowcount)
+        deleted = int(self.run(conn, DELETE, storage, **dict(params)).rowcount)
         if copied != deleted:
             raise SchemaError(f"archive copied {copied} rows but deleted {deleted}; rolled back")
         return deleted
@@ -299,20 +374,36 @@ class Target:
         return int(self.run(conn, COUNT, cutoff=cutoff).fetchone()["n"])
 
     def oldest(self, conn: Any, cutoff: datetime) -> datetime | None:
-        return self.read_time(self.run(conn, OLDEST, cutoff=cutoff).fetchone()["oldest"])
+        return self.storage.read(self.run(conn, OLDEST, cutoff=cutoff).fetchone()["oldest"])
+
+    def sample_check(self, conn: Any, cutoff: datetime, storage: Storage) -> None:
+        """Belt and braces before a run's first window: read candidates by the
+        windows' own predicate and compare each with the cutoff in Python
+        (timestamps.instant), independently of the SQL. Raises SchemaError,
+        which stops the run before anything is deleted, if one is not expired."""
+        rows = self.run(conn, SAMPLE, storage, cutoff=cutoff, page=SAMPLE_SIZE).fetchall()
+        for row in rows:
+            when = instant(row["v"])
+            if when is None or not when < cutoff:
+                shown = "unreadable" if when is None else when.isoformat()
+                raise SchemaError(
+                    f"policy {self.policy.name!r}: stopped before deleting anything: the "
+                    f"candidate row {self.policy.key} = {row['k']!r} has "
+                    f"{self.policy.timestamp} = {row['v']!r} ({shown}), which is not before "
+                    f"the cutoff {cutoff.isoformat()} when read by Python; the column was "
+                    f"read as {storage.describe()}. Fix: state timestamp_format, or make "
+                    "the column hold one storage, then trigger again"
+                )
 
     # -- the schema check ----------------------------------------------------------
 
     def check(self, conn: Any) -> list[str]:
-        """Check the policy against the live schema; returns warnings, raises SchemaError."""
+        """Check the policy against the live schema and data; returns warnings,
+        raises SchemaError."""
         p = self.policy
         self._texts.clear()
+        self._check_relation(conn, p.table, "table")
         columns = self._columns(conn, p.table)
-        if not columns:
-            raise SchemaError(
-                f"policy {p.name!r}: table {p.table!r} does not exist "
-                "(fix: create it, or correct 'table')"
-            )
         by_name = {c.name: c for c in columns}
         for field, column in (("key", p.key), ("timestamp", p.timestamp)):
             if column not in by_name:
@@ -330,7 +421,7 @@ class Target:
                 f"policy {p.name!r}: key column {p.key!r} is {by_name[p.key].type}, "
                 "not an integer type; windows need a monotonic integer key"
             )
-        self.ts_kind = self._ts_kind(conn, by_name[p.timestamp])
+        self._declared = by_name[p.timestamp].type
         warnings = []
         if not by_name[p.timestamp].indexed:
             warnings.append(
@@ -340,11 +431,8 @@ class Target:
         self.columns = [c.name for c in columns]
         if p.action == "archive":
             assert p.archive_table is not None
+            self._check_relation(conn, p.archive_table, "archive_table")
             archive = {c.name for c in self._columns(conn, p.archive_table)}
-            if not archive:
-                raise SchemaError(
-                    f"policy {p.name!r}: archive_table {p.archive_table!r} does not exist"
-                )
             missing = [c for c in self.columns if c not in archive]
             if missing:
                 raise SchemaError(
@@ -353,8 +441,190 @@ class Target:
                 )
         if p.where:
             self._explain_where(conn)
+        self.storage = self.detect(conn)
         self.checked = True
         return warnings
+
+    def _check_relation(self, conn: Any, table: str, field: str) -> None:
+        """The table exists, is one expiry may delete from (or insert into), and is
+        not one of expiry's own."""
+        p = self.policy
+        name = table.split(".")[-1]
+        if self.engine.dialect == "postgres":
+            row = conn.execute(
+                """
+                select c.relkind as kind, n.nspname as schema,
+                       pg_relation_is_updatable(c.oid, false) as updatable
+                from pg_class c join pg_namespace n on n.oid = c.relnamespace
+                where c.oid = to_regclass(%s)
+                """,
+                (".".join(sql.Identifier(part).as_string(conn) for part in table.split(".")),),
+            ).fetchone()
+            own = row is not None and row["schema"] == "expiry"
+            kind = (
+                None
+                if row is None
+                else {"r": "table", "p": "table", "v": "view"}.get(
+                    row["kind"],
+                    {"m": "materialized view", "f": "foreign table"}.get(row["kind"], "relation"),
+                )
+            )
+            # pg_relation_is_updatable's bits: 4 update, 8 insert, 16 delete.
+            writable = row is not None and (row["updatable"] & (16 if field == "table" else 8))
+        else:
+            row = conn.execute(
+                "select type from sqlite_master where name = ? collate nocase", (name,)
+            ).fetchone()
+            own = name.lower().startswith("expiry_")
+            kind = None if row is None else row["type"]
+            writable = kind == "table"
+        if kind is None:
+            raise SchemaError(
+                f"policy {p.name!r}: {field} {table!r} does not exist "
+                f"(fix: create it, or correct {field!r})"
+            )
+        if own:
+            raise SchemaError(
+                f"policy {p.name!r}: {field} {table!r} is one of expiry's own tables; a "
+                "policy may only clean the application's tables (fix: correct "
+                f"{field!r})"
+            )
+        if kind != "table" and not writable:
+            verb = "delete from" if field == "table" else "insert into"
+            raise SchemaError(
+                f"policy {p.name!r}: {field} {table!r} is a {kind}, which expiry cannot "
+                f"{verb} (fix: point {field!r} at the table that holds the rows)"
+            )
+
+    # -- how the timestamp column stores time ----------------------------------------
+
+    def detect(self, conn: Any) -> Storage:
+        """Read how the timestamp column stores time, from every row the policy
+        covers; raise SchemaError, with the counts and the fix, when a reading
+        could be wrong (timestamps.py says why)."""
+        if self.engine.dialect == "postgres":
+            return self._detect_postgres(conn)
+        return self._detect_sqlite(conn)
+
+    def _refuse(self, problem: str, fix: str) -> SchemaError:
+        p = self.policy
+        return SchemaError(
+            f"policy {p.name!r}: timestamp column {p.timestamp!r} {problem}; nothing is "
+            f"deleted while it could be misread. Fix: {fix}"
+        )
+
+    def _detect_postgres(self, conn: Any) -> Storage:
+        p, declared = self.policy, self._declared.lower()
+        if declared.startswith(("timestamp", "date")):
+            if p.timestamp_format:
+                raise self._refuse(
+                    f"is {self._declared}, a native time type",
+                    "remove timestamp_format (it is for integer epoch columns)",
+                )
+            return Storage("native")
+        if declared not in ("smallint", "integer", "bigint"):
+            raise self._refuse(
+                f"is {self._declared}",
+                "store time as timestamptz, timestamp or date, or as integer epoch "
+                'seconds or milliseconds with timestamp_format = "epoch" or "epoch_ms"',
+            )
+        if p.timestamp_format not in (None, "epoch", "epoch_ms"):
+            raise self._refuse(
+                f"is {self._declared}",
+                'on PostgreSQL write timestamp_format = "epoch" or "epoch_ms"',
+            )
+        row = conn.execute(self.text(conn, STORAGE_POSTGRES), {}).fetchone()
+        return self._numeric(row["lo"], row["hi"], None)
+
+    def _numeric(self, lo: Any, hi: Any, counts: str | None) -> Storage:
+        """The numeric format of values from ``lo`` to ``hi`` (None: no values)."""
+        stated = self.policy.timestamp_format
+        if lo is None:
+            return Storage(stated or "epoch")
+        low, high = numeric_format(float(lo)), numeric_format(float(hi))
+        ranges = "epoch seconds 1e8..1e11, epoch milliseconds 1e11..1e14, julianday 1e6..1e7"
+        held = counts or f"numbers from {lo!r} to {hi!r}"
+        if low is None or high is None or low != high:
+            bad = lo if low is None or low != high else hi
+            raise self._refuse(
+                f"holds {held}, which are not all of one format ({ranges})",
+                f"convert the rows to one format, or exclude the others with a where "
+                f"(for example {self.policy.timestamp} {'>' if bad == lo else '<'} {bad!r})",
+            )
+        if stated and stated != low:
+            raise self._refuse(
+                f"holds {held}, which look like {Storage(low).describe()}, but the policy "
+                f'states timestamp_format = "{stated}"',
+                f'correct timestamp_format (to "{low}"), or the data',
+            )
+        return Storage(low)
+
+    def _detect_sqlite(self, conn: Any) -> Storage:
+        p = self.policy
+        rows = conn.execute(self.text(conn, STORAGE_SQLITE), {}).fetchall()
+        classes: dict[str, int] = {}
+        for row in rows:
+            classes[row["storage"]] = classes.get(row["storage"], 0) + row["n"]
+        counts = ", ".join(f"{n:,} {kind}" for kind, n in sorted(classes.items()))
+        if "blob" in classes or ("text" in classes and len(classes) > 1):
+            keep = "text" if classes.get("text", 0) >= sum(classes.values()) / 2 else "integer"
+            raise self._refuse(
+                f"mixes storage classes ({counts} values)",
+                f"convert the rows to one storage, or limit the policy to one with "
+                f"where = \"typeof({p.timestamp}) = '{keep}'\"",
+            )
+        if "text" not in classes:
+            numeric = [r for r in rows if r["storage"] in ("integer", "real")]
+            lo = min((r["lo"] for r in numeric), default=None)
+            hi = max((r["hi"] for r in numeric), default=None)
+            if lo is None and p.timestamp_format is None:
+                return Storage("iso")  # no rows to read: this run deletes nothing
+            if lo is None:
+                return Storage(p.timestamp_format or "iso")
+            return self._numeric(lo, hi, f"{counts} values from {lo!r} to {hi!r}")
+        return self._spelling(rows)
+
+    def _spelling(self, rows: list[Any]) -> Storage:
+        """ISO text: one separator and one zone, so that values sort as times do."""
+        p = self.policy
+        if p.timestamp_format not in (None, "iso"):
+            raise self._refuse(
+                f"holds ISO-8601 text, but the policy states timestamp_format = "
+                f'"{p.timestamp_format}"',
+                'correct timestamp_format (to "iso"), or the data',
+            )
+        unread = [r for r in rows if r["spelling"] == "?"]
+        if unread:
+            raise self._refuse(
+                f"holds {unread[0]['n']:,} text values that are not ISO-8601 times "
+                f"(such as {unread[0]['lo']!r})",
+                "rewrite them as YYYY-MM-DD HH:MM:SS, or exclude them with a where",
+            )
+        separators: dict[str, int] = {}
+        zones: dict[str, int] = {}
+        for row in rows:
+            if row["spelling"] == "date":
+                continue  # a date alone sorts before its day's times in either spelling
+            separator, zone = row["spelling"].split("|")
+            zone = "" if zone in UTC_ZONES else zone
+            separators[separator] = separators.get(separator, 0) + row["n"]
+            zones[zone] = zones.get(zone, 0) + row["n"]
+        if len(separators) > 1:
+            shown = ", ".join(f"{n:,} with {s!r}" for s, n in sorted(separators.items()))
+            raise self._refuse(
+                f"spells times two ways ({shown} between date and time), which do not "
+                "sort together",
+                f"rewrite them to one spelling, for example update {p.table} set "
+                f"{p.timestamp} = replace({p.timestamp}, 'T', ' ')",
+            )
+        if len(zones) > 1:
+            shown = ", ".join(f"{n:,} {z or 'UTC'}" for z, n in sorted(zones.items()))
+            raise self._refuse(
+                f"holds times in several zones ({shown}), which do not sort together",
+                "rewrite them in one zone (UTC)",
+            )
+        separator = next(iter(separators), " ")
+        return Storage("iso", separator, next(iter(zones), ""))
 
     def _explain_where(self, conn: Any) -> None:
         savepoint = self.engine.dialect == "postgres"
@@ -400,23 +670,6 @@ class Target:
             Column(r["name"], r["type"] or "", r["name"] in first_columns or r["pk"] == 1)
             for r in rows
         ]
-
-    def _ts_kind(self, conn: Any, column: Column) -> str:
-        if self.engine.dialect == "postgres":
-            if not any(t in column.type for t in ("timestamp", "date")):
-                raise SchemaError(
-                    f"policy {self.policy.name!r}: timestamp column {column.name!r} is "
-                    f"{column.type}; use timestamptz, timestamp or date"
-                )
-            return "timestamp"
-        declared = column.type.upper()
-        if any(t in declared for t in ("INT", "REAL", "FLOA", "DOUB", "NUM")):
-            return "epoch"
-        sample = conn.execute(
-            f"select {quote(column.name)} as v from {quote(self.policy.table)} "
-            f"where {quote(column.name)} is not null limit 1"
-        ).fetchone()
-        return "iso-t" if sample and "T" in str(sample["v"]) else "iso"
 
 
 def quote(identifier: str) -> str:

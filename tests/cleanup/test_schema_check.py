@@ -80,7 +80,7 @@ def test_timestamp_of_the_wrong_type_on_postgres(pg_db: Db, apps: Apps) -> None:
     message = check_fails(apps(pg_db.url))
     assert "policy 'expired-sessions'" in message
     assert "timestamp column 'expires_at' is text" in message
-    assert "use timestamptz, timestamp or date" in message
+    assert "store time as timestamptz, timestamp or date" in message
 
 
 @pytest.mark.parametrize(

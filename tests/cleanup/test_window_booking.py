@@ -192,9 +192,9 @@ def test_each_statement_of_a_window_is_built_once(
     built: list[tuple[str, bool]] = []
     statement = Target.statement
 
-    def spy(self: Target, template: str, *, positional: bool = False) -> Any:
+    def spy(self: Target, template: str, *, positional: bool = False, storage: Any = None) -> Any:
         built.append((template, positional))
-        return statement(self, template, positional=positional)
+        return statement(self, template, positional=positional, storage=storage)
 
     monkeypatch.setattr(Target, "statement", spy)
     app = apps(db.url)

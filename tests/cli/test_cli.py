@@ -211,7 +211,12 @@ def test_migrate_applies_every_migration_once_human_then_json(tmp_path: Path) ->
 
 def test_check_validates_every_policy_against_the_live_schema(ws: Workspace) -> None:
     assert "ok: 1 policies" in ws.ok("check").out
-    assert ws.json("check") == {"ok": True, "policies": [POLICY], "warnings": []}
+    assert ws.json("check") == {
+        "ok": True,
+        "policies": [POLICY],
+        "warnings": [],
+        "timestamps": {POLICY: "expires_at read as epoch seconds"},
+    }
 
     ws.config.write_text(config_text(ws.url, table="no_such_table"))
     assert_usage_error(ws.run("check"), "no_such_table")

@@ -19,7 +19,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import status as status_view
 from ..cleanup import format_time
-from ..errors import ConfigError, ExpiryError, LeaseLost, PayloadTooLarge, SchemaError
+from ..errors import (
+    ConfigError,
+    CutoffRefused,
+    ExpiryError,
+    LeaseLost,
+    PayloadTooLarge,
+    SchemaError,
+)
 from ..queue import new_job
 from ..types import Job, JobState
 from . import models as m
@@ -218,6 +225,8 @@ def create_app(app: "App") -> FastAPI:
 
     @api.exception_handler(ExpiryError)
     async def _expiry(request: Request, exc: ExpiryError) -> JSONResponse:
+        if isinstance(exc, CutoffRefused):
+            return error_response(422, "cutoff_refused", str(exc))
         if isinstance(exc, ConfigError | SchemaError):
             return error_response(422, "invalid_request", str(exc))
         return error_response(
@@ -461,7 +470,9 @@ def create_app(app: "App") -> FastAPI:
                 windows=preview.windows,
                 first_windows=[m.Window(lo=lo, hi=hi) for lo, hi in preview.first_windows],
             )
-        opened = cleanup.open_run(body.policy, body.cutoff, opened_by="api", actor=f"api:{name}")
+        opened = cleanup.open_run(
+            body.policy, body.cutoff, opened_by="api", actor=f"api:{name}", force=body.force
+        )
         return m.Triggered(
             policy=body.policy,
             cutoff=format_time(opened.cutoff),

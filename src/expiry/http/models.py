@@ -217,6 +217,11 @@ class TriggerRequest(Request):
         None, strict=False, description="default: database now() - retain"
     )
     dry_run: bool = False
+    force: bool = Field(
+        False,
+        description="accept a cutoff later than now - retain (deletes rows still within "
+        "retention); refused with 422 cutoff_refused otherwise",
+    )
 
     @field_validator("cutoff")
     @classmethod
