@@ -489,6 +489,12 @@ class Target:
                 "policy may only clean the application's tables (fix: correct "
                 f"{field!r})"
             )
+        if kind == "foreign table":  # its rows, locks and transactions are elsewhere
+            raise SchemaError(
+                f"policy {p.name!r}: {field} {table!r} is a foreign table: its rows live in "
+                "another database, where the window's transaction cannot guard them "
+                "(fix: run expiry against the database that holds the table)"
+            )
         if kind != "table" and not writable:
             verb = "delete from" if field == "table" else "insert into"
             raise SchemaError(
