@@ -130,6 +130,15 @@ select typeof({ts}) as storage,
 from {table} where {ts} is not null and ({where})
 group by 1, 2
 """
+# The two ends of the column in the index's order. SQLite sorts every number
+# before every text and every text before every blob, so two numbers at the
+# ends mean numbers only, read in two index probes; otherwise the scan above.
+STORAGE_ENDS = """
+select (select {ts} from {table} where {ts} is not null and ({where})
+        order by {ts} limit 1) as lo,
+       (select {ts} from {table} where {ts} is not null and ({where})
+        order by {ts} desc limit 1) as hi
+"""
 # PostgreSQL integer columns: the range tells the unit.
 STORAGE_POSTGRES = (
     "select min({ts}) as lo, max({ts}) as hi from {table} where {ts} is not null and ({where})"
@@ -567,6 +576,12 @@ class Target:
 
     def _detect_sqlite(self, conn: Any) -> Storage:
         p = self.policy
+        ends = conn.execute(self.text(conn, STORAGE_ENDS), {}).fetchone()
+        lo, hi = ends["lo"], ends["hi"]
+        if lo is None:  # no rows to read: this run deletes nothing
+            return Storage(p.timestamp_format or "iso")
+        if all(isinstance(v, int | float) for v in (lo, hi)):
+            return self._numeric(lo, hi, None)
         rows = conn.execute(self.text(conn, STORAGE_SQLITE), {}).fetchall()
         classes: dict[str, int] = {}
         for row in rows:
@@ -579,15 +594,6 @@ class Target:
                 f"convert the rows to one storage, or limit the policy to one with "
                 f"where = \"typeof({p.timestamp}) = '{keep}'\"",
             )
-        if "text" not in classes:
-            numeric = [r for r in rows if r["storage"] in ("integer", "real")]
-            lo = min((r["lo"] for r in numeric), default=None)
-            hi = max((r["hi"] for r in numeric), default=None)
-            if lo is None and p.timestamp_format is None:
-                return Storage("iso")  # no rows to read: this run deletes nothing
-            if lo is None:
-                return Storage(p.timestamp_format or "iso")
-            return self._numeric(lo, hi, f"{counts} values from {lo!r} to {hi!r}")
         return self._spelling(rows)
 
     def _spelling(self, rows: list[Any]) -> Storage:
