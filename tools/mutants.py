@@ -1,0 +1,457 @@
+#!/usr/bin/env python3
+"""Plant known safety bugs one at a time and check that the tests catch each.
+
+Each mutant is a text substitution in one file (the old text must occur
+exactly once), with more substitutions for the few double faults, and the
+pytest node ids that must fail with it planted. For each mutant the script
+applies it, runs
+
+    .venv/bin/pytest -q -x -p no:cacheprovider NODE_IDS
+
+and always puts the files back. A mutant is caught when pytest exits non-zero,
+survived when the tests pass with the bug in place. Before the mutants, the
+selected tests run once on the unmodified code: they must pass there, or a
+"caught" would mean nothing.
+
+    python tools/mutants.py              # every mutant; exit 1 if any survived
+    python tools/mutants.py --list       # the mutants and their tests
+    python tools/mutants.py --only ID    # one mutant (repeatable)
+    python tools/mutants.py --each       # every test of a mutant alone: which catch it
+    python tools/mutants.py --copy       # in a temporary copy: this tree is untouched
+
+Without --copy the files are planted in this checkout (one at a time, for a
+few seconds each): use --copy while anyone else works or runs tests in it.
+
+Exit codes: 0 every mutant caught, 1 some survived (or a node id selected
+nothing), 2 a mutant's old text is not found exactly once or the tests fail
+without any mutant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SAFETY = "tests/cleanup/test_safety_mutants.py"
+RETRY = "tests/queue/test_retry_schedule.py"
+
+UNBOOKED = 'UNBOOKED = WINDOW + " and not exists (select 1 from {ledger} where key = {p_key})"'
+WINDOW_APPLY = "src/expiry/engines/postgres/migrations/0005_window_turn.sql"
+LEDGER_INSERT = "values (window_apply.key, policy, run_id, lo, hi, action, worker, taken);\n"
+LEDGER_INSERT_LAX = (
+    "values (window_apply.key, policy, run_id, lo, hi, action, worker, taken)\n"
+    "        on conflict on constraint ledger_pkey do nothing;\n"
+)
+
+
+@dataclass(frozen=True)
+class Mutant:
+    id: str
+    file: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+    what: str
+    also: tuple[tuple[str, str, str], ...] = ()
+    """More (file, old, new) substitutions planted with the first: a double fault."""
+
+    def edits(self) -> list[tuple[str, str, str]]:
+        return [(self.file, self.old, self.new), *self.also]
+
+
+MUTANTS = [
+    Mutant(
+        "where-parens",
+        "src/expiry/target.py",
+        'pred += " and ({where})" if p.where else ""',
+        'pred += " and {where}" if p.where else ""',
+        (
+            f"{SAFETY}::test_a_where_with_or_is_applied_as_one_predicate[sqlite]",
+            f"{SAFETY}::test_a_where_with_or_is_applied_as_one_predicate[postgres]",
+        ),
+        "the user's where without its parentheses: `a or b` deletes live rows",
+    ),
+    Mutant(
+        "retain-sign",
+        "src/expiry/cleanup.py",
+        "latest = now - timedelta(seconds=policy.retain)",
+        "latest = now + timedelta(seconds=policy.retain)",
+        (
+            f"{SAFETY}::test_retain_keeps_rows_expired_less_than_retain_ago[sqlite]",
+            f"{SAFETY}::test_retain_keeps_rows_expired_less_than_retain_ago[postgres]",
+            "tests/cli/test_cli_retain.py::"
+            "test_trigger_with_retain_keeps_rows_expired_less_than_retain_ago[sqlite]",
+            "tests/http/test_http_retain.py::"
+            "test_trigger_with_retain_keeps_rows_expired_less_than_retain_ago[postgres]",
+        ),
+        "a run's cutoff is now + retain instead of now - retain",
+    ),
+    Mutant(
+        "preview-retain-sign",
+        "src/expiry/cleanup.py",
+        "cutoff = engine.now(conn).replace(microsecond=0) - timedelta(seconds=policy.retain)",
+        "cutoff = engine.now(conn).replace(microsecond=0) + timedelta(seconds=policy.retain)",
+        (
+            f"{SAFETY}::test_retain_keeps_rows_expired_less_than_retain_ago[sqlite]",
+            "tests/cli/test_cli_retain.py::"
+            "test_trigger_with_retain_keeps_rows_expired_less_than_retain_ago[postgres]",
+        ),
+        "the dry run (plan, trigger --dry-run) counts with now + retain",
+    ),
+    Mutant(
+        "watermark-retain-sign",
+        "src/expiry/cleanup.py",
+        "cutoff = self.app.engine.now(conn) - timedelta(seconds=policy.retain)",
+        "cutoff = self.app.engine.now(conn) + timedelta(seconds=policy.retain)",
+        (f"{SAFETY}::test_retain_keeps_rows_expired_less_than_retain_ago[postgres]",),
+        "the watermark measures from now + retain",
+    ),
+    Mutant(
+        "scheduler-retain-sign",
+        "src/expiry/scheduler.py",
+        "cutoff = fire - timedelta(seconds=policy.retain)",
+        "cutoff = fire + timedelta(seconds=policy.retain)",
+        (
+            "tests/scheduler/test_scheduler.py::"
+            "test_a_fire_per_due_time_with_cutoff_fire_minus_retain[sqlite]",
+        ),
+        "a scheduled run's cutoff is fire + retain",
+    ),
+    Mutant(
+        "cutoff-inclusive",
+        "src/expiry/target.py",
+        'PREDICATE = "{ts} < {bound}{guard}"',
+        'PREDICATE = "{ts} <= {bound}{guard}"',
+        (
+            "tests/cleanup/test_cleanup.py::test_rows_at_the_cutoff_are_kept[sqlite]",
+            "tests/cleanup/test_cleanup.py::test_rows_at_the_cutoff_are_kept[postgres]",
+        ),
+        "expired means timestamp <= cutoff: the row at the cutoff goes",
+    ),
+    Mutant(
+        "run-finish-pending-pg",
+        "src/expiry/engines/postgres/queries.sql",
+        "where r.id = %(id)s and r.state = 'running'\n"
+        "      and not exists (select 1 from expiry.jobs j\n"
+        "                      where j.run_id = r.id\n"
+        "                        and j.state in ('scheduled', 'available', 'retryable', 'running'))",
+        "where r.id = %(id)s and r.state = 'running'",
+        (f"{SAFETY}::test_a_run_is_not_finished_while_a_window_is_pending[postgres]",),
+        "PostgreSQL: a run is finished with windows pending (run_finish)",
+    ),
+    Mutant(
+        "run-finish-running-pg",
+        "src/expiry/engines/postgres/queries.sql",
+        "where r.id = %(id)s and r.state = 'running'\n"
+        "      and not exists (select 1 from expiry.jobs j\n"
+        "                      where j.run_id = r.id\n"
+        "                        and j.state in ('scheduled', 'available', 'retryable', 'running'))",
+        "where r.id = %(id)s and r.state = 'running'\n"
+        "      and not exists (select 1 from expiry.jobs j\n"
+        "                      where j.run_id = r.id\n"
+        "                        and j.state in ('scheduled', 'available', 'retryable'))",
+        (f"{SAFETY}::test_a_run_is_not_finished_while_a_window_is_pending[postgres]",),
+        "PostgreSQL: a run is finished while its last window is running",
+    ),
+    Mutant(
+        "run-finish-idle-pending-pg",
+        "src/expiry/engines/postgres/queries.sql",
+        "where r.state = 'running'\n      and not exists (select 1 from expiry.jobs j\n",
+        "where r.state = 'running'\n      and exists (select 1 from expiry.jobs j\n",
+        (f"{SAFETY}::test_a_run_is_not_finished_while_a_window_is_pending[postgres]",),
+        "PostgreSQL: the rescuer's sweep finishes runs with windows pending",
+    ),
+    Mutant(
+        "run-finish-pending-sqlite",
+        "src/expiry/engines/sqlite/queries.sql",
+        "where id = :id and state = 'running'\n"
+        "  and not exists (select 1 from expiry_jobs j\n"
+        "                  where j.run_id = expiry_runs.id\n"
+        "                    and j.state in ('scheduled', 'available', 'retryable', 'running'))",
+        "where id = :id and state = 'running'",
+        (f"{SAFETY}::test_a_run_is_not_finished_while_a_window_is_pending[sqlite]",),
+        "SQLite: a run is finished right after planning (run_finish)",
+    ),
+    Mutant(
+        "run-finish-idle-pending-sqlite",
+        "src/expiry/engines/sqlite/queries.sql",
+        "where state = 'running'\n  and not exists (select 1 from expiry_jobs j\n",
+        "where state = 'running'\n  and exists (select 1 from expiry_jobs j\n",
+        (f"{SAFETY}::test_a_run_is_not_finished_while_a_window_is_pending[sqlite]",),
+        "SQLite: the rescuer's sweep finishes runs with windows pending",
+    ),
+    Mutant(
+        "claim-skip-locked",
+        "src/expiry/engines/postgres/queries.sql",
+        "for update skip locked",
+        "for update",
+        (
+            "tests/queue/test_claim_skip_locked.py::"
+            "test_a_claim_skips_a_due_job_locked_by_another_transaction",
+        ),
+        "PostgreSQL: a claim waits for a due job another transaction has locked",
+    ),
+    Mutant(
+        "retry-jitter",
+        "src/expiry/retry.py",
+        "return (rng or random).uniform(0.0, ceiling(attempt, base, cap))",
+        "return ceiling(attempt, base, cap)",
+        (
+            f"{RETRY}::test_delays_for_the_same_attempt_spread_over_zero_to_the_ceiling",
+            f"{RETRY}::test_jobs_failing_together_retry_at_different_times[sqlite]",
+        ),
+        "retries without jitter: every job retries after the ceiling",
+    ),
+    Mutant(
+        "retry-half-jitter",
+        "src/expiry/retry.py",
+        "return (rng or random).uniform(0.0, ceiling(attempt, base, cap))",
+        "return (rng or random).uniform(ceiling(attempt, base, cap) / 2, ceiling(attempt, base, cap))",
+        (f"{RETRY}::test_delays_for_the_same_attempt_spread_over_zero_to_the_ceiling",),
+        "retries with equal jitter instead of full jitter",
+    ),
+    Mutant(
+        "retry-cap",
+        "src/expiry/retry.py",
+        "return min(cap, base * 2.0 ** max(0, min(attempt, 62)))",
+        "return base * 2.0 ** max(0, min(attempt, 62))",
+        (
+            f"{RETRY}::test_no_delay_exceeds_the_cap",
+            f"{RETRY}::test_a_late_attempt_retries_within_the_cap[postgres]",
+        ),
+        "retries without the 600 s cap",
+    ),
+    Mutant(
+        "ledger-guard",
+        "src/expiry/target.py",
+        UNBOOKED,
+        "UNBOOKED = WINDOW",
+        (
+            f"{SAFETY}::test_a_redelivered_window_does_not_wait_for_rows_locked_by_live_traffic",
+            "tests/cleanup/test_cleanup.py::test_duplicate_delivery_changes_nothing[sqlite]",
+        ),
+        "the delete is not guarded by the ledger (a duplicate deletes, then rolls back)",
+    ),
+    Mutant(
+        "ledger-strict-pg",
+        WINDOW_APPLY,
+        LEDGER_INSERT,
+        LEDGER_INSERT_LAX,
+        (
+            "tests/cleanup/test_window_booking.py::"
+            "test_a_delivery_racing_an_uncommitted_one_rolls_back_its_delete[statement]",
+        ),
+        "PostgreSQL: a delivery that took rows need not own the window's ledger row",
+    ),
+    # The ledger guard and the ledger's primary key each stop a duplicate delivery
+    # on their own (ledger-guard survives the data tests: the duplicate's delete
+    # rolls back). With both gone, a duplicate deletes rows that expired since.
+    Mutant(
+        "ledger-guard+strict-sqlite",
+        "src/expiry/target.py",
+        UNBOOKED,
+        "UNBOOKED = WINDOW",
+        (f"{SAFETY}::test_a_redelivered_window_takes_nothing_that_expired_since[sqlite]",),
+        "SQLite: no ledger guard, and the ledger insert after a delete is not strict",
+        also=(("src/expiry/target.py", "strict=rows > 0,", "strict=False,"),),
+    ),
+    Mutant(
+        "ledger-guard+strict-pg",
+        "src/expiry/target.py",
+        UNBOOKED,
+        "UNBOOKED = WINDOW",
+        (f"{SAFETY}::test_a_redelivered_window_takes_nothing_that_expired_since[postgres]",),
+        "PostgreSQL: no ledger guard, and window_apply's ledger insert is not strict",
+        also=((WINDOW_APPLY, LEDGER_INSERT, LEDGER_INSERT_LAX),),
+    ),
+]
+
+
+class Tree:
+    """The tree the mutants are planted in: this checkout, or a copy of it."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    @classmethod
+    def copy_of(cls, root: Path, into: Path) -> Tree:
+        ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.db", "*.db-*")
+        for name in ("src", "tests", "tools"):
+            shutil.copytree(root / name, into / name, ignore=ignore)
+        shutil.copy2(root / "pyproject.toml", into / "pyproject.toml")
+        (into / ".venv").symlink_to(root / ".venv")
+        return cls(into)
+
+    def pytest(self, node_ids: tuple[str, ...], *, stop_first: bool = True) -> tuple[int, str]:
+        """Run the node ids; (exit code, last lines of output)."""
+        env = dict(os.environ)
+        # This tree's src first (a copy's too: the venv's editable install points
+        # at the checkout), and no bytecode written for a planted bug.
+        env["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(self.root / "src"), env.get("PYTHONPATH")])
+        )
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        pytest = self.root / ".venv" / "bin" / "pytest"
+        command = [str(pytest)] if pytest.exists() else [sys.executable, "-m", "pytest"]
+        command += ["-q", "-p", "no:cacheprovider", *(["-x"] if stop_first else []), *node_ids]
+        proc = subprocess.run(
+            command, cwd=self.root, env=env, capture_output=True, text=True, check=False
+        )
+        lines = (proc.stdout + proc.stderr).strip().splitlines()
+        return proc.returncode, "\n".join(lines[-15:])
+
+
+def check_texts(tree: Tree, mutants: list[Mutant]) -> list[str]:
+    """Every mutant's old texts must occur exactly once in their files."""
+    problems = []
+    for m in mutants:
+        for file, old, _ in m.edits():
+            path = tree.root / file
+            if not path.exists():
+                problems.append(f"{m.id}: {file} does not exist")
+                continue
+            found = path.read_text(encoding="utf-8").count(old)
+            if found != 1:
+                problems.append(f"{m.id}: old text found {found} times in {file}: {old!r}")
+    return problems
+
+
+@contextmanager
+def planted(tree: Tree, m: Mutant) -> Iterator[None]:
+    """The mutant in place; the original bytes back after, whatever happens (an
+    exception, Ctrl-C, SIGTERM)."""
+    with ExitStack() as stack:
+        for file, old, new in m.edits():
+            stack.enter_context(_substituted(tree.root / file, old, new, m.id))
+        yield
+
+
+@contextmanager
+def _substituted(path: Path, old: str, new: str, mutant: str) -> Iterator[None]:
+    original = path.read_bytes()
+    text = original.decode("utf-8")
+    if text.count(old) != 1:
+        raise SystemExit(f"{mutant}: old text not found exactly once in {path}: {old!r}")
+    mutated = text.replace(old, new).encode("utf-8")
+    path.write_bytes(mutated)
+    try:
+        yield
+    finally:
+        current = path.read_bytes()
+        if current == mutated:
+            path.write_bytes(original)
+        elif current.decode("utf-8").count(new) == 1:
+            # Someone edited the file meanwhile: take only the mutant out.
+            path.write_bytes(current.decode("utf-8").replace(new, old).encode("utf-8"))
+            print(f"warning: {path} changed during the run; only the mutant was undone")
+        else:
+            backup = path.with_name(path.name + ".orig")
+            backup.write_bytes(original)
+            raise SystemExit(f"could not revert {path}: it changed; the original is in {backup}")
+
+
+def run(tree: Tree, mutants: list[Mutant], each: bool) -> list[tuple[Mutant, str, str, float]]:
+    results = []
+    for m in mutants:
+        groups = [(t,) for t in m.tests] if each else [m.tests]
+        for tests in groups:
+            started = time.monotonic()
+            with planted(tree, m):
+                code, tail = tree.pytest(tests)
+            seconds = time.monotonic() - started
+            # 1: a test failed; 2, 3: collection or pytest broke on the mutant
+            # (caught too); 4, 5: a node id is wrong or selects nothing.
+            outcome = {0: "SURVIVED", 4: "ERROR", 5: "ERROR"}.get(code, "caught")
+            label = (
+                tests[0].split("::")[-1] if each else f"{len(tests)} test" + "s" * (len(tests) > 1)
+            )
+            results.append((m, outcome, label, seconds))
+            print(f"{m.id:<32} {outcome:<9} {seconds:6.1f}s  {label}", flush=True)
+            if code not in (0, 1):  # not a plain test failure: worth a look
+                print(f"  pytest exit {code}:\n  " + tail.replace("\n", "\n  "), flush=True)
+    return results
+
+
+def where(m: Mutant) -> str:
+    files = list(dict.fromkeys(file.removeprefix("src/expiry/") for file, _, _ in m.edits()))
+    return " + ".join(files)
+
+
+def table(results: list[tuple[Mutant, str, str, float]]) -> str:
+    rows = [("mutant", "file", "result", "seconds", "tests")]
+    rows += [(m.id, where(m), r, f"{s:.1f}", t) for m, r, t, s in results]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--list", action="store_true", help="print the mutants and exit")
+    parser.add_argument("--only", action="append", metavar="ID", help="run only this mutant")
+    parser.add_argument("--each", action="store_true", help="run each test of a mutant alone")
+    parser.add_argument("--copy", action="store_true", help="plant in a temporary copy")
+    parser.add_argument(
+        "--no-baseline", action="store_true", help="skip the run on the unmodified code"
+    )
+    args = parser.parse_args(argv)
+
+    mutants = MUTANTS
+    if args.only:
+        known = {m.id for m in MUTANTS}
+        unknown = [i for i in args.only if i not in known]
+        if unknown:
+            parser.error(f"unknown mutant {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        mutants = [m for m in MUTANTS if m.id in args.only]
+    if args.list:
+        for m in mutants:
+            files = ", ".join(dict.fromkeys(file for file, _, _ in m.edits()))
+            print(f"{m.id}  ({files})\n    {m.what}")
+            for test in m.tests:
+                print(f"    - {test}")
+        return 0
+
+    # SIGTERM unwinds like Ctrl-C, so the planted file is put back.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    with tempfile.TemporaryDirectory(prefix="expiry-mutants-") as scratch:
+        tree = Tree.copy_of(ROOT, Path(scratch)) if args.copy else Tree(ROOT)
+        problems = check_texts(tree, mutants)
+        if problems:
+            print("\n".join(problems), file=sys.stderr)
+            return 2
+        if not args.no_baseline:
+            tests = tuple(dict.fromkeys(t for m in mutants for t in m.tests))
+            started = time.monotonic()
+            code, tail = tree.pytest(tests, stop_first=False)
+            if code != 0:
+                print(f"the selected tests fail without any mutant:\n{tail}", file=sys.stderr)
+                return 2
+            print(f"baseline: {len(tests)} tests pass in {time.monotonic() - started:.1f}s")
+        results = run(tree, mutants, args.each)
+
+    print()
+    print(table(results))
+    survived = sorted({m.id for m, outcome, _, _ in results if outcome != "caught"})
+    caught = len({m.id for m in mutants}) - len(survived)
+    print(
+        f"\n{caught} of {len(mutants)} mutants caught"
+        + (f"; survived: {survived}" if survived else "")
+    )
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
