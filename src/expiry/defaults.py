@@ -12,7 +12,8 @@ LEASE_SECONDS = 60.0
 """A claim is held this long without a heartbeat; workers heartbeat every third of it."""
 
 BACKOFF_BASE_SECONDS = 1.0
-"""First retry waits up to one second (full jitter)."""
+"""The base of the backoff: the first retry waits up to 2 × this (full jitter), each
+later one up to twice as long as the one before, until the cap."""
 
 BACKOFF_CAP_SECONDS = 600.0
 """No retry waits more than ten minutes."""
