@@ -16,8 +16,8 @@ demo: $(STAMP)
 	$(VENV)/bin/expiry demo
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench examples
-	$(VENV)/bin/ruff format --check src tests bench examples
+	$(VENV)/bin/ruff check src tests bench examples tools
+	$(VENV)/bin/ruff format --check src tests bench examples tools
 	$(VENV)/bin/mypy
 
 test: lint

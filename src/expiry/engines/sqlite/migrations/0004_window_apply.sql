@@ -1,0 +1,6 @@
+-- 0004: nothing to change on SQLite. PostgreSQL's 0004 adds expiry.window_apply,
+-- the window as one statement (delete, count, complete the job, book the
+-- ledger). SQLite has no stored functions and one writer at a time: its window
+-- runs the same steps as statements inside one transaction (target.py), which
+-- costs no round trips in an embedded database. The number is kept so that
+-- both engines' schema versions mean the same.

@@ -1,0 +1,5 @@
+-- 0005: nothing to change on SQLite. PostgreSQL's 0005 makes deliveries of one
+-- window take turns on a transaction lock of its key inside window_apply.
+-- SQLite's writers take turns already (one write transaction at a time, begun
+-- with BEGIN IMMEDIATE), so a later delivery sees the earlier one's ledger row.
+-- The number is kept so that both engines' schema versions mean the same.
