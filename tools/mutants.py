@@ -46,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 SAFETY = "tests/cleanup/test_safety_mutants.py"
 RETRY = "tests/queue/test_retry_schedule.py"
+TIMESTAMPS = "tests/cleanup/test_timestamps.py"
 
 UNBOOKED = 'UNBOOKED = WINDOW + " and not exists (select 1 from {ledger} where key = {p_key})"'
 WINDOW_APPLY = "src/expiry/engines/postgres/migrations/0005_window_turn.sql"
@@ -275,6 +276,68 @@ MUTANTS = [
         (f"{SAFETY}::test_a_redelivered_window_takes_nothing_that_expired_since[postgres]",),
         "PostgreSQL: no ledger guard, and window_apply's ledger insert is not strict",
         also=((WINDOW_APPLY, LEDGER_INSERT, LEDGER_INSERT_LAX),),
+    ),
+    Mutant(
+        "iso-guard",
+        "src/expiry/target.py",
+        " and typeof({ts}) = 'text' and julianday({ts}) < julianday({p_exact})",
+        " and typeof({ts}) = 'text'",
+        (
+            f"{TIMESTAMPS}::test_a_row_written_in_another_storage_after_planning_is_never_deleted"
+            "[TEXT iso T and Z]",
+        ),
+        "ISO text compared only lexically: another spelling written after planning goes",
+    ),
+    Mutant(
+        "numeric-guard",
+        "src/expiry/target.py",
+        "f\" and typeof({{ts}}) in ('integer', 'real') and {{ts}} >= {low:.0f}\"",
+        '""',
+        (
+            f"{TIMESTAMPS}::test_a_row_written_in_another_storage_after_planning_is_never_deleted"
+            "[DATETIME epoch seconds]",
+        ),
+        "numbers without their storage class and range: a julianday in an epoch column goes",
+    ),
+    Mutant(
+        "mixed-classes",
+        "src/expiry/target.py",
+        'if "blob" in classes or ("text" in classes and len(classes) > 1):',
+        'if "blob" in classes:',
+        (f"{TIMESTAMPS}::test_a_column_that_could_be_misread_is_refused[integers and ISO text]",),
+        "a column mixing numbers and text is read as text",
+    ),
+    Mutant(
+        "numeric-ranges",
+        "src/expiry/target.py",
+        "if low is None or high is None or low != high:",
+        "if low is None and high is None:",
+        (
+            f"{TIMESTAMPS}::test_a_column_that_could_be_misread_is_refused"
+            "[epoch seconds and milliseconds]",
+        ),
+        "numbers of two formats read as one",
+    ),
+    Mutant(
+        "late-cutoff",
+        "src/expiry/cleanup.py",
+        "elif cutoff > latest and not force:",
+        "elif cutoff > latest and force:",
+        (
+            "tests/cli/test_cli_guards.py::"
+            "test_a_cutoff_later_than_now_minus_retain_is_refused_unless_forced",
+        ),
+        "a cutoff later than now - retain is accepted without force",
+    ),
+    Mutant(
+        "sample-check",
+        "src/expiry/target.py",
+        "if when is None or not when < cutoff:",
+        "if when is None:",
+        (
+            f"{TIMESTAMPS}::test_the_sample_check_stops_a_run_whose_predicate_takes_live_rows[sqlite]",
+        ),
+        "the run's sample check reads the candidates but never stops the run",
     ),
 ]
 
