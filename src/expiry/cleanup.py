@@ -136,7 +136,7 @@ class Cleanup:
             target = self._targets.get(name)
         if target is None:
             target = Target(self.app.engine, self.policy(name))
-            with self.app.engine._tx(conn) as tx:
+            with self.app.engine.transaction_or(conn) as tx:
                 for warning in target.check(tx):
                     log.warning(warning)
             with self._lock:
@@ -178,7 +178,7 @@ class Cleanup:
         unless ``force``."""
         policy = self.policy(name)
         engine = self.app.engine
-        with engine._tx(conn) as tx:
+        with engine.transaction_or(conn) as tx:
             self.target(name, tx)
             now = engine.now(tx)
             latest = now - timedelta(seconds=policy.retain)
@@ -193,18 +193,7 @@ class Cleanup:
                     'intended, pass --force (CLI) or "force": true (HTTP)'
                 )
             rid = run_id(name, cutoff)
-            created = bool(
-                engine.rows(
-                    tx,
-                    "run_insert",
-                    {
-                        "id": rid,
-                        "policy": name,
-                        "cutoff": engine.time_param(cutoff),
-                        "opened_by": opened_by,
-                    },
-                )
-            )
+            created = engine.run_insert(rid, name, cutoff, opened_by, conn=tx)
             if created:
                 plan = new_job(
                     PLAN,
@@ -229,18 +218,17 @@ class Cleanup:
 
     def finish_runs(self, run_ids: set[str]) -> None:
         for rid in run_ids:
-            if self.app.engine.one(None, "run_finish", {"id": rid}):
+            if self.app.engine.run_finish(rid):
                 log.info("run finished", extra={"run": rid})
 
     def finish_idle_runs(self) -> int:
         """Finish every run with nothing pending (the rescuer's sweep): a worker that
         died after its run's last commit, or a last job that ended dead, leaves the
         run open otherwise."""
-        with self.app.engine.transaction() as tx:
-            rows = self.app.engine.rows(tx, "run_finish_idle")
-        for row in rows:
-            log.info("run finished", extra={"run": row["id"]})
-        return len(rows)
+        finished = self.app.engine.run_finish_idle()
+        for rid in finished:
+            log.info("run finished", extra={"run": rid})
+        return len(finished)
 
     # -- the planning job -------------------------------------------------------
 
@@ -256,13 +244,9 @@ class Cleanup:
         first_page = after is None
         if after is None:
             page = min(defaults.FIRST_PLAN_PAGE, page)
-            pending = engine.one(
-                tx, "run_pending_elsewhere", {"policy": policy.name, "id": p["run_id"]}
-            )
-            if pending and pending["n"]:
-                raise Snooze(
-                    OVERLAP_WAIT_SECONDS, f"{pending['n']} jobs of an earlier run are pending"
-                )
+            pending = engine.run_pending_elsewhere(policy.name, p["run_id"], conn=tx)
+            if pending:
+                raise Snooze(OVERLAP_WAIT_SECONDS, f"{pending} jobs of an earlier run are pending")
             try:
                 # The run reads the column's storage once, from the data as it is
                 # now, and every window of the run compares in that domain.
@@ -273,7 +257,7 @@ class Cleanup:
             except SchemaError as exc:
                 raise PermanentError(str(exc)) from exc
             if bounds is None:
-                engine.rows(tx, "run_add_windows", {"id": p["run_id"], "windows": 0, "done": True})
+                engine.run_add_windows(p["run_id"], 0, done=True, conn=tx)
                 return 0
             p = {**p, "storage": storage.token}
             after, max_key = bounds[0] - 1, bounds[1]
@@ -314,9 +298,7 @@ class Cleanup:
                 ),
             )
         engine.job_insert_many(jobs, tx)
-        engine.rows(
-            tx, "run_add_windows", {"id": p["run_id"], "windows": len(los), "done": last_page}
-        )
+        engine.run_add_windows(p["run_id"], len(los), done=last_page, conn=tx)
         return len(los)
 
     def after_plan(self, job: Job, windows: int, seconds: float) -> None:

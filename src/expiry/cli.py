@@ -351,9 +351,9 @@ def cmd_keys(args: argparse.Namespace) -> int:
     if args.action == "list":
         found = [
             {
-                "name": k["name"],
-                "created_at": format_time(app.engine._time(k["created_at"])),
-                "revoked": k["revoked_at"] is not None,
+                "name": k.name,
+                "created_at": format_time(k.created_at),
+                "revoked": k.revoked_at is not None,
             }
             for k in list_keys(app)
         ]
@@ -479,9 +479,7 @@ PENDING = ("scheduled", "available", "retryable", "running")
 
 def _pending(app: App, run_id: str) -> int:
     """The run's jobs (planning and windows) not yet completed, dead or cancelled."""
-    with app.engine.transaction() as conn:
-        jobs = app.engine.rows(conn, "run_jobs", {"id": run_id})
-    return sum(int(j["n"]) for j in jobs if j["state"] in PENDING)
+    return sum(j.n for j in app.engine.run_jobs(run_id) if j.state in PENDING)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

@@ -23,7 +23,7 @@ from .cleanup import format_time, parse_time
 from .cron import check_expression
 from .errors import ConfigError, TransientError
 from .queue import new_job
-from .types import Job
+from .types import CronCall, CronTarget, Job
 
 if TYPE_CHECKING:
     from .app import App
@@ -64,18 +64,7 @@ class Crons:
         secret = webhooks.new_secret()
         engine = self.app.engine
         with engine.transaction() as conn:
-            created = engine.rows(
-                conn,
-                "cron_insert",
-                {
-                    "name": name,
-                    "http_url": http_url,
-                    "schedule": schedule,
-                    "timezone": timezone,
-                    "secret": secret,
-                },
-            )
-            if not created:
+            if not engine.cron_insert(name, http_url, schedule, timezone, secret, conn=conn):
                 raise ConfigError(f"a cron target named {name!r} exists already")
             engine.audit_append(
                 conn, "cron.created", actor="api", detail={"name": name, "http_url": http_url}
@@ -84,74 +73,62 @@ class Crons:
         assert target is not None
         return {**target, "secret": secret}
 
-    def _shape(self, row: dict[str, Any]) -> dict[str, Any]:
-        engine = self.app.engine
+    @staticmethod
+    def _shape(target: CronTarget) -> dict[str, Any]:
+        last = target.last_fire_at
         return {
-            "name": row["name"],
-            "http_url": row["http_url"],
-            "schedule": row["schedule"],
-            "timezone": row["timezone"],
-            "paused": bool(row["paused"]),
-            "last_fire_at": format_time(engine._time(row["last_fire_at"]))
-            if row["last_fire_at"]
-            else None,
-            "created_at": format_time(engine._time(row["created_at"])),
+            "name": target.name,
+            "http_url": target.http_url,
+            "schedule": target.schedule,
+            "timezone": target.timezone,
+            "paused": target.paused,
+            "last_fire_at": format_time(last) if last is not None else None,
+            "created_at": format_time(target.created_at),
         }
 
     def targets(self) -> list[dict[str, Any]]:
-        with self.app.engine.transaction() as conn:
-            return [self._shape(r) for r in self.app.engine.rows(conn, "cron_list")]
+        return [self._shape(t) for t in self.app.engine.cron_list()]
 
-    def rows(self) -> list[dict[str, Any]]:
-        with self.app.engine.transaction() as conn:
-            return self.app.engine.rows(conn, "cron_list")
+    def stored(self) -> list[CronTarget]:
+        """Every target as stored, secrets included (the scheduler fires them)."""
+        return self.app.engine.cron_list()
 
     def get(self, name: str) -> dict[str, Any] | None:
-        row = self.app.engine.one(None, "cron_get", {"name": name})
-        return self._shape(row) if row else None
+        target = self.app.engine.cron_get(name)
+        return self._shape(target) if target else None
 
     def delete(self, name: str) -> bool:
-        return self.app.engine.one(None, "cron_delete", {"name": name}) is not None
+        return self.app.engine.cron_delete(name)
 
     def set_paused(self, name: str, paused: bool) -> bool:
-        return (
-            self.app.engine.one(None, "cron_set_paused", {"name": name, "paused": paused})
-            is not None
-        )
+        return self.app.engine.cron_set_paused(name, paused)
 
     def calls(self, name: str, limit: int = 50) -> list[dict[str, Any]]:
-        engine = self.app.engine
-        with engine.transaction() as conn:
-            rows = engine.rows(conn, "cron_calls", {"name": name, "limit": limit})
-        return [
-            {
-                "fire_time": format_time(engine._time(r["fire_time"])),
-                "attempt": r["attempt"],
-                "status": r["status"],
-                "duration_ms": r["duration_ms"],
-                "response": r["response"],
-                "error": r["error"],
-                "at": format_time(engine._time(r["at"])),
-            }
-            for r in rows
-        ]
+        return [self._call(c) for c in self.app.engine.cron_calls(name, limit)]
+
+    @staticmethod
+    def _call(call: CronCall) -> dict[str, Any]:
+        return {
+            "fire_time": format_time(call.fire_time),
+            "attempt": call.attempt,
+            "status": call.status,
+            "duration_ms": call.duration_ms,
+            "response": call.response,
+            "error": call.error,
+            "at": format_time(call.at),
+        }
 
     # -- firing (called by the scheduler) -------------------------------------------
 
-    def fire(self, row: dict[str, Any], fire_time: datetime, conn: Any) -> bool:
+    def fire(self, target: CronTarget, fire_time: datetime, conn: Any) -> bool:
         """Claim ``fire_time`` for a target and enqueue its call, in ``conn``."""
         engine = self.app.engine
-        params = {
-            "name": row["name"],
-            "fire": engine.time_param(fire_time),
-            "last": row["last_fire_at"],
-        }
-        if not engine.rows(conn, "cron_advance", params):
+        if not engine.cron_advance(target, fire_time, conn=conn):
             return False
         job = new_job(
             CALL,
-            {"name": row["name"], "fire_time": format_time(fire_time)},
-            key=f"cron:{row['name']}:{format_time(fire_time)}",
+            {"name": target.name, "fire_time": format_time(fire_time)},
+            key=f"cron:{target.name}:{format_time(fire_time)}",
             max_attempts=CALL_ATTEMPTS,
         )
         engine.job_insert_many([job], conn)
@@ -162,41 +139,36 @@ class Crons:
     def before_call(self, job: Job) -> None:
         """Make the call outside any transaction and record it durably."""
         engine = self.app.engine
-        row = engine.one(None, "cron_get", {"name": job.payload["name"]})
-        if row is None:
+        target = engine.cron_get(job.payload["name"])
+        if target is None:
             return
         body = json.dumps(
-            {"name": row["name"], "fire_time": job.payload["fire_time"], "attempt": job.attempt}
+            {"name": target.name, "fire_time": job.payload["fire_time"], "attempt": job.attempt}
         ).encode()
         msg_id = f"msg_{uuid.uuid5(uuid.NAMESPACE_URL, job.key).hex}"
         stamp = int(engine.now().timestamp())
         headers = {
             "webhook-id": msg_id,
             "webhook-timestamp": str(stamp),
-            "webhook-signature": webhooks.sign(row["secret"], msg_id, stamp, body),
+            "webhook-signature": webhooks.sign(target.secret, msg_id, stamp, body),
             "User-Agent": "expiry-cron",
         }
         result = webhooks.post(
-            row["http_url"],
+            target.http_url,
             body,
             headers,
             allowed_hosts=self.allowed_hosts,
             timeout=CALL_TIMEOUT_SECONDS,
         )
-        with engine.transaction() as conn:
-            engine.rows(
-                conn,
-                "cron_call_insert",
-                {
-                    "name": row["name"],
-                    "fire_time": engine.time_param(parse_time(job.payload["fire_time"])),
-                    "attempt": job.attempt,
-                    "status": result.status,
-                    "duration_ms": result.duration_ms,
-                    "response": result.response,
-                    "error": result.error,
-                },
-            )
+        engine.cron_call_insert(
+            target.name,
+            parse_time(job.payload["fire_time"]),
+            job.attempt,
+            status=result.status,
+            duration_ms=result.duration_ms,
+            response=result.response,
+            error=result.error,
+        )
         with self._lock:
             self._results[job.id] = result
 

@@ -72,8 +72,8 @@ class ExpiryCollector(Collector):
             "expiry_dead_letter_jobs", "Dead-letter queue depth", value=stats.dead
         )
         with engine.transaction() as conn:
-            totals = engine.rows(conn, "policy_totals")
-            audit = engine.rows(conn, "audit_counts")
+            totals = engine.policy_totals(conn=conn)
+            audit = engine.audit_counts(conn=conn)
         rows = CounterMetricFamily(
             "expiry_rows_affected",
             "Rows deleted or archived, by policy",
@@ -85,9 +85,9 @@ class ExpiryCollector(Collector):
         actions = {
             p.name: p.action for p in (self.app.cleanup.policies if self.app.cleanup else [])
         }
-        for row in totals:
-            rows.add_metric([row["policy"], actions.get(row["policy"], "delete")], int(row["rows"]))
-            windows.add_metric([row["policy"]], int(row["windows"]))
+        for total in totals:
+            rows.add_metric([total.policy, actions.get(total.policy, "delete")], total.rows)
+            windows.add_metric([total.policy], total.windows)
         yield rows
         yield windows
         events = CounterMetricFamily(
@@ -95,8 +95,8 @@ class ExpiryCollector(Collector):
             "Audited events by action (fires, missed fires, duplicates, redrives...)",
             labels=["action", "policy"],
         )
-        for row in audit:
-            events.add_metric([row["action"], row["policy"] or ""], int(row["n"]))
+        for count in audit:
+            events.add_metric([count.action, count.policy or ""], count.n)
         yield events
         if self.app.cleanup is not None:
             mark = GaugeMetricFamily(

@@ -46,6 +46,7 @@ from cronsim import CronSim
 from .cleanup import format_time
 from .config import Policy
 from .cron import expand
+from .types import Schedule
 
 if TYPE_CHECKING:
     from .app import App
@@ -134,10 +135,8 @@ class Scheduler:
         cleanup = self.app.cleanup
         return [p for p in (cleanup.policies if cleanup else []) if p.schedule]
 
-    def states(self) -> dict[str, dict[str, Any]]:
-        with self.app.engine.transaction() as conn:
-            rows = self.app.engine.rows(conn, "schedule_list")
-        return {r["policy"]: r for r in rows}
+    def states(self) -> dict[str, Schedule]:
+        return {s.policy: s for s in self.app.engine.schedule_list()}
 
     # -- one pass ------------------------------------------------------------------
 
@@ -147,21 +146,16 @@ class Scheduler:
         now = self.now()
         with engine.transaction() as conn:
             for policy in self.scheduled:
-                engine.rows(
-                    conn,
-                    "schedule_register",
-                    {"policy": policy.name, "now": engine.time_param(now)},
-                )
+                engine.schedule_register(policy.name, now, conn=conn)
         states = self.states()
         fired: list[Fire] = []
         for policy in self.scheduled:
             state = states.get(policy.name)
-            if state is None or state["paused"]:
+            if state is None or state.paused or state.last_fire_at is None:
                 continue
-            last = engine._time(state["last_fire_at"])
-            fires, total = fires_between(policy, last, now)
+            fires, total = fires_between(policy, state.last_fire_at, now)
             if fires:
-                fired += self._fire(policy, fires, total, now, state["last_fire_at"])
+                fired += self._fire(policy, fires, total, now, state)
         fired += self._fire_crons(now)
         return fired
 
@@ -169,37 +163,33 @@ class Scheduler:
         """HTTP cron targets: one call per latest due fire (catch_up = latest)."""
         engine = self.app.engine
         out = []
-        for row in self.app.crons.rows():
-            if row["paused"] or row["last_fire_at"] is None:
+        for target in self.app.crons.stored():
+            if target.paused or target.last_fire_at is None:
                 continue
             try:
-                fires = list(
-                    _cron_fires(
-                        row["schedule"], row["timezone"], engine._time(row["last_fire_at"]), now
-                    )
-                )
+                fires = _cron_fires(target.schedule, target.timezone, target.last_fire_at, now)
             except ValueError as exc:
-                log.error("cron target %s: %s", row["name"], exc)
+                log.error("cron target %s: %s", target.name, exc)
                 continue
             if not fires:
                 continue
             with engine.transaction() as conn:
-                if self.app.crons.fire(row, fires[-1], conn):
+                if self.app.crons.fire(target, fires[-1], conn):
                     for missed in fires[:-1]:
                         engine.audit_append(
                             conn,
                             "cron.missed",
                             actor="scheduler",
-                            detail={"name": row["name"], "fire_time": format_time(missed)},
+                            detail={"name": target.name, "fire_time": format_time(missed)},
                         )
-                    out.append(Fire(f"cron:{row['name']}", fires[-1], None))
+                    out.append(Fire(f"cron:{target.name}", fires[-1], None))
         return out
 
     def _fire(
-        self, policy: Policy, fires: list[datetime], total: int, now: datetime, last: Any
+        self, policy: Policy, fires: list[datetime], total: int, now: datetime, state: Schedule
     ) -> list[Fire]:
-        """Claim ``fires`` by moving last_fire_at from ``last`` (the value read, as
-        stored) to the newest of them, and open their runs in the same transaction."""
+        """Claim ``fires`` by moving last_fire_at from the value ``state`` read to
+        the newest of them, and open their runs in the same transaction."""
         engine = self.app.engine
         cleanup = self.app.cleanup
         assert cleanup is not None
@@ -207,12 +197,7 @@ class Scheduler:
         newest = fires[-1]
         out: list[Fire] = []
         with engine.transaction() as conn:
-            claimed = engine.rows(
-                conn,
-                "schedule_advance",
-                {"policy": policy.name, "last": last, "fire": engine.time_param(newest)},
-            )
-            if not claimed:
+            if not engine.schedule_advance(state, newest, conn=conn):
                 return []  # another scheduler moved last_fire_at first: it took these fires
             for fire in missed:
                 engine.audit_append(
@@ -272,9 +257,8 @@ class Scheduler:
         upcoming = [next_fire(p, now) for p in self.scheduled]
         return max(0.0, (min(upcoming) - now).total_seconds()) if upcoming else None
 
-    def _version(self) -> tuple[Any, int]:
-        row = self.app.engine.one(None, "schedule_version")
-        return (row["version"], int(row["n"])) if row else (None, 0)
+    def _version(self) -> tuple[datetime, int]:
+        return self.app.engine.schedule_version()
 
     def _sleep_until_next_fire(self) -> None:
         """Sleep until the next fire; each second, look for pause/resume or SIGHUP."""
@@ -298,7 +282,7 @@ class Scheduler:
         assert cleanup is not None
         cleanup.policy(policy)  # refuses an unknown name with "did you mean"
         with self.app.engine.transaction() as conn:
-            self.app.engine.rows(conn, "schedule_set_paused", {"policy": policy, "paused": paused})
+            self.app.engine.schedule_set_paused(policy, paused, conn=conn)
             self.app.engine.audit_append(
                 conn, "policy.paused" if paused else "policy.resumed", actor=actor, policy=policy
             )

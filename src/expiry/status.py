@@ -3,6 +3,7 @@ CLI's tables, its --json output and (later) the HTTP API."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from .durations import format_duration
@@ -11,56 +12,53 @@ if TYPE_CHECKING:
     from .app import App
 
 
-def _time(app: App, value: Any) -> str | None:
+def _time(value: datetime | None) -> str | None:
     if value is None:
         return None
     from .cleanup import format_time
 
-    return format_time(app.engine._time(value))
+    return format_time(value)
 
 
 def run_summary(app: App, run_id: str) -> dict[str, Any] | None:
     engine = app.engine
     with engine.transaction() as conn:
-        run = engine.one(conn, "run_get", {"id": run_id})
+        run = engine.run_get(run_id, conn=conn)
         if run is None:
             return None
-        jobs = engine.rows(conn, "run_jobs", {"id": run_id})
-        ledger = engine.one(conn, "run_ledger", {"id": run_id}) or {"windows": 0, "rows": 0}
-        duplicates = engine.one(conn, "run_duplicates", {"id": run_id}) or {"n": 0}
-    windows = [j for j in jobs if j["handler"] == "expiry.window"]
-    by_state = {j["state"]: int(j["n"]) for j in windows}
+        jobs = engine.run_jobs(run_id, conn=conn)
+        ledger = engine.run_ledger(run_id, conn=conn)
+        duplicates = engine.run_duplicates(run_id, conn=conn)
+    windows = [j for j in jobs if j.handler == "expiry.window"]
+    by_state = {j.state: j.n for j in windows}
     total = sum(by_state.values())
     return {
-        "id": run["id"],
-        "policy": run["policy"],
-        "cutoff": _time(app, run["cutoff"]),
-        "opened_by": run["opened_by"],
-        "state": run["state"],
-        "windows_planned": int(run["windows_planned"]),
+        "id": run.id,
+        "policy": run.policy,
+        "cutoff": _time(run.cutoff),
+        "opened_by": run.opened_by,
+        "state": run.state,
+        "windows_planned": run.windows_planned,
         "jobs_total": total,
         "jobs_done": by_state.get("completed", 0),
         "jobs_dead": by_state.get("dead", 0),
         "jobs_by_state": by_state,
-        "windows_applied": int(ledger["windows"]),
-        "rows_affected": int(ledger["rows"]),
-        "duplicates_skipped": int(duplicates["n"]),
-        "retries": sum(int(j["failures"]) for j in windows),
+        "windows_applied": ledger.windows,
+        "rows_affected": ledger.rows,
+        "duplicates_skipped": duplicates,
+        "retries": sum(j.failures for j in windows),
         "redelivered": sum(
-            int(j["attempts"]) - int(j["n"]) - int(j["failures"])
-            for j in windows
-            if j["state"] == "completed"
+            j.attempts - j.n - j.failures for j in windows if j.state == "completed"
         ),
-        "opened_at": _time(app, run["opened_at"]),
-        "planned_at": _time(app, run["planned_at"]),
-        "finished_at": _time(app, run["finished_at"]),
+        "opened_at": _time(run.opened_at),
+        "planned_at": _time(run.planned_at),
+        "finished_at": _time(run.finished_at),
     }
 
 
 def runs(app: App, policy: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
-    with app.engine.transaction() as conn:
-        found = app.engine.rows(conn, "run_list", {"policy": policy, "limit": limit})
-    return [s for r in found if (s := run_summary(app, r["id"])) is not None]
+    found = app.engine.run_list(policy, limit)
+    return [s for r in found if (s := run_summary(app, r.id)) is not None]
 
 
 def policies(app: App) -> list[dict[str, Any]]:
@@ -84,7 +82,7 @@ def policies(app: App) -> list[dict[str, Any]]:
                 "retain": format_duration(policy.retain),
                 "schedule": policy.schedule,
                 "timezone": policy.timezone,
-                "paused": bool(schedules.get(policy.name, {}).get("paused", False)),
+                "paused": policy.name in schedules and schedules[policy.name].paused,
                 "next_fire": format_time(next_fire(policy, now)) if policy.schedule else None,
                 "watermark_seconds": round(watermark, 3),
                 "watermark": format_duration(round(watermark)),

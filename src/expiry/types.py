@@ -1,4 +1,6 @@
-"""Plain data: jobs, their states, and what the queue reports."""
+"""Plain data: jobs, their states, what the queue reports, and the rows the
+engine reads back for runs, schedules, cron targets, keys, idempotency, the
+ledger and the audit log (times as aware datetimes, in UTC)."""
 
 from __future__ import annotations
 
@@ -86,3 +88,154 @@ class QueueStats:
     """(queue, job key, seconds since claimed) for every running claim"""
     retries_by_kind: dict[str, int]
     dead: int
+
+
+# -- rows the engine reads back (engines/base.py: one method per named query) ---------
+
+
+@dataclass(frozen=True)
+class Run:
+    """A cleanup run; its id is ``policy:cutoff``, so opening a cutoff twice is one run."""
+
+    id: str
+    policy: str
+    cutoff: datetime
+    opened_by: str
+    state: str
+    """planning, running (every window planned) or finished"""
+    windows_planned: int
+    opened_at: datetime
+    planned_at: datetime | None
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True)
+class RunJobs:
+    """A run's jobs of one handler in one state."""
+
+    handler: str
+    state: str
+    n: int
+    attempts: int
+    """attempts spent by these jobs, summed"""
+    failures: int
+    """failed attempts recorded on these jobs, summed"""
+
+
+@dataclass(frozen=True)
+class RunTotals:
+    """What a run (or a policy, over the whole ledger) has applied."""
+
+    windows: int
+    """ledger rows: windows, or parts of windows, applied"""
+    rows: int
+    """rows those windows deleted or archived"""
+
+
+@dataclass(frozen=True)
+class PolicyTotals:
+    policy: str
+    windows: int
+    rows: int
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A scheduled policy's state: whether it is paused and the last fire claimed."""
+
+    policy: str
+    paused: bool
+    last_fire_at: datetime | None
+    updated_at: datetime
+    last_fire_stored: Any = field(default=None, repr=False)
+    """``last_fire_at`` exactly as the engine stores it (epoch seconds on SQLite):
+    schedule_advance's compare-and-set matches on it, and epoch seconds need not
+    survive a round trip through datetime."""
+
+
+@dataclass(frozen=True)
+class CronTarget:
+    """An HTTP cron target, secret included (for signing its calls)."""
+
+    name: str
+    http_url: str
+    schedule: str
+    timezone: str
+    secret: str = field(repr=False)
+    paused: bool
+    last_fire_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    last_fire_stored: Any = field(default=None, repr=False)
+    """``last_fire_at`` exactly as stored, for cron_advance's compare-and-set
+    (as Schedule.last_fire_stored)."""
+
+
+@dataclass(frozen=True)
+class CronCall:
+    """One call of a cron target and its outcome."""
+
+    id: int
+    name: str
+    fire_time: datetime
+    attempt: int
+    status: int | None
+    duration_ms: float | None
+    response: str | None
+    error: str | None
+    at: datetime
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """An API key without its secret (only its hash is stored)."""
+
+    name: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+@dataclass(frozen=True)
+class IdempotencyRecord:
+    """A request seen under an Idempotency-Key: its body's hash and, once
+    answered, the response (status and JSON body) to replay."""
+
+    request_hash: str
+    status: int | None
+    body: str | None
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """The record of one applied operation (a window, or a part of one)."""
+
+    key: str
+    policy: str | None
+    run_id: str | None
+    lo: int | None
+    hi: int | None
+    action: str | None
+    rows_affected: int
+    worker: str | None
+    applied_at: datetime
+
+
+@dataclass(frozen=True)
+class AuditEvent:
+    id: int
+    at: datetime
+    actor: str
+    action: str
+    policy: str | None
+    run_id: str | None
+    job_key: str | None
+    detail: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class AuditCount:
+    """Audited events of one action and policy, for metrics."""
+
+    action: str
+    policy: str | None
+    n: int

@@ -198,7 +198,7 @@ def test_pause_and_resume_a_policy(page: WebDriver, dashboard: Dashboard) -> Non
         By.CSS_SELECTOR, "button[aria-label='Resume policy expired-sessions']"
     ).click()
     wait_for(page, "Resumed policy expired-sessions.")
-    actions = [e["action"] for e in dashboard.app.engine.audit_list("expired-sessions")]
+    actions = [e.action for e in dashboard.app.engine.audit_list("expired-sessions")]
     assert actions[:2] == ["policy.resumed", "policy.paused"]
 
 

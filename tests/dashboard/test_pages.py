@@ -26,25 +26,15 @@ def arrange(dashboard: Dashboard) -> dict[str, str]:
     app.queue.enqueue("no.such.handler", {"order": 8}, key="dead-2", max_attempts=1)
     app.crons.create("nightly-report", dashboard.url("/v1/health"), "0 3 * * *")
     app.crons.create("hourly-ping", dashboard.url("/v1/health"), "0 * * * *")
-    row = app.engine.one(None, "cron_get", {"name": "nightly-report"})
+    target = app.engine.cron_get("nightly-report")
+    assert target is not None
     fire = app.engine.now().replace(microsecond=0) + timedelta(seconds=1)
     with app.engine.transaction() as conn:
-        assert app.crons.fire(row or {}, fire, conn)
+        assert app.crons.fire(target, fire, conn)
     assert Worker(app, until_idle=True, poll=0.05, rescue_every=0.2).run() == 0
-    with app.engine.transaction() as conn:
-        app.engine.rows(
-            conn,
-            "cron_call_insert",
-            {
-                "name": "hourly-ping",
-                "fire_time": app.engine.time_param(fire),
-                "attempt": 1,
-                "status": 204,
-                "duration_ms": 12.5,
-                "response": "",
-                "error": None,
-            },
-        )
+    app.engine.cron_call_insert(
+        "hourly-ping", fire, 1, status=204, duration_ms=12.5, response="", error=None
+    )
     app.queue.enqueue("slow.export", {"n": 1}, key="slow-1", queue="exports")
     app.queue.enqueue("slow.export", {"n": 2}, key="slow-2", queue="exports")
     app.queue.enqueue("slow.export", {"n": 3}, key="slow-3", queue="exports")

@@ -353,7 +353,7 @@ def test_redrive_one_several_and_all(queue: Queue, engine: Engine) -> None:
         assert job.finished_at is None
         assert [e["error"] for e in job.errors] == [f"bad {key}"]  # history kept
     assert len(queue.claim(10)) == 6
-    actions = [row["action"] for row in engine.audit_list()]
+    actions = [event.action for event in engine.audit_list()]
     assert actions.count("job.redriven") == 5
 
 
@@ -383,7 +383,7 @@ def test_discard_cancels_dead_and_waiting_jobs_only(queue: Queue, engine: Engine
     assert state_of(queue, "running") is JobState.RUNNING
     assert queue.redrive(["dead"]) == []  # a cancelled job is not dead any more
     assert queue.claim(5) == []
-    assert [row["job_key"] for row in engine.audit_list() if row["action"] == "job.discarded"]
+    assert [event.job_key for event in engine.audit_list() if event.action == "job.discarded"]
 
 
 def test_prune_deletes_only_old_completed_and_cancelled(queue: Queue, engine: Engine) -> None:

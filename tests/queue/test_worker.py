@@ -151,7 +151,7 @@ def test_once_with_form_completes_a_repeated_operation_as_a_duplicate(app: App) 
         job = get(app, key)
         assert job.state is JobState.COMPLETED and job.attempt == 1 and job.errors == []
     ledger = app.engine.ledger_get("expire-listing:7:revision-3")
-    assert ledger is not None and ledger["action"] == "once"
+    assert ledger is not None and ledger.action == "once"
 
 
 def test_once_if_form_guards_each_operation(app: App) -> None:

@@ -172,11 +172,9 @@ def test_first_tick_registers_the_schedule_without_firing_past_times(
 
     assert scheduler.tick() == []
 
-    [(name, last_fire_at)] = select(
-        app, f"select policy, last_fire_at from {table(app, 'schedules')}"
-    )
-    assert name == POLICY
-    assert app.engine._time(last_fire_at) == clock.now
+    [schedule] = app.engine.schedule_list()
+    assert schedule.policy == POLICY
+    assert schedule.last_fire_at == clock.now
     assert run_ids(app) == []
     assert audit(app, "schedule.fired") == audit(app, "schedule.missed") == []
     # Nothing is due before the next minute either.
@@ -408,8 +406,8 @@ def test_a_scheduler_stopped_across_three_fires_catches_up_by_policy(
     assert all(e["detail"]["catch_up"] == catch_up and e["actor"] == "scheduler" for e in events)
     # Claimed once: nothing more is due at the same time.
     assert restarted.tick() == []
-    [(last,)] = select(app, f"select last_fire_at from {table(app, 'schedules')}")
-    assert app.engine._time(last) == hour[3]
+    [schedule] = app.engine.schedule_list()
+    assert schedule.last_fire_at == hour[3]
 
 
 # -- pause and resume -------------------------------------------------------------------
@@ -432,7 +430,7 @@ def test_pause_stops_fires_and_resume_applies_catch_up(
     Scheduler(operator).set_paused(POLICY, True, actor="alice")
 
     assert [e["actor"] for e in audit(app, "policy.paused")] == ["alice"]
-    assert scheduler.states()[POLICY]["paused"]
+    assert scheduler.states()[POLICY].paused
     assert status.policies(app)[0]["paused"] is True
     for hour in (1, 2, 3):
         clock.now = utc(2030, 1, 1, hour, 0, 10)

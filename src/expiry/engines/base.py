@@ -1,12 +1,17 @@
 """The storage seam: one Engine interface, one implementation per database.
 
-Every method is named noun-first (job_claim, ledger_insert, audit_append) and
-runs a named query from the engine's ``queries.sql``. The methods below are
-written once against four primitives that each engine provides: open a
-transaction, run a named query, turn a row into a Job, and shape the batch
-parameters of ``job_insert_many``. Methods that take ``conn`` run inside the
-caller's transaction (so a handler's effect and its completion commit
-together); without it they open and commit their own.
+Every method is named noun-first (job_claim, run_insert, schedule_advance,
+key_active, ledger_insert, audit_append) after the named query it runs from the
+engine's ``queries.sql``, takes typed parameters and returns plain values or the
+small frozen rows of ``expiry.types`` (times as aware datetimes). The methods
+below are written once against a few primitives that each engine provides: open
+a transaction, run a named query (``_rows``, private: nothing outside
+``engines/`` names a query), read a stored time (``_time``), turn a row into a
+Job, and shape the batch parameters of ``job_insert_many``.
+
+Methods that take ``conn`` run inside the caller's transaction (so a handler's
+effect and its completion commit together); without it they open and commit
+their own. A service that runs either way uses ``transaction_or(conn)``.
 """
 
 from __future__ import annotations
@@ -22,7 +27,25 @@ from typing import Any
 
 from ..defaults import MAX_PAYLOAD_BYTES
 from ..errors import AlreadyApplied, LeaseLost, MigrationError, PayloadTooLarge
-from ..types import EnqueueResult, Job, JobState, NewJob, QueueStats
+from ..types import (
+    ApiKey,
+    AuditCount,
+    AuditEvent,
+    CronCall,
+    CronTarget,
+    EnqueueResult,
+    IdempotencyRecord,
+    Job,
+    JobState,
+    LedgerEntry,
+    NewJob,
+    PolicyTotals,
+    QueueStats,
+    Run,
+    RunJobs,
+    RunTotals,
+    Schedule,
+)
 
 Row = dict[str, Any]
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
@@ -108,8 +131,8 @@ class Engine(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def rows(self, conn: Any, name: str, params: dict[str, Any] | None = None) -> list[Row]:
-        """Run a named query and return its rows as dicts."""
+    def _rows(self, conn: Any, name: str, params: dict[str, Any] | None = None) -> list[Row]:
+        """Run a named query on ``conn`` and return its rows as dicts."""
 
     @abc.abstractmethod
     def _job(self, row: Row) -> Job: ...
@@ -122,7 +145,11 @@ class Engine(abc.ABC):
         """A list of strings or numbers as this driver binds it for ``= any``/``in``."""
 
     @abc.abstractmethod
-    def _time(self, value: Any) -> datetime: ...
+    def _time(self, value: Any) -> datetime:
+        """A time as this engine stores it, as an aware datetime."""
+
+    def _maybe_time(self, value: Any) -> datetime | None:
+        return None if value is None else self._time(value)
 
     @abc.abstractmethod
     def time_param(self, value: datetime) -> Any:
@@ -175,27 +202,39 @@ class Engine(abc.ABC):
             )
 
     @contextmanager
-    def _tx(self, conn: Any | None) -> Iterator[Any]:
+    def transaction_or(self, conn: Any | None) -> Iterator[Any]:
+        """``conn`` itself when given (the work joins the caller's transaction),
+        else a new transaction from ``transaction()``, committed when the block
+        ends: for services whose methods run in a caller's transaction or alone."""
         if conn is not None:
             yield conn
         else:
             with self.transaction() as own:
                 yield own
 
-    def run(self, conn: Any | None, name: str, params: dict[str, Any] | None = None) -> list[Row]:
-        """A named query (always one statement) in ``conn``'s transaction, or
-        without ``conn`` as a transaction of its own."""
-        with self._tx(conn) as c:
-            return self.rows(c, name, params)
+    def _tx_rows(
+        self, conn: Any | None, name: str, params: dict[str, Any] | None = None
+    ) -> list[Row]:
+        """A named query in ``conn``'s transaction, or in one of its own from
+        ``transaction()`` (which, on PostgreSQL, first gives a pooled connection
+        back its own limits should a window have set a policy's)."""
+        with self.transaction_or(conn) as c:
+            return self._rows(c, name, params)
 
-    def one(self, conn: Any | None, name: str, params: dict[str, Any] | None = None) -> Row | None:
-        found = self.run(conn, name, params)
+    def _run(self, conn: Any | None, name: str, params: dict[str, Any] | None = None) -> list[Row]:
+        """A named query (always one statement) in ``conn``'s transaction, or
+        without ``conn`` as a transaction of its own (an engine may send it
+        without BEGIN and COMMIT: PostgreSQL does)."""
+        return self._tx_rows(conn, name, params)
+
+    def _one(self, conn: Any | None, name: str, params: dict[str, Any] | None = None) -> Row | None:
+        found = self._run(conn, name, params)
         return found[0] if found else None
 
     # -- the clock ------------------------------------------------------------
 
     def now(self, conn: Any | None = None) -> datetime:
-        row = self.one(conn, "now")
+        row = self._one(conn, "now")
         assert row is not None
         return self._time(row["now"])
 
@@ -207,8 +246,8 @@ class Engine(abc.ABC):
         if not jobs:
             return []
         payloads = [check_payload(job.payload) for job in jobs]
-        with self._tx(conn) as c:
-            inserted = self.rows(c, "job_insert_many", self._insert_params(jobs, payloads))
+        with self.transaction_or(conn) as c:
+            inserted = self._rows(c, "job_insert_many", self._insert_params(jobs, payloads))
             self._notify(c, {row["key"] for row in inserted if row["state"] == "available"}, jobs)
         keys = {row["key"] for row in inserted}
         seen: set[str] = set()
@@ -236,17 +275,17 @@ class Engine(abc.ABC):
             "owner": owner,
             "fair_share": fair_share,
         }
-        jobs = [self._job(row) for row in self.run(None, "job_claim", params)]
+        jobs = [self._job(row) for row in self._run(None, "job_claim", params)]
         return sorted(jobs, key=lambda j: (j.priority, j.run_at, j.id))
 
     def job_heartbeat(self, job: Job, lease_seconds: float) -> bool:
         params = {"id": job.id, "token": job.lease_token, "lease": lease_seconds}
-        return self.one(None, "job_heartbeat", params) is not None
+        return self._one(None, "job_heartbeat", params) is not None
 
     def job_complete(self, job: Job, conn: Any | None = None) -> None:
         """Complete a job; raises LeaseLost (so the caller's transaction rolls back)
         when the lease has moved on."""
-        if self.one(conn, "job_complete", {"id": job.id, "token": job.lease_token}) is None:
+        if self._one(conn, "job_complete", {"id": job.id, "token": job.lease_token}) is None:
             raise LeaseLost(f"job {job.key}: lease lost before completion")
 
     def job_complete_many(self, jobs: Sequence[Job], conn: Any) -> None:
@@ -256,7 +295,7 @@ class Engine(abc.ABC):
             "ids": self._list([job.id for job in jobs]),
             "tokens": self._list([job.lease_token or "" for job in jobs]),
         }
-        done = {row["id"] for row in self.rows(conn, "job_complete_many", params)}
+        done = {row["id"] for row in self._rows(conn, "job_complete_many", params)}
         lost = [job.key for job in jobs if job.id not in done]
         if lost:
             raise LeaseLost(f"jobs {', '.join(lost)}: lease lost before completion")
@@ -274,35 +313,35 @@ class Engine(abc.ABC):
             "error": error[:4000],
             "kind": kind,
         }
-        row = self.one(None, "job_fail", params)
+        row = self._one(None, "job_fail", params)
         return JobState(row["state"]) if row else None
 
     def job_release(self, job: Job, delay: float = 0.0, conn: Any | None = None) -> bool:
         params = {"id": job.id, "token": job.lease_token, "delay": delay}
-        return self.one(conn, "job_release", params) is not None
+        return self._one(conn, "job_release", params) is not None
 
     def job_rescue(self) -> list[Row]:
         with self.maintenance_transaction() as conn:
-            return self.rows(conn, "job_rescue")
+            return self._rows(conn, "job_rescue")
 
     def job_redrive(
         self, keys: Sequence[str] = (), *, all: bool = False, policy: str | None = None
     ) -> list[Row]:
         params = {"keys": self._list(keys), "all": all, "policy": policy}
         with self.transaction() as conn:
-            return self.rows(conn, "job_redrive", params)
+            return self._rows(conn, "job_redrive", params)
 
     def job_discard(self, keys: Sequence[str]) -> list[Row]:
         with self.transaction() as conn:
-            return self.rows(conn, "job_discard", {"keys": self._list(keys)})
+            return self._rows(conn, "job_discard", {"keys": self._list(keys)})
 
     def job_get(self, key: str, conn: Any | None = None) -> Job | None:
-        row = self.one(conn, "job_get", {"key": key})
+        row = self._one(conn, "job_get", {"key": key})
         return self._job(row) if row else None
 
     def job_list(self, state: JobState, queue: str | None = None, limit: int = 100) -> list[Job]:
         with self.transaction() as conn:
-            found = self.rows(
+            found = self._rows(
                 conn, "job_list", {"state": state.value, "queue": queue, "limit": limit}
             )
         return [self._job(row) for row in found]
@@ -322,15 +361,15 @@ class Engine(abc.ABC):
         self, queue: str | None = None, *, due_only: bool = False, conn: Any | None = None
     ) -> int:
         """Jobs not yet final; with ``due_only``, those running or due now."""
-        row = self.one(conn, "job_pending_count", {"queue": queue, "due_only": due_only})
+        row = self._one(conn, "job_pending_count", {"queue": queue, "due_only": due_only})
         return int(row["n"]) if row else 0
 
     def job_stats(self) -> QueueStats:
         with self.transaction() as conn:
-            counts = self.rows(conn, "job_counts")
-            oldest = self.rows(conn, "job_oldest_due")
-            running = self.rows(conn, "job_running")
-            retries = self.rows(conn, "job_retries_by_kind")
+            counts = self._rows(conn, "job_counts")
+            oldest = self._rows(conn, "job_oldest_due")
+            running = self._rows(conn, "job_running")
+            retries = self._rows(conn, "job_retries_by_kind")
         by_state: dict[str, dict[str, int]] = {}
         for row in counts:
             by_state.setdefault(row["queue"], {})[row["state"]] = int(row["n"])
@@ -365,13 +404,27 @@ class Engine(abc.ABC):
         params = ledger_params(
             key, policy=policy, run_id=run_id, lo=lo, hi=hi, action=action, worker=worker, rows=rows
         )
-        booked = bool(self.rows(conn, "ledger_insert", params))
+        booked = bool(self._rows(conn, "ledger_insert", params))
         if strict and not booked:
             raise AlreadyApplied(f"{key}: a concurrent delivery booked it first")
         return booked
 
-    def ledger_get(self, key: str) -> Row | None:
-        return self.one(None, "ledger_get", {"key": key})
+    def ledger_get(self, key: str, *, conn: Any | None = None) -> LedgerEntry | None:
+        """The ledger row of ``key``, or None when no operation booked it."""
+        row = self._one(conn, "ledger_get", {"key": key})
+        if row is None:
+            return None
+        return LedgerEntry(
+            key=row["key"],
+            policy=row["policy"],
+            run_id=row["run_id"],
+            lo=row["lo"],
+            hi=row["hi"],
+            action=row["action"],
+            rows_affected=int(row["rows_affected"]),
+            worker=row["worker"],
+            applied_at=self._time(row["applied_at"]),
+        )
 
     def audit_append(
         self,
@@ -392,12 +445,334 @@ class Engine(abc.ABC):
             "job_key": job_key,
             "detail": json.dumps(detail or {}, default=str),
         }
-        with self._tx(conn) as c:
-            self.rows(c, "audit_append", params)
+        with self.transaction_or(conn) as c:
+            self._rows(c, "audit_append", params)
 
-    def audit_list(self, policy: str | None = None, limit: int = 100) -> list[Row]:
-        with self.transaction() as conn:
-            return self.rows(conn, "audit_list", {"policy": policy, "limit": limit})
+    def audit_list(
+        self, policy: str | None = None, limit: int = 100, *, conn: Any | None = None
+    ) -> list[AuditEvent]:
+        """The newest ``limit`` audit events, newest first; of one policy when given."""
+        found = self._tx_rows(conn, "audit_list", {"policy": policy, "limit": limit})
+        return [self._as_audit_event(row) for row in found]
+
+    def _as_audit_event(self, row: Row) -> AuditEvent:
+        detail = row["detail"]
+        return AuditEvent(
+            id=int(row["id"]),
+            at=self._time(row["at"]),
+            actor=row["actor"],
+            action=row["action"],
+            policy=row["policy"],
+            run_id=row["run_id"],
+            job_key=row["job_key"],
+            # jsonb arrives decoded (PostgreSQL); SQLite keeps the JSON text.
+            detail=json.loads(detail) if isinstance(detail, str) else detail,
+        )
+
+    def audit_counts(self, *, conn: Any | None = None) -> list[AuditCount]:
+        """Audited events by action and policy (a policy of None: events of none)."""
+        return [
+            AuditCount(row["action"], row["policy"], int(row["n"]))
+            for row in self._tx_rows(conn, "audit_counts")
+        ]
+
+    # -- runs -----------------------------------------------------------------------
+
+    def run_insert(
+        self,
+        run_id: str,
+        policy: str,
+        cutoff: datetime,
+        opened_by: str,
+        *,
+        conn: Any | None = None,
+    ) -> bool:
+        """Open a run; False when the run ``run_id`` (policy:cutoff) exists already."""
+        params = {
+            "id": run_id,
+            "policy": policy,
+            "cutoff": self.time_param(cutoff),
+            "opened_by": opened_by,
+        }
+        return bool(self._tx_rows(conn, "run_insert", params))
+
+    def run_get(self, run_id: str, *, conn: Any | None = None) -> Run | None:
+        found = self._tx_rows(conn, "run_get", {"id": run_id})
+        return self._as_run(found[0]) if found else None
+
+    def run_list(
+        self, policy: str | None = None, limit: int = 20, *, conn: Any | None = None
+    ) -> list[Run]:
+        """The newest ``limit`` runs, newest opened first; of one policy when given."""
+        found = self._tx_rows(conn, "run_list", {"policy": policy, "limit": limit})
+        return [self._as_run(row) for row in found]
+
+    def _as_run(self, row: Row) -> Run:
+        return Run(
+            id=row["id"],
+            policy=row["policy"],
+            cutoff=self._time(row["cutoff"]),
+            opened_by=row["opened_by"],
+            state=row["state"],
+            windows_planned=int(row["windows_planned"]),
+            opened_at=self._time(row["opened_at"]),
+            planned_at=self._maybe_time(row["planned_at"]),
+            finished_at=self._maybe_time(row["finished_at"]),
+        )
+
+    def run_add_windows(
+        self, run_id: str, windows: int, *, done: bool, conn: Any | None = None
+    ) -> None:
+        """Count the windows a planning page emitted; ``done``: it was the last page,
+        the run moves from planning to running."""
+        params = {"id": run_id, "windows": windows, "done": done}
+        self._tx_rows(conn, "run_add_windows", params)
+
+    def run_finish(self, run_id: str, *, conn: Any | None = None) -> bool:
+        """Finish a planned run none of whose jobs is pending; True if it did now
+        (and, on PostgreSQL, hint ``expiry_runs`` listeners at commit)."""
+        return self._one(conn, "run_finish", {"id": run_id}) is not None
+
+    def run_finish_idle(self, *, conn: Any | None = None) -> list[str]:
+        """Finish every planned run with nothing pending; the ids finished now."""
+        return [row["id"] for row in self._tx_rows(conn, "run_finish_idle")]
+
+    def run_jobs(self, run_id: str, *, conn: Any | None = None) -> list[RunJobs]:
+        """A run's jobs counted by handler and state, in no particular order."""
+        return [
+            RunJobs(
+                handler=row["handler"],
+                state=row["state"],
+                n=int(row["n"]),
+                attempts=int(row["attempts"]),
+                failures=int(row["failures"]),
+            )
+            for row in self._tx_rows(conn, "run_jobs", {"id": run_id})
+        ]
+
+    def run_ledger(self, run_id: str, *, conn: Any | None = None) -> RunTotals:
+        """What a run has applied, from the ledger (zeros before its first window)."""
+        row = self._one(conn, "run_ledger", {"id": run_id}) or {"windows": 0, "rows": 0}
+        return RunTotals(windows=int(row["windows"]), rows=int(row["rows"]))
+
+    def run_duplicates(self, run_id: str, *, conn: Any | None = None) -> int:
+        """Duplicate deliveries a run's windows absorbed (audited window.duplicate)."""
+        row = self._one(conn, "run_duplicates", {"id": run_id})
+        return int(row["n"]) if row else 0
+
+    def run_pending_elsewhere(self, policy: str, run_id: str, *, conn: Any | None = None) -> int:
+        """Jobs still pending in the policy's runs other than ``run_id``."""
+        row = self._one(conn, "run_pending_elsewhere", {"policy": policy, "id": run_id})
+        return int(row["n"]) if row else 0
+
+    def policy_totals(self, *, conn: Any | None = None) -> list[PolicyTotals]:
+        """Windows and rows applied per policy, over the whole ledger."""
+        return [
+            PolicyTotals(row["policy"], int(row["windows"]), int(row["rows"]))
+            for row in self._tx_rows(conn, "policy_totals")
+        ]
+
+    # -- schedules ----------------------------------------------------------------
+
+    def schedule_register(self, policy: str, now: datetime, *, conn: Any | None = None) -> None:
+        """First sight of a policy's schedule: fires count from ``now``. A schedule
+        known already is left as it is."""
+        params = {"policy": policy, "now": self.time_param(now)}
+        self._tx_rows(conn, "schedule_register", params)
+
+    def schedule_list(self, *, conn: Any | None = None) -> list[Schedule]:
+        """Every schedule's state, by policy name."""
+        return [
+            Schedule(
+                policy=row["policy"],
+                paused=bool(row["paused"]),
+                last_fire_at=self._maybe_time(row["last_fire_at"]),
+                updated_at=self._time(row["updated_at"]),
+                last_fire_stored=row["last_fire_at"],
+            )
+            for row in self._tx_rows(conn, "schedule_list")
+        ]
+
+    def schedule_advance(
+        self, schedule: Schedule, fire: datetime, *, conn: Any | None = None
+    ) -> bool:
+        """Claim the fire times after ``schedule.last_fire_at``, up to ``fire``: a
+        compare-and-set on the last fire as read. False when another scheduler
+        moved it first, when the schedule is paused, or when ``fire`` is not later."""
+        params = {
+            "policy": schedule.policy,
+            "last": schedule.last_fire_stored,
+            "fire": self.time_param(fire),
+        }
+        return bool(self._tx_rows(conn, "schedule_advance", params))
+
+    def schedule_set_paused(self, policy: str, paused: bool, *, conn: Any | None = None) -> None:
+        """Pause or resume a policy's schedule (registering it when unknown)."""
+        self._tx_rows(conn, "schedule_set_paused", {"policy": policy, "paused": paused})
+
+    def schedule_version(self, *, conn: Any | None = None) -> tuple[datetime, int]:
+        """(the latest change, how many schedules): different once another process
+        pauses, resumes or registers a schedule."""
+        row = self._one(conn, "schedule_version")
+        assert row is not None  # an aggregate: always one row
+        return self._time(row["version"]), int(row["n"])
+
+    # -- cron targets and their calls ---------------------------------------------------
+
+    def cron_insert(
+        self,
+        name: str,
+        http_url: str,
+        schedule: str,
+        timezone: str,
+        secret: str,
+        *,
+        conn: Any | None = None,
+    ) -> bool:
+        """Create a cron target whose fires count from now; False when ``name`` exists."""
+        params = {
+            "name": name,
+            "http_url": http_url,
+            "schedule": schedule,
+            "timezone": timezone,
+            "secret": secret,
+        }
+        return bool(self._tx_rows(conn, "cron_insert", params))
+
+    def cron_list(self, *, conn: Any | None = None) -> list[CronTarget]:
+        """Every cron target, by name."""
+        return [self._as_cron_target(row) for row in self._tx_rows(conn, "cron_list")]
+
+    def cron_get(self, name: str, *, conn: Any | None = None) -> CronTarget | None:
+        row = self._one(conn, "cron_get", {"name": name})
+        return self._as_cron_target(row) if row else None
+
+    def _as_cron_target(self, row: Row) -> CronTarget:
+        return CronTarget(
+            name=row["name"],
+            http_url=row["http_url"],
+            schedule=row["schedule"],
+            timezone=row["timezone"],
+            secret=row["secret"],
+            paused=bool(row["paused"]),
+            last_fire_at=self._maybe_time(row["last_fire_at"]),
+            created_at=self._time(row["created_at"]),
+            updated_at=self._time(row["updated_at"]),
+            last_fire_stored=row["last_fire_at"],
+        )
+
+    def cron_delete(self, name: str, *, conn: Any | None = None) -> bool:
+        """Delete a cron target (its calls stay); False when there was none."""
+        return self._one(conn, "cron_delete", {"name": name}) is not None
+
+    def cron_set_paused(self, name: str, paused: bool, *, conn: Any | None = None) -> bool:
+        """Pause or resume a cron target; False when there is none of that name."""
+        return self._one(conn, "cron_set_paused", {"name": name, "paused": paused}) is not None
+
+    def cron_advance(self, target: CronTarget, fire: datetime, *, conn: Any | None = None) -> bool:
+        """Claim ``fire`` for a target: a compare-and-set on its last fire as read
+        (as schedule_advance)."""
+        params = {
+            "name": target.name,
+            "fire": self.time_param(fire),
+            "last": target.last_fire_stored,
+        }
+        return bool(self._tx_rows(conn, "cron_advance", params))
+
+    def cron_call_insert(
+        self,
+        name: str,
+        fire_time: datetime,
+        attempt: int,
+        *,
+        status: int | None,
+        duration_ms: float | None,
+        response: str | None,
+        error: str | None,
+        conn: Any | None = None,
+    ) -> None:
+        """Record one call's outcome."""
+        params = {
+            "name": name,
+            "fire_time": self.time_param(fire_time),
+            "attempt": attempt,
+            "status": status,
+            "duration_ms": duration_ms,
+            "response": response,
+            "error": error,
+        }
+        self._tx_rows(conn, "cron_call_insert", params)
+
+    def cron_calls(self, name: str, limit: int = 50, *, conn: Any | None = None) -> list[CronCall]:
+        """A target's newest ``limit`` calls, newest first."""
+        return [
+            CronCall(
+                id=int(row["id"]),
+                name=row["name"],
+                fire_time=self._time(row["fire_time"]),
+                attempt=int(row["attempt"]),
+                status=row["status"],
+                duration_ms=row["duration_ms"],
+                response=row["response"],
+                error=row["error"],
+                at=self._time(row["at"]),
+            )
+            for row in self._tx_rows(conn, "cron_calls", {"name": name, "limit": limit})
+        ]
+
+    # -- API keys -------------------------------------------------------------------
+
+    def key_insert(self, name: str, key_hash: str, *, conn: Any | None = None) -> bool:
+        """Store a new key's hash; False when a key of that name exists (revoked or not)."""
+        return bool(self._tx_rows(conn, "key_insert", {"name": name, "hash": key_hash}))
+
+    def key_list(self, *, conn: Any | None = None) -> list[ApiKey]:
+        """Every key, revoked ones included, by name; never a secret or hash."""
+        return [
+            ApiKey(row["name"], self._time(row["created_at"]), self._maybe_time(row["revoked_at"]))
+            for row in self._tx_rows(conn, "key_list")
+        ]
+
+    def key_revoke(self, name: str, *, conn: Any | None = None) -> bool:
+        """Revoke a key; False when there is no key of that name still in force."""
+        return bool(self._tx_rows(conn, "key_revoke", {"name": name}))
+
+    def key_active(self, *, conn: Any | None = None) -> dict[str, str]:
+        """{name: hash} of every key still in force."""
+        return {row["name"]: row["hash"] for row in self._tx_rows(conn, "key_active")}
+
+    # -- idempotency ------------------------------------------------------------------
+
+    def idempotency_begin(
+        self, api_key: str, key: str, request_hash: str, *, conn: Any | None = None
+    ) -> bool:
+        """Record a request under (api_key, key) as in flight; False when a record
+        exists already (expired or not: see idempotency_get)."""
+        params = {"api_key": api_key, "key": key, "hash": request_hash}
+        return bool(self._tx_rows(conn, "idempotency_begin", params))
+
+    def idempotency_get(
+        self, api_key: str, key: str, *, conn: Any | None = None
+    ) -> IdempotencyRecord | None:
+        """The record of (api_key, key) if younger than 24 hours."""
+        row = self._one(conn, "idempotency_get", {"api_key": api_key, "key": key})
+        if row is None:
+            return None
+        status = row["status"]
+        return IdempotencyRecord(
+            row["request_hash"], None if status is None else int(status), row["body"]
+        )
+
+    def idempotency_finish(
+        self, api_key: str, key: str, status: int, body: str, *, conn: Any | None = None
+    ) -> None:
+        """Store the first response (status and JSON body text) for replay."""
+        params = {"api_key": api_key, "key": key, "status": status, "body": body}
+        self._one(conn, "idempotency_finish", params)
+
+    def idempotency_forget(self, api_key: str, key: str, *, conn: Any | None = None) -> None:
+        """Drop the record of (api_key, key), and every record over 24 hours old."""
+        self._one(conn, "idempotency_forget", {"api_key": api_key, "key": key})
 
 
 def classify_exception(exc: BaseException) -> tuple[bool, str] | None:

@@ -51,10 +51,9 @@ def reading_routes(router: APIRouter, pages: Pages, history: v.WatermarkHistory)
             return pages.to_login(request)
         number = page_number(page)
         limit = min(number * v.PAGE_SIZE + 1, v.SCAN_LIMIT)
-        with app.engine.transaction() as conn:
-            found = app.engine.rows(conn, "run_list", {"policy": policy or None, "limit": limit})
+        found = app.engine.run_list(policy or None, limit)
         listed = v.page_of(found, number)
-        summaries = [s for r in listed.items if (s := status_view.run_summary(app, r["id"]))]
+        summaries = [s for r in listed.items if (s := status_view.run_summary(app, r.id))]
         return pages.render(
             request,
             "runs.html",

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..types import ApiKey
+
 if TYPE_CHECKING:
     from ..app import App
 
@@ -26,7 +28,7 @@ def create_key(app: App, name: str) -> str:
     """Store a new key's hash; return the secret (shown once)."""
     secret = "exp_" + secrets.token_urlsafe(32)
     with app.engine.transaction() as conn:
-        if not app.engine.rows(conn, "key_insert", {"name": name, "hash": hash_key(secret)}):
+        if not app.engine.key_insert(name, hash_key(secret), conn=conn):
             raise ValueError(f"a key named {name!r} exists already; revoke it or pick another name")
         app.engine.audit_append(conn, "key.created", actor="operator", detail={"name": name})
     return secret
@@ -34,15 +36,14 @@ def create_key(app: App, name: str) -> str:
 
 def revoke_key(app: App, name: str) -> bool:
     with app.engine.transaction() as conn:
-        done = bool(app.engine.rows(conn, "key_revoke", {"name": name}))
+        done = app.engine.key_revoke(name, conn=conn)
         if done:
             app.engine.audit_append(conn, "key.revoked", actor="operator", detail={"name": name})
     return done
 
 
-def list_keys(app: App) -> list[dict[str, Any]]:
-    with app.engine.transaction() as conn:
-        return app.engine.rows(conn, "key_list")
+def list_keys(app: App) -> list[ApiKey]:
+    return app.engine.key_list()
 
 
 class KeyRing:
@@ -58,9 +59,7 @@ class KeyRing:
     def name_for(self, secret: str) -> str | None:
         with self._lock:
             if time.monotonic() - self._loaded > 1.0:
-                with self.app.engine.transaction() as conn:
-                    rows = self.app.engine.rows(conn, "key_active")
-                self._hashes = [(r["name"], r["hash"]) for r in rows]
+                self._hashes = list(self.app.engine.key_active().items())
                 self._loaded = time.monotonic()
             hashes = list(self._hashes)
         digest = hash_key(secret)
@@ -111,35 +110,25 @@ class Idempotency:
     def begin(self, api_key: str, key: str, digest: str) -> tuple[str, int | None, Any]:
         """('new', None, None) | ('replay', status, body) | ('mismatch'|'in_flight', None, None)"""
         engine = self.app.engine
-        params = {"api_key": api_key, "key": key, "hash": digest}
         with engine.transaction() as conn:
-            if engine.rows(conn, "idempotency_begin", params):
+            if engine.idempotency_begin(api_key, key, digest, conn=conn):
                 return "new", None, None
-            row = engine.one(conn, "idempotency_get", params)
-            if row is None:  # expired: start over
-                engine.rows(conn, "idempotency_forget", params)
-                engine.rows(conn, "idempotency_begin", params)
+            record = engine.idempotency_get(api_key, key, conn=conn)
+            if record is None:  # expired: start over
+                engine.idempotency_forget(api_key, key, conn=conn)
+                engine.idempotency_begin(api_key, key, digest, conn=conn)
                 return "new", None, None
-        if row["request_hash"] != digest:
+        if record.request_hash != digest:
             return "mismatch", None, None
-        if row["status"] is None:
+        if record.status is None:
             return "in_flight", None, None
-        return "replay", int(row["status"]), json.loads(row["body"])
+        return "replay", record.status, json.loads(record.body or "null")
 
     def finish(self, api_key: str, key: str, status: int, body: Any) -> None:
-        self.app.engine.one(
-            None,
-            "idempotency_finish",
-            {
-                "api_key": api_key,
-                "key": key,
-                "status": status,
-                "body": json.dumps(body, default=str),
-            },
-        )
+        self.app.engine.idempotency_finish(api_key, key, status, json.dumps(body, default=str))
 
     def forget(self, api_key: str, key: str) -> None:
-        self.app.engine.one(None, "idempotency_forget", {"api_key": api_key, "key": key})
+        self.app.engine.idempotency_forget(api_key, key)
 
 
 class BodyLimit:

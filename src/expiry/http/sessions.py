@@ -65,9 +65,7 @@ class Sessions:
         """The hash of the active key ``name``; re-read at most once a second."""
         with self._lock:
             if time.monotonic() - self._loaded > 1.0:
-                with self.app.engine.transaction() as conn:
-                    rows = self.app.engine.rows(conn, "key_active")
-                self._active = {r["name"]: r["hash"] for r in rows}
+                self._active = self.app.engine.key_active()
                 self._loaded = time.monotonic()
             return self._active.get(name)
 

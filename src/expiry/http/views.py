@@ -13,7 +13,7 @@ import json
 import threading
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -282,23 +282,17 @@ def audit_events(
     run_id: str | None = None,
 ) -> tuple[list[dict[str, Any]], bool]:
     """Audit events matching the filters, newest first; True if the scan was cut."""
-    rows = app.engine.audit_list(policy, SCAN_LIMIT)
+    events = app.engine.audit_list(policy, SCAN_LIMIT)
     out = []
-    for row in rows:
-        if action and row["action"] != action:
+    for event in events:
+        if action and event.action != action:
             continue
-        if job_key and row["job_key"] != job_key:
+        if job_key and event.job_key != job_key:
             continue
-        if run_id and row["run_id"] != run_id:
+        if run_id and event.run_id != run_id:
             continue
-        detail = row["detail"]
-        if isinstance(detail, str):
-            try:
-                detail = json.loads(detail)
-            except ValueError:
-                pass
-        out.append({**row, "at": as_time(row["at"]), "detail": detail or {}})
-    return out, len(rows) >= SCAN_LIMIT
+        out.append({**asdict(event), "detail": event.detail or {}})
+    return out, len(events) >= SCAN_LIMIT
 
 
 def plural(n: int, word: str = "job") -> str:

@@ -263,7 +263,7 @@ class PostgresEngine(Engine):
         finally:
             conn.close()
 
-    def rows(self, conn: Any, name: str, params: dict[str, Any] | None = None) -> list[Row]:
+    def _rows(self, conn: Any, name: str, params: dict[str, Any] | None = None) -> list[Row]:
         cur = conn.execute(self.queries[name], params or {}, prepare=True)
         if conn.pgconn.pipeline_status:
             # Pipelined: the description arrives with the result, which only a
@@ -276,17 +276,17 @@ class PostgresEngine(Engine):
                 return []  # psycopg's own: the statement returns no rows
         return list(cur.fetchall()) if cur.description is not None else []
 
-    def run(self, conn: Any | None, name: str, params: dict[str, Any] | None = None) -> list[Row]:
+    def _run(self, conn: Any | None, name: str, params: dict[str, Any] | None = None) -> list[Row]:
         """A named query (always one statement). Without ``conn`` it runs in
         autocommit: one statement is its own transaction, and BEGIN and COMMIT
         would only add two round trips (claims, heartbeats, failures, releases,
         finishing runs)."""
         if conn is not None:
-            return self.rows(conn, name, params)
+            return self._rows(conn, name, params)
         with self._pooled() as own:
             own.autocommit = True
             try:
-                found = self.rows(own, name, params)
+                found = self._rows(own, name, params)
             except psycopg.errors.ReadOnlySqlTransaction:
                 own.close()  # as in transaction(): reconnect once writes are allowed
                 raise
@@ -324,7 +324,7 @@ class PostgresEngine(Engine):
 
     def _notify(self, conn: Any, due_keys: set[str], jobs: Sequence[NewJob]) -> None:
         for queue in sorted({j.queue for j in jobs if j.key in due_keys}):
-            self.rows(conn, "job_notify", {"queue": queue})
+            self._rows(conn, "job_notify", {"queue": queue})
 
     def _job(self, row: Row) -> Job:
         return Job(

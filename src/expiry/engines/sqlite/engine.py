@@ -104,7 +104,7 @@ class SQLiteEngine(Engine):
     def connect(self) -> Iterator[sqlite3.Connection]:
         yield self._conn()
 
-    def rows(self, conn: Any, name: str, params: dict[str, Any] | None = None) -> list[Row]:
+    def _rows(self, conn: Any, name: str, params: dict[str, Any] | None = None) -> list[Row]:
         cur = conn.execute(self.queries[name], params or {})
         return list(cur.fetchall()) if cur.description is not None else []
 
@@ -122,7 +122,7 @@ class SQLiteEngine(Engine):
         with self.transaction() as conn:
             look = 2 * n if fair_share else n
             due = [
-                row for q in queues for row in self.rows(conn, "job_due", {"queue": q, "n": look})
+                row for q in queues for row in self._rows(conn, "job_due", {"queue": q, "n": look})
             ]
             due.sort(key=lambda row: (row["priority"], row["run_at"], row["id"]))
             if not due:
@@ -130,7 +130,7 @@ class SQLiteEngine(Engine):
             take = min(n, (len(due) + 1) // 2) if fair_share else n
             ids = json.dumps([row["id"] for row in due[:take]])
             params = {"ids": ids, "lease": lease_seconds, "owner": owner}
-            found = self.rows(conn, "job_claim", params)
+            found = self._rows(conn, "job_claim", params)
         return sorted(map(self._job, found), key=lambda j: (j.priority, j.run_at, j.id))
 
     def _list(self, values: Sequence[Any]) -> Any:
@@ -138,9 +138,6 @@ class SQLiteEngine(Engine):
 
     def _time(self, value: Any) -> datetime:
         return datetime.fromtimestamp(float(value), UTC)
-
-    def _maybe_time(self, value: Any) -> datetime | None:
-        return None if value is None else self._time(value)
 
     def time_param(self, value: datetime) -> Any:
         return epoch(value)

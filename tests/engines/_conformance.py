@@ -1,0 +1,70 @@
+"""Helpers for the engine conformance tests (tests/engines/test_conformance_*.py).
+
+The tests talk to the engine through its methods; they reach under it only to
+move a stored time into the past or to read what a table holds. That SQL is
+written once for PostgreSQL (``expiry.`` tables, ``%s`` placeholders) and
+translated for SQLite (``expiry_`` tables, ``?``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from expiry.engines import Engine
+from expiry.types import Job, NewJob
+
+
+def execute(engine: Engine, statement: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+    """Run one statement in its own transaction; its rows as dicts."""
+    if engine.dialect == "sqlite":
+        statement = statement.replace("expiry.", "expiry_").replace("%s", "?")
+    with engine.transaction() as conn:
+        cur = conn.execute(statement, tuple(params))
+        return list(cur.fetchall()) if cur.description is not None else []
+
+
+def age(engine: Engine, table: str, column: str, seconds: float, where: str = "true") -> None:
+    """Move ``column`` of the rows of ``table`` matching ``where`` ``seconds`` back."""
+    amount = f"make_interval(secs => {seconds})" if engine.dialect == "postgres" else str(seconds)
+    execute(engine, f"update expiry.{table} set {column} = {column} - {amount} where {where}")
+
+
+def set_time(engine: Engine, table: str, column: str, value: datetime, key: str, id: str) -> None:
+    """Store ``value`` in ``column`` of the row whose ``key`` column is ``id``."""
+    execute(
+        engine,
+        f"update expiry.{table} set {column} = %s where {key} = %s",
+        (engine.time_param(value), id),
+    )
+
+
+def is_utc(value: datetime | None) -> bool:
+    """An aware datetime in UTC, as every engine method returns times."""
+    return value is not None and value.utcoffset() == timedelta(0)
+
+
+def utc(year: int, month: int, day: int, hour: int = 0, minute: int = 0) -> datetime:
+    return datetime(year, month, day, hour, minute, tzinfo=UTC)
+
+
+def enqueue(engine: Engine, key: str, run_id: str | None, handler: str = "expiry.window") -> None:
+    """A due job of ``run_id``, alone in a queue named after its key (so that
+    ``claim`` takes exactly it)."""
+    payload: dict[str, Any] = {"run_id": run_id} if run_id else {}
+    engine.job_insert_many([NewJob(handler, payload, key, queue=key)])
+
+
+def claim(engine: Engine, key: str) -> Job:
+    [job] = engine.job_claim([key], 1, 30.0, "conformance")
+    return job
+
+
+def complete(engine: Engine, key: str, run_id: str | None, handler: str = "expiry.window") -> Job:
+    """A job of ``run_id`` run to completion; the job as it ended."""
+    enqueue(engine, key, run_id, handler)
+    engine.job_complete(claim(engine, key))
+    done = engine.job_get(key)
+    assert done is not None
+    return done

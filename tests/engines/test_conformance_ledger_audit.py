@@ -1,0 +1,173 @@
+"""The ledger, the audit log and the clock on every engine: book an operation
+once, read it back, append and list events, count them, total per policy.
+
+Each test runs once on SQLite and once on PostgreSQL (the ``engine`` fixture).
+"""
+
+from __future__ import annotations
+
+import pytest
+from _conformance import execute, is_utc
+
+from expiry.engines import Engine
+from expiry.errors import AlreadyApplied
+from expiry.types import AuditCount, PolicyTotals
+
+
+def test_now_is_the_database_clock_in_utc(engine: Engine) -> None:
+    first = engine.now()
+    with engine.transaction() as conn:
+        inside = engine.now(conn)
+    assert is_utc(first) and is_utc(inside)
+    assert first <= inside <= engine.now()
+
+
+# -- the ledger -------------------------------------------------------------------
+
+
+def test_ledger_insert_then_get_returns_the_booking(engine: Engine) -> None:
+    before = engine.now()
+    with engine.transaction() as conn:
+        booked = engine.ledger_insert(
+            conn,
+            "p:1:0",
+            policy="p",
+            run_id="p:1",
+            lo=0,
+            hi=100,
+            action="delete",
+            worker="w-1",
+            rows=42,
+        )
+    assert booked is True
+
+    entry = engine.ledger_get("p:1:0")
+    assert entry is not None
+    assert (entry.key, entry.policy, entry.run_id, entry.lo, entry.hi) == (
+        "p:1:0",
+        "p",
+        "p:1",
+        0,
+        100,
+    )
+    assert (entry.action, entry.worker, entry.rows_affected) == ("delete", "w-1", 42)
+    assert is_utc(entry.applied_at) and before <= entry.applied_at <= engine.now()
+
+
+def test_ledger_insert_of_a_booked_key_is_refused_and_changes_nothing(engine: Engine) -> None:
+    with engine.transaction() as conn:
+        assert engine.ledger_insert(conn, "once:1", action="once", rows=1) is True
+    with engine.transaction() as conn:
+        assert engine.ledger_insert(conn, "once:1", action="other", rows=9) is False
+    with pytest.raises(AlreadyApplied), engine.transaction() as conn:
+        engine.ledger_insert(conn, "once:1", strict=True)
+
+    entry = engine.ledger_get("once:1")
+    assert entry is not None and (entry.action, entry.rows_affected) == ("once", 1)
+    assert (entry.policy, entry.run_id, entry.lo, entry.hi, entry.worker) == (None,) * 5
+
+
+def test_ledger_insert_rolled_back_books_nothing(engine: Engine) -> None:
+    with pytest.raises(RuntimeError), engine.transaction() as conn:
+        assert engine.ledger_insert(conn, "p:1:0", rows=3)
+        raise RuntimeError("roll back")
+    assert engine.ledger_get("p:1:0") is None
+
+
+def test_ledger_get_of_an_unknown_key_is_none(engine: Engine) -> None:
+    assert engine.ledger_get("nope") is None
+
+
+def test_policy_totals_sum_the_whole_ledger_per_policy(engine: Engine) -> None:
+    assert engine.policy_totals() == []
+    with engine.transaction() as conn:
+        engine.ledger_insert(conn, "p:1:0", policy="p", run_id="p:1", rows=40)
+        engine.ledger_insert(conn, "p:2:0", policy="p", run_id="p:2", rows=2)
+        engine.ledger_insert(conn, "q:1:0", policy="q", run_id="q:1", rows=0)
+        engine.ledger_insert(conn, "once:1", action="once", rows=7)  # no policy: not counted
+
+    found = sorted(engine.policy_totals(), key=lambda t: t.policy)
+    assert found == [PolicyTotals("p", windows=2, rows=42), PolicyTotals("q", windows=1, rows=0)]
+
+
+# -- the audit log ----------------------------------------------------------------
+
+
+def test_audit_append_then_list_returns_the_event(engine: Engine) -> None:
+    before = engine.now()
+    engine.audit_append(
+        None,
+        "run.opened",
+        actor="alice",
+        policy="p",
+        run_id="p:1",
+        job_key="p:1:plan",
+        detail={"cutoff": "2030-01-01T00:00:00Z", "n": 3, "nested": {"ok": True}},
+    )
+
+    [event] = engine.audit_list()
+    assert (event.actor, event.action, event.policy, event.run_id, event.job_key) == (
+        "alice",
+        "run.opened",
+        "p",
+        "p:1",
+        "p:1:plan",
+    )
+    assert event.detail == {"cutoff": "2030-01-01T00:00:00Z", "n": 3, "nested": {"ok": True}}
+    assert is_utc(event.at) and before <= event.at <= engine.now()
+
+
+def test_audit_append_without_detail_stores_an_empty_one(engine: Engine) -> None:
+    engine.audit_append(None, "key.created", actor="operator")
+
+    [event] = engine.audit_list()
+    assert event.detail == {} and event.policy is None and event.run_id is None
+
+
+def test_audit_append_in_the_callers_transaction_rolls_back_with_it(engine: Engine) -> None:
+    with pytest.raises(RuntimeError), engine.transaction() as conn:
+        engine.audit_append(conn, "run.opened", actor="alice", policy="p")
+        raise RuntimeError("roll back")
+    assert engine.audit_list() == []
+
+
+def test_audit_list_is_newest_first_filtered_by_policy_and_limited(engine: Engine) -> None:
+    for i, policy in enumerate(["p", "q", "p", None, "p"]):
+        engine.audit_append(None, f"event.{i}", actor="t", policy=policy)
+
+    assert [e.action for e in engine.audit_list()] == [f"event.{i}" for i in (4, 3, 2, 1, 0)]
+    assert [e.action for e in engine.audit_list("p")] == ["event.4", "event.2", "event.0"]
+    assert [e.action for e in engine.audit_list("p", 2)] == ["event.4", "event.2"]
+    assert [e.action for e in engine.audit_list(limit=1)] == ["event.4"]
+    assert engine.audit_list("none") == []
+    ids = [e.id for e in engine.audit_list()]
+    assert ids == sorted(ids, reverse=True)
+
+
+def test_audit_counts_count_events_by_action_and_policy(engine: Engine) -> None:
+    assert engine.audit_counts() == []
+    for action, policy in [
+        ("schedule.fired", "p"),
+        ("schedule.fired", "p"),
+        ("schedule.fired", "q"),
+        ("schedule.missed", "p"),
+        ("key.created", None),
+    ]:
+        engine.audit_append(None, action, actor="t", policy=policy)
+
+    found = sorted(engine.audit_counts(), key=lambda c: (c.action, c.policy or ""))
+    assert found == [
+        AuditCount("key.created", None, 1),
+        AuditCount("schedule.fired", "p", 2),
+        AuditCount("schedule.fired", "q", 1),
+        AuditCount("schedule.missed", "p", 1),
+    ]
+
+
+def test_the_audit_log_is_append_only(engine: Engine) -> None:
+    engine.audit_append(None, "run.opened", actor="alice")
+    with pytest.raises(Exception, match="append-only"):
+        execute(engine, "update expiry.audit set actor = 'mallory'")
+    with pytest.raises(Exception, match="append-only"):
+        execute(engine, "delete from expiry.audit")
+    assert [e.actor for e in engine.audit_list()] == ["alice"]
