@@ -81,8 +81,8 @@ import psycopg
 from expiry import status
 from expiry.app import App
 from expiry.config import parse_config
+from expiry.handlers import Handler
 from expiry.queue import new_job
-from expiry.worker import Worker
 from scratch import scratch_database
 
 ADMIN_URL = os.environ.get(
@@ -384,18 +384,19 @@ def _expiry_worker(config: dict[str, Any], ready: Barrier, done: Event, results:
     settings = app.config.worker
 
     # Pipelined, completed in the delete's round trip, then committed: two round trips.
-    @app.handler(QUEUE_ONLY_HANDLER, completes_job=True, pipelined=True)
     def delete_window(job: Any, tx: Any) -> int:
         params = {**job.payload, "cutoff": datetime.fromisoformat(job.payload["cutoff"])}
         deleted = tx.execute(PG_DELETE, params)
         app.queue.complete(job, tx)  # its read brings the delete's count back too
         return int(deleted.rowcount)
 
+    # The private modes of the built-in window job (handlers.py), for comparison.
+    app.register(Handler(QUEUE_ONLY_HANDLER, delete_window, completes_job=True, pipelined=True))
+
     app.cleanup.check()
     app.queue.pending()  # the pool is open before the clock starts,
     app.engine.listen()  # and so is the LISTEN connection (PostgreSQL)
-    worker = Worker(
-        app,
+    worker = app.worker(
         queues=(QUEUE_ONLY_QUEUE, "default"),
         concurrency=1,
         batch=settings.claim_batch,

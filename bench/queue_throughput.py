@@ -52,7 +52,6 @@ from psycopg import sql
 
 from expiry.app import App
 from expiry.queue import new_job
-from expiry.worker import Worker
 from scratch import scratch_database
 
 ADMIN_URL = os.environ.get(
@@ -199,7 +198,7 @@ def _expiry_drain_worker(
         return None
 
     app.queue.pending()  # open the pool before the clock starts
-    worker = Worker(app, batch=batch, until_idle=True)
+    worker = app.worker(batch=batch, until_idle=True)
     meter.start()
     barrier.wait()
     worker.run()
@@ -367,7 +366,7 @@ def _latency_worker(url: str, starts: Any) -> None:
         starts.put((job.payload["i"], time.monotonic()))
 
     app.queue.pending()
-    Worker(app, batch=1, until_idle=False).run()  # until SIGTERM
+    app.worker(batch=1, until_idle=False).run()  # until SIGTERM
     app.close()
 
 

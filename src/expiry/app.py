@@ -15,54 +15,24 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from . import cleanup as cleanup_jobs
+from . import crons as cron_jobs
+from .cleanup import Cleanup
+from .config import Config, config_path, load_config
+from .crons import Crons
 from .engines import Engine, open_engine
 from .errors import AlreadyApplied, ConfigError
+from .handlers import Handler, HandlerFn
+from .keys import Keys
 from .queue import Queue
+from .scheduler import Scheduler
 from .types import Job
+from .worker import Hooks, Worker
 
-if TYPE_CHECKING:
-    from .cleanup import Cleanup
-
-HandlerFn = Callable[[Job, Any], Any]
-
-
-@dataclass(frozen=True)
-class Handler:
-    name: str
-    fn: HandlerFn
-    before: Callable[[Job], None] | None = None
-    """Called before the job's transaction opens (pacing; never inside a transaction)."""
-    after: Callable[[Job, Any, float], None] | None = None
-    """Called after commit with the handler's result and the transaction's seconds."""
-    after_batch: Callable[[list[Job]], None] | None = None
-    """Called once the worker has run a claimed batch, with the batch's jobs of this
-    handler whatever their outcome, outside any transaction: for a check that only
-    matters once they are all done (a Worker.process call is a batch of one)."""
-    group_commit: bool = False
-    """Jobs of this handler claimed together may run in one transaction that
-    completes them all (one commit for many short jobs). Any failure rolls the
-    group back and each job runs again alone (``before`` hooks run again too).
-    ``after`` and the job-duration metric get the whole group's seconds."""
-    completes_job: bool = False
-    """The handler completes its own job (``app.queue.complete(job, tx)``, or an
-    engine call that completes it along with other work) inside its transaction,
-    so that the completion shares a round trip with its last statement; the
-    worker then does not complete it. Not with ``group_commit``."""
-    pipelined: bool = False
-    """Run the job's transaction pipelined where the engine can (PostgreSQL's
-    pipeline mode): statements are sent when a result is read, BEGIN with the
-    first of them and COMMIT with the last, saving their round trips. The handler
-    must read every result it depends on (a query's rows, or a statement whose
-    failure must stop it); an unread statement's error surfaces at commit."""
-    statement: bool = False
-    """Run the job outside any transaction where the engine can (PostgreSQL's
-    autocommit): a handler whose work and completion are one statement then
-    costs one round trip, with no BEGIN or COMMIT; work of several statements
-    goes in ``engine.atomic(tx)``. Requires ``completes_job``."""
+log = logging.getLogger("expiry.app")
 
 
 class Once:
@@ -94,7 +64,13 @@ class Once:
 
 
 class App:
-    def __init__(self, url: str | None = None, *, config: Any = None, pool_size: int = 8) -> None:
+    """The wiring: one database, its queue, its handlers and (from a config) its
+    policies. Services take their collaborators explicitly; the App builds them
+    on first use and is the only module that knows them all."""
+
+    def __init__(
+        self, url: str | None = None, *, config: Config | None = None, pool_size: int = 8
+    ) -> None:
         self.config = config
         self.url = url or (config.database.url if config is not None else None)
         if not self.url:
@@ -104,19 +80,20 @@ class App:
         self.handlers: dict[str, Handler] = {}
         self._engine: Engine | None = None
         self._queue: Queue | None = None
-        self.cleanup: Cleanup | None = None
-        from .crons import register_crons
+        self._cleanup: Cleanup | None = None
+        self._crons: Crons | None = None
+        self._keys: Keys | None = None
+        self._register_builtins()
 
-        self.crons = register_crons(self)
-        if config is not None:
-            from .cleanup import register_cleanup
-
-            self.cleanup = register_cleanup(self)
+    def _register_builtins(self) -> None:
+        for handler in cron_jobs.handlers(lambda: self.crons):
+            self.register(handler)
+        if self.config is not None:
+            for handler in cleanup_jobs.handlers(self._need_cleanup):
+                self.register(handler)
 
     @classmethod
     def from_config(cls, path: str | os.PathLike[str] | None = None, **kwargs: Any) -> App:
-        from .config import config_path, load_config
-
         app = cls(config=load_config(Path(path) if path else None), **kwargs)
         app.config_file = config_path(Path(path) if path else None)
         return app
@@ -125,22 +102,21 @@ class App:
         """Re-read the config file (SIGHUP); a bad file keeps the old config."""
         if self.config_file is None:
             return
-        from .config import load_config
-
         try:
             config = load_config(self.config_file)
         except ConfigError as exc:
-            logging.getLogger("expiry.app").error(
-                "config reload refused, keeping the old one: %s", exc
-            )
+            log.error("config reload refused, keeping the old one: %s", exc)
             return
         self.config = config
-        if self.cleanup is not None:
-            self.cleanup.forget_targets()
+        if self._cleanup is not None:
+            self._cleanup.reload(config)
+        if self._crons is not None:
+            self._crons.allowed_hosts = list(config.http.allowed_hosts)
+
+    # -- the services, built on first use ------------------------------------------
 
     @property
     def engine(self) -> Engine:
-        """Opened on first use, so importing a module that builds an App costs nothing."""
         if self._engine is None:
             assert self.url is not None
             self._engine = open_engine(self.url, pool_size=self.pool_size)
@@ -152,52 +128,94 @@ class App:
             self._queue = Queue(self.engine)
         return self._queue
 
+    @property
+    def cleanup(self) -> Cleanup | None:
+        """The policies' cleanup; None for an App without a config."""
+        if self._cleanup is None and self.config is not None:
+            self._cleanup = Cleanup(self.engine, self.config)
+        return self._cleanup
+
+    def _need_cleanup(self) -> Cleanup:
+        cleanup = self.cleanup
+        if cleanup is None:
+            raise ConfigError("this App has no config: build it with App.from_config")
+        return cleanup
+
+    @property
+    def crons(self) -> Crons:
+        if self._crons is None:
+            hosts = list(self.config.http.allowed_hosts) if self.config else []
+            self._crons = Crons(self.engine, hosts)
+        return self._crons
+
+    @property
+    def keys(self) -> Keys:
+        """API keys: one cache for the HTTP API and the dashboard."""
+        if self._keys is None:
+            self._keys = Keys(self.engine)
+        return self._keys
+
+    @property
+    def hooks(self) -> Hooks:
+        """What the worker calls back into: the cleanup's run bookkeeping."""
+        cleanup = self.cleanup
+        if cleanup is None:
+            return Hooks()
+        return Hooks(
+            sweep=cleanup.finish_idle_runs,
+            dead=lambda job: cleanup.finish_runs(
+                {job.payload["run_id"]} if job.payload.get("run_id") else set()
+            ),
+        )
+
+    def worker(self, **options: Any) -> Worker:
+        """A Worker over this App's queue and handlers (options: worker.Worker's)."""
+        return Worker(self.engine, self.queue, self.handlers, self.hooks, **options)
+
+    def scheduler(self, **options: Any) -> Scheduler:
+        """A Scheduler of this App's policies and cron targets (options: its clock)."""
+        return Scheduler(self.engine, self.cleanup, self.crons, reload=self.reload, **options)
+
     def migrate(self) -> list[int]:
         return self.engine.migrate()
+
+    # -- handlers -----------------------------------------------------------------
 
     def handler(
         self,
         name: str,
         *,
+        transactional: bool = True,
+        group_commit: bool = False,
         before: Callable[[Job], None] | None = None,
         after: Callable[[Job, Any, float], None] | None = None,
         after_batch: Callable[[list[Job]], None] | None = None,
-        group_commit: bool = False,
-        completes_job: bool = False,
-        pipelined: bool = False,
-        statement: bool = False,
     ) -> Callable[[HandlerFn], HandlerFn]:
-        """Register ``fn(job, tx)`` to run jobs enqueued under ``name``."""
-        if group_commit and completes_job:
-            raise ConfigError(
-                f"handler {name!r}: a group commit completes its jobs together, "
-                "so a handler that completes its own job cannot join one"
-            )
-        if statement and (pipelined or not completes_job):
-            raise ConfigError(
-                f"handler {name!r}: in statement mode each statement is its own "
-                "transaction, so the handler must complete its job itself "
-                "(completes_job=True), in the statement or engine.atomic() block "
-                "that does its work; and it is not pipelined"
-            )
+        """Register ``fn(job, tx)`` to run jobs enqueued under ``name`` in the job's
+        transaction; with ``transactional=False``, ``fn(job)`` outside any
+        (handlers.py says what each choice promises)."""
 
         def register(fn: HandlerFn) -> HandlerFn:
-            if name in self.handlers:
-                raise ConfigError(f"handler {name!r} is registered twice")
-            self.handlers[name] = Handler(
-                name,
-                fn,
-                before,
-                after,
-                after_batch,
-                group_commit,
-                completes_job,
-                pipelined,
-                statement,
+            self.register(
+                Handler(
+                    name,
+                    fn,
+                    before=before,
+                    after=after,
+                    after_batch=after_batch,
+                    transactional=transactional,
+                    group_commit=group_commit,
+                )
             )
             return fn
 
         return register
+
+    def register(self, handler: Handler) -> None:
+        """Register a Handler built in full (the built-in jobs' private modes)."""
+        if handler.name in self.handlers:
+            raise ConfigError(f"handler {handler.name!r} is registered twice")
+        self.handlers[handler.name] = handler
 
     def once(self, tx: Any, operation_id: str, *, worker: str | None = None) -> Once:
         """Guard an idempotent operation by its id in the caller's transaction."""
@@ -208,3 +226,6 @@ class App:
             self._engine.close()
             self._engine = None
             self._queue = None
+            self._cleanup = None
+            self._crons = None
+            self._keys = None

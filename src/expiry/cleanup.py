@@ -21,23 +21,24 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from datetime import datetime, timedelta
+from typing import Any
 
 from . import defaults
-from .config import Policy
+from .config import Config, Policy
 from .durations import format_duration
-from .errors import ConfigError, CutoffRefused, PermanentError, SchemaError, Snooze
+from .engines import Engine
+from .errors import CutoffRefused, PermanentError, SchemaError, Snooze
+from .handlers import Handler
 from .metrics import WINDOW_ROWS
 from .queue import new_job
 from .target import Target
+from .times import format_time, parse_time
 from .timestamps import Storage
-from .types import Job
-
-if TYPE_CHECKING:
-    from .app import App
+from .types import AuditAction, Job, NewJob
 
 log = logging.getLogger("expiry.cleanup")
 
@@ -46,18 +47,6 @@ WINDOW = "expiry.window"
 MIN_CHUNK = 100
 MAX_REST_SECONDS = 2.0  # a nice_ratio rest never outlasts this (a stop waits for it)
 OVERLAP_WAIT_SECONDS = 5.0
-
-
-def format_time(value: datetime) -> str:
-    value = value.astimezone(UTC)
-    text = value.strftime("%Y-%m-%dT%H:%M:%S")
-    return text + (f".{value.microsecond:06d}" if value.microsecond else "") + "Z"
-
-
-def parse_time(text: str) -> datetime:
-    """An ISO-8601 time; without a zone it is UTC."""
-    value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def run_id(policy: str, cutoff: datetime) -> str:
@@ -112,21 +101,25 @@ class _Pace:
 
 
 class Cleanup:
-    def __init__(self, app: App) -> None:
-        self.app = app
+    def __init__(self, engine: Engine, config: Config) -> None:
+        self.engine = engine
+        self.config = config
         self._targets: dict[str, Target] = {}
         self._paces: dict[str, _Pace] = {}
         self._lock = threading.Lock()
 
     @property
     def policies(self) -> list[Policy]:
-        return list(self.app.config.policy) if self.app.config else []
+        return list(self.config.policy)
 
     def policy(self, name: str) -> Policy:
-        if self.app.config is None:
-            raise ConfigError("this App has no config: build it with App.from_config")
-        policy: Policy = self.app.config.get_policy(name)
+        policy: Policy = self.config.get_policy(name)
         return policy
+
+    def reload(self, config: Config) -> None:
+        """After a config reload: the new policies, each checked again on next use."""
+        self.config = config
+        self.forget_targets()
 
     # -- the schema check ---------------------------------------------------------
 
@@ -135,8 +128,8 @@ class Cleanup:
         with self._lock:
             target = self._targets.get(name)
         if target is None:
-            target = Target(self.app.engine, self.policy(name))
-            with self.app.engine.transaction_or(conn) as tx:
+            target = Target(self.engine, self.policy(name))
+            with self.engine.transaction_or(conn) as tx:
                 for warning in target.check(tx):
                     log.warning(warning)
             with self._lock:
@@ -153,8 +146,8 @@ class Cleanup:
         """Check every policy now; raises SchemaError on the first that does not fit."""
         warnings: list[str] = []
         for policy in self.policies:
-            target = Target(self.app.engine, policy)
-            with self.app.engine.transaction() as conn:
+            target = Target(self.engine, policy)
+            with self.engine.transaction() as conn:
                 warnings += target.check(conn)
             with self._lock:
                 self._targets[policy.name] = target
@@ -177,35 +170,17 @@ class Cleanup:
         would delete rows still within retention: it is refused (CutoffRefused)
         unless ``force``."""
         policy = self.policy(name)
-        engine = self.app.engine
+        engine = self.engine
         with engine.transaction_or(conn) as tx:
             self.target(name, tx)
-            now = engine.now(tx)
-            latest = now - timedelta(seconds=policy.retain)
-            if cutoff is None:
-                cutoff = latest.replace(microsecond=0)
-            elif cutoff > latest and not force:
-                raise CutoffRefused(
-                    f"policy {name!r}: cutoff {format_time(cutoff)} is later than now - retain "
-                    f"({format_time(now)} - {format_duration(policy.retain)} = "
-                    f"{format_time(latest)}): rows still within retention would be deleted. "
-                    "Fix: give an earlier cutoff, or none for now - retain; if this is "
-                    'intended, pass --force (CLI) or "force": true (HTTP)'
-                )
+            cutoff = self._cutoff(policy, engine.now(tx), cutoff, force)
             rid = run_id(name, cutoff)
             created = engine.run_insert(rid, name, cutoff, opened_by, conn=tx)
             if created:
-                plan = new_job(
-                    PLAN,
-                    {"policy": name, "run_id": rid, "cutoff": format_time(cutoff)},
-                    key=f"{rid}:plan",
-                    max_attempts=policy.max_attempts,
-                    priority=policy.priority,
-                )
-                engine.job_insert_many([plan], tx)
+                engine.job_insert_many([_plan_job(policy, rid, cutoff)], tx)
                 engine.audit_append(
                     tx,
-                    "run.opened",
+                    AuditAction.RUN_OPENED,
                     actor=actor,
                     policy=name,
                     run_id=rid,
@@ -216,16 +191,33 @@ class Cleanup:
         )
         return RunOpened(rid, name, cutoff, created)
 
+    @staticmethod
+    def _cutoff(policy: Policy, now: datetime, cutoff: datetime | None, force: bool) -> datetime:
+        """The run's cutoff: the one given, or the database's now - retain. A given
+        cutoff later than now - retain is refused unless ``force``."""
+        latest = now - timedelta(seconds=policy.retain)
+        if cutoff is None:
+            cutoff = latest.replace(microsecond=0)
+        elif cutoff > latest and not force:
+            raise CutoffRefused(
+                f"policy {policy.name!r}: cutoff {format_time(cutoff)} is later than now - "
+                f"retain ({format_time(now)} - {format_duration(policy.retain)} = "
+                f"{format_time(latest)}): rows still within retention would be deleted. "
+                "Fix: give an earlier cutoff, or none for now - retain; if this is "
+                'intended, pass --force (CLI) or "force": true (HTTP)'
+            )
+        return cutoff
+
     def finish_runs(self, run_ids: set[str]) -> None:
         for rid in run_ids:
-            if self.app.engine.run_finish(rid):
+            if self.engine.run_finish(rid):
                 log.info("run finished", extra={"run": rid})
 
     def finish_idle_runs(self) -> int:
         """Finish every run with nothing pending (the rescuer's sweep): a worker that
         died after its run's last commit, or a last job that ended dead, leaves the
         run open otherwise."""
-        finished = self.app.engine.run_finish_idle()
+        finished = self.engine.run_finish_idle()
         for rid in finished:
             log.info("run finished", extra={"run": rid})
         return len(finished)
@@ -235,7 +227,6 @@ class Cleanup:
     def plan_page(self, job: Job, tx: Any) -> int:
         """Emit one page of windows and, unless it was the last, the next page."""
         p = job.payload
-        engine = self.app.engine
         policy, target = self.policy(p["policy"]), self.target(p["policy"], tx)
         cutoff = parse_time(p["cutoff"])
         after: int | None = p.get("after")
@@ -244,42 +235,13 @@ class Cleanup:
         first_page = after is None
         if after is None:
             page = min(defaults.FIRST_PLAN_PAGE, page)
-            pending = engine.run_pending_elsewhere(policy.name, p["run_id"], conn=tx)
-            if pending:
-                raise Snooze(OVERLAP_WAIT_SECONDS, f"{pending} jobs of an earlier run are pending")
-            try:
-                # The run reads the column's storage once, from the data as it is
-                # now, and every window of the run compares in that domain.
-                storage = target.detect(tx)
-                bounds = target.bounds(tx, cutoff, storage)
-                if bounds is not None:
-                    target.sample_check(tx, cutoff, storage)
-            except SchemaError as exc:
-                raise PermanentError(str(exc)) from exc
-            if bounds is None:
-                engine.run_add_windows(p["run_id"], 0, done=True, conn=tx)
+            start = self._start_run(policy, target, p, cutoff, tx)
+            if start is None:
                 return 0
-            p = {**p, "storage": storage.token}
-            after, max_key = bounds[0] - 1, bounds[1]
+            p, (after, max_key) = start
         storage = _storage(p, target)
         los = target.plan_page(tx, cutoff, after, max_key, page, storage)
-        jobs = [
-            new_job(
-                WINDOW,
-                {
-                    "policy": policy.name,
-                    "run_id": p["run_id"],
-                    "cutoff": p["cutoff"],
-                    "lo": lo,
-                    "hi": lo + policy.window,
-                    "storage": storage.token,
-                },
-                key=f"{p['run_id']}:{lo}",
-                max_attempts=policy.max_attempts,
-                priority=policy.priority,
-            )
-            for lo in los
-        ]
+        jobs = [_window_job(policy, p, lo, storage) for lo in los]
         last_page = len(los) < page
         if not last_page:
             cursor = los[-1] + policy.window
@@ -297,9 +259,33 @@ class Cleanup:
                     priority=policy.priority,
                 ),
             )
-        engine.job_insert_many(jobs, tx)
-        engine.run_add_windows(p["run_id"], len(los), done=last_page, conn=tx)
+        self.engine.job_insert_many(jobs, tx)
+        self.engine.run_add_windows(p["run_id"], len(los), done=last_page, conn=tx)
         return len(los)
+
+    def _start_run(
+        self, policy: Policy, target: Target, p: dict[str, Any], cutoff: datetime, tx: Any
+    ) -> tuple[dict[str, Any], tuple[int, int]] | None:
+        """A run's first page: wait for an earlier run of the policy, read the
+        column's storage and the candidates' key range, and check a sample before
+        any window exists. Returns the payload (with the storage) and the planner's
+        start, or None when nothing is expired (the run is then done)."""
+        pending = self.engine.run_pending_elsewhere(policy.name, p["run_id"], conn=tx)
+        if pending:
+            raise Snooze(OVERLAP_WAIT_SECONDS, f"{pending} jobs of an earlier run are pending")
+        try:
+            # The run reads the column's storage once, from the data as it is
+            # now, and every window of the run compares in that domain.
+            storage = target.detect(tx)
+            bounds = target.bounds(tx, cutoff, storage)
+            if bounds is not None:
+                target.sample_check(tx, cutoff, storage)
+        except SchemaError as exc:
+            raise PermanentError(str(exc)) from exc
+        if bounds is None:
+            self.engine.run_add_windows(p["run_id"], 0, done=True, conn=tx)
+            return None
+        return {**p, "storage": storage.token}, (bounds[0] - 1, bounds[1])
 
     def after_plan(self, job: Job, windows: int, seconds: float) -> None:
         log.info(
@@ -326,7 +312,7 @@ class Cleanup:
         lo, hi = int(p["lo"]), int(p["hi"])
         upto = min(hi, lo + self._pace(policy).chunk)
         try:
-            with self.app.engine.atomic(tx) if upto < hi else nullcontext():
+            with self.engine.atomic(tx) if upto < hi else nullcontext():
                 taken = target.apply(
                     tx,
                     parse_time(p["cutoff"]),
@@ -347,7 +333,7 @@ class Cleanup:
                         max_attempts=policy.max_attempts,
                         priority=policy.priority,
                     )
-                    self.app.engine.job_insert_many([rest], tx)
+                    self.engine.job_insert_many([rest], tx)
         except SchemaError as exc:
             raise PermanentError(str(exc)) from exc
         return WindowResult(policy.name, taken)
@@ -413,15 +399,15 @@ class Cleanup:
     def watermark(self, name: str) -> float:
         """Seconds since the oldest expired row still present became expired (0: none)."""
         policy, target = self.policy(name), self.target(name)
-        with self.app.engine.transaction() as conn:
-            cutoff = self.app.engine.now(conn) - timedelta(seconds=policy.retain)
+        with self.engine.transaction() as conn:
+            cutoff = self.engine.now(conn) - timedelta(seconds=policy.retain)
             oldest = target.oldest(conn, cutoff)
         return max(0.0, (cutoff - oldest).total_seconds()) if oldest else 0.0
 
     def preview(self, name: str, cutoff: datetime | None = None, *, limit: int = 10) -> PlanPreview:
         """Dry-run: what a run would do, by the same statements; mutates nothing."""
         policy, target = self.policy(name), self.target(name)
-        engine = self.app.engine
+        engine = self.engine
         with engine.transaction() as conn:
             if engine.dialect == "postgres":
                 conn.execute("set transaction read only")
@@ -450,6 +436,30 @@ class Cleanup:
         )
 
 
+def _plan_job(policy: Policy, rid: str, cutoff: datetime) -> NewJob:
+    """A run's first planning job, keyed by the run."""
+    return new_job(
+        PLAN,
+        {"policy": policy.name, "run_id": rid, "cutoff": format_time(cutoff)},
+        key=f"{rid}:plan",
+        max_attempts=policy.max_attempts,
+        priority=policy.priority,
+    )
+
+
+def _window_job(policy: Policy, run: dict[str, Any], lo: int, storage: Storage) -> NewJob:
+    """The window (lo, lo + window] of a run, keyed policy:cutoff:lo, with the
+    storage its planner read."""
+    fields = {k: run[k] for k in ("policy", "run_id", "cutoff")}
+    return new_job(
+        WINDOW,
+        {**fields, "lo": lo, "hi": lo + policy.window, "storage": storage.token},
+        key=f"{run['run_id']}:{lo}",
+        max_attempts=policy.max_attempts,
+        priority=policy.priority,
+    )
+
+
 def _storage(payload: dict[str, Any], target: Target) -> Storage:
     """The storage a run's planner read, carried by its jobs (jobs queued before
     runs carried it use the storage of the process's check)."""
@@ -457,16 +467,24 @@ def _storage(payload: dict[str, Any], target: Target) -> Storage:
     return Storage.from_token(token) if token else target.storage
 
 
-def register_cleanup(app: App) -> Cleanup:
-    """Register the built-in planning and window handlers on ``app``."""
-    cleanup = Cleanup(app)
-    app.handler(PLAN, after=cleanup.after_plan, after_batch=cleanup.finish_batch)(cleanup.plan_page)
-    app.handler(
-        WINDOW,
-        before=cleanup.before_window,
-        after=cleanup.after_window,
-        after_batch=cleanup.finish_batch,
-        completes_job=True,
-        statement=True,
-    )(cleanup.apply_window)
-    return cleanup
+def handlers(cleanup: Callable[[], Cleanup]) -> list[Handler]:
+    """The built-in planning and window jobs, over the Cleanup that ``cleanup``
+    returns (the App builds it on first use). The window job completes its own
+    job in its one statement (handlers.py's private modes)."""
+    return [
+        Handler(
+            PLAN,
+            lambda job, tx: cleanup().plan_page(job, tx),
+            after=lambda job, windows, seconds: cleanup().after_plan(job, windows, seconds),
+            after_batch=lambda jobs: cleanup().finish_batch(jobs),
+        ),
+        Handler(
+            WINDOW,
+            lambda job, tx: cleanup().apply_window(job, tx),
+            before=lambda job: cleanup().before_window(job),
+            after=lambda job, result, seconds: cleanup().after_window(job, result, seconds),
+            after_batch=lambda jobs: cleanup().finish_batch(jobs),
+            completes_job=True,
+            statement=True,
+        ),
+    ]

@@ -3,78 +3,78 @@
 Exit codes: 0 ok, 1 runtime failure, 2 bad usage or bad config. Errors are one
 line on stderr; --debug shows the traceback. Every option that takes a value
 also reads an EXPIRY_* environment variable (see --help).
+
+One ``cmd_*`` function per command, over the services (Cleanup, Runs, Queue,
+the App's worker and scheduler); what each command accepts is in cli_args.py,
+how it prints in cli_output.py. The HTTP stack (FastAPI, uvicorn) is imported
+inside `expiry serve` only: it is most of a command's start-up time otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
-import getpass
 import importlib
-import json
 import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from pathlib import Path
-from typing import Any, NoReturn
-
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING, Any
 
 from . import defaults, status
 from . import log as logconfig
 from .app import App
+from .cleanup import Cleanup, PlanPreview
+from .cli_args import (
+    Parser,
+    common,
+    demo_args,
+    dlq_args,
+    keys_args,
+    no_args,
+    plan_args,
+    policy_args,
+    runs_args,
+    serve_args,
+    trigger_args,
+    worker_args,
+)
+from .cli_output import (
+    emit,
+    out,
+    print_check,
+    print_dead_jobs,
+    print_json,
+    print_preview,
+    print_run,
+    print_runs,
+    print_status,
+    wait_with_progress,
+)
 from .config import config_path
+from .demo import run_demo
 from .errors import ConfigError, ExpiryError, MigrationError, SchemaError
+from .runs import Runs
+from .times import format_time, parse_time
 
-out = Console()
+if TYPE_CHECKING:
+    from .queue import Queue
+
 logger = logging.getLogger("expiry.cli")
 
-
-def env(name: str, default: str | None = None) -> str | None:
-    return os.environ.get(f"EXPIRY_{name}", default)
-
-
-class Parser(argparse.ArgumentParser):
-    """Usage errors as one line on stderr with exit code 2, like every other error
-    (argparse would print the whole usage block first). Subcommands inherit it."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+Command = Callable[[argparse.Namespace], int]
+Arguments = Callable[[argparse.ArgumentParser], None]
 
 
-def common() -> Parser:
-    parser = Parser(add_help=False)
-    parser.add_argument(
-        "--config", default=env("CONFIG"), help="path to expiry.toml [EXPIRY_CONFIG]"
-    )
-    parser.add_argument(
-        "--database-url",
-        default=env("DATABASE_URL"),
-        help="overrides [database] url [EXPIRY_DATABASE_URL]",
-    )
-    parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
-    parser.add_argument(
-        "--log-format",
-        choices=["text", "json"],
-        default=env("LOG_FORMAT", "text"),
-        help="[EXPIRY_LOG_FORMAT]",
-    )
-    parser.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"), help="[EXPIRY_LOG_LEVEL]")
-    parser.add_argument(
-        "--debug",
-        action="store_true",
-        default=bool(env("DEBUG")),
-        help="show tracebacks [EXPIRY_DEBUG]",
-    )
-    return parser
+# -- the parser ---------------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parent = common()
     parser = Parser(
-        prog="expiry", description="Durable, idempotent retention cleanup.", parents=[parent]
+        prog="expiry", description="Durable, idempotent retention cleanup.", parents=[common()]
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # The common options after the command: without a default of their own, or
@@ -82,90 +82,31 @@ def build_parser() -> argparse.ArgumentParser:
     after = common()
     for action in after._actions:
         action.default = argparse.SUPPRESS
-
-    def add(
-        name: str, fn: Callable[[argparse.Namespace], int], help: str
-    ) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, parents=[after], help=help, description=help)
-        p.set_defaults(fn=fn)
-        return p
-
-    demo = add("demo", cmd_demo, "build a sample SQLite marketplace and clean it, with a report")
-    demo.add_argument(
-        "--path", default=env("DEMO_PATH", "expiry-demo.db"), help="[EXPIRY_DEMO_PATH]"
-    )
-    demo.add_argument(
-        "--rows",
-        type=int,
-        default=int(env("DEMO_ROWS", "1000000") or 0),
-        help="rows across the four tables [EXPIRY_DEMO_ROWS]",
-    )
-    demo.add_argument("--workers", type=int, default=int(env("DEMO_WORKERS", "2") or 2))
-
-    add("migrate", cmd_migrate, "create or upgrade expiry's own tables")
-    add("check", cmd_check, "validate expiry.toml and every policy against the live schema")
-
-    worker = add("worker", cmd_worker, "run jobs")
-    worker.add_argument(
-        "--app", default=env("APP"), help="MODULE:ATTR of an App with handlers [EXPIRY_APP]"
-    )
-    worker.add_argument(
-        "--concurrency",
-        type=int,
-        default=int(env("CONCURRENCY", "0") or 0),
-        help="job threads (default: [worker] concurrency) [EXPIRY_CONCURRENCY]",
-    )
-    worker.add_argument("--queue", action="append", default=None, help="queue to work (repeatable)")
-    worker.add_argument(
-        "--until-idle", action="store_true", help="exit 0 once nothing is due or running"
-    )
-
-    trigger = add("trigger", cmd_trigger, "start a run now (idempotent for the same cutoff)")
-    trigger.add_argument("policy")
-    trigger.add_argument("--cutoff", help="ISO-8601 cutoff (default: database now() - retain)")
-    trigger.add_argument("--dry-run", action="store_true", help="show what the run would do")
-    trigger.add_argument(
-        "--force",
-        action="store_true",
-        help="accept a --cutoff later than now - retain (deletes rows still within retention)",
-    )
-    trigger.add_argument(
-        "--wait", action="store_true", help="wait for the run; exit 1 if a window died"
-    )
-    trigger.add_argument("--actor", default=env("ACTOR", getpass.getuser()))
-
-    plan = add("plan", cmd_plan, "dry-run: cutoff, candidate rows and windows; mutates nothing")
-    plan.add_argument("policy")
-    plan.add_argument("--cutoff")
-
-    add("status", cmd_status, "policies, watermarks, queue and DLQ at a glance")
-
-    add("scheduler", cmd_scheduler, "fire cron schedules only")
-    serve = add("serve", cmd_serve, "scheduler, workers and the HTTP API in one process")
-    serve.add_argument("--concurrency", type=int, default=int(env("CONCURRENCY", "0") or 0))
-    serve.add_argument(
-        "--listen", default=env("LISTEN"), help="HOST:PORT (default: [http] listen) [EXPIRY_LISTEN]"
-    )
-    serve.add_argument("--no-workers", action="store_true", help="serve the API and scheduler only")
-    for verb in ("pause", "resume"):
-        p = add(verb, cmd_pause if verb == "pause" else cmd_resume, f"{verb} a policy's schedule")
-        p.add_argument("policy")
-        p.add_argument("--actor", default=env("ACTOR", getpass.getuser()))
-
-    keys = add("keys", cmd_keys, "API keys for the HTTP API: create NAME, list, revoke NAME")
-    keys.add_argument("action", choices=["create", "list", "revoke"])
-    keys.add_argument("name", nargs="?")
-
-    runs = add("runs", cmd_runs, "recent runs, or `runs show RUN_ID`")
-    runs.add_argument("args", nargs="*", metavar="POLICY | show RUN_ID")
-
-    dlq = add("dlq", cmd_dlq, "dead-letter review: list, show KEY, redrive, discard")
-    dlq.add_argument("action", choices=["list", "show", "redrive", "discard"])
-    dlq.add_argument("keys", nargs="*")
-    dlq.add_argument("--all", action="store_true", help="redrive every dead job")
-    dlq.add_argument("--policy", help="redrive the dead jobs of one policy")
-    dlq.add_argument("--actor", default=env("ACTOR", getpass.getuser()))
+    for name, fn, text, arguments in commands():
+        command = sub.add_parser(name, parents=[after], help=text, description=text)
+        command.set_defaults(fn=fn)
+        arguments(command)
     return parser
+
+
+def commands() -> list[tuple[str, Command, str, Arguments]]:
+    """Every command, in the order --help lists them: name, function, help, arguments."""
+    return [
+        ("demo", cmd_demo, "build a sample SQLite marketplace and clean it, with a report", demo_args),
+        ("migrate", cmd_migrate, "create or upgrade expiry's own tables", no_args),
+        ("check", cmd_check, "validate expiry.toml and every policy against the live schema", no_args),
+        ("worker", cmd_worker, "run jobs", worker_args),
+        ("trigger", cmd_trigger, "start a run now (idempotent for the same cutoff)", trigger_args),
+        ("plan", cmd_plan, "dry-run: cutoff, candidate rows and windows; mutates nothing", plan_args),
+        ("status", cmd_status, "policies, watermarks, queue and DLQ at a glance", no_args),
+        ("scheduler", cmd_scheduler, "fire cron schedules only", no_args),
+        ("serve", cmd_serve, "scheduler, workers and the HTTP API in one process", serve_args),
+        ("pause", cmd_pause, "pause a policy's schedule", policy_args),
+        ("resume", cmd_resume, "resume a policy's schedule", policy_args),
+        ("keys", cmd_keys, "API keys for the HTTP API: create NAME, list, revoke NAME", keys_args),
+        ("runs", cmd_runs, "recent runs, or `runs show RUN_ID`", runs_args),
+        ("dlq", cmd_dlq, "dead-letter review: list, show KEY, redrive, discard", dlq_args),
+    ]  # fmt: skip
 
 
 # -- opening the App --------------------------------------------------------------
@@ -180,6 +121,13 @@ def open_app(args: argparse.Namespace, *, need_config: bool = False) -> App:
     if need_config or not args.database_url:
         raise ConfigError(f"no config file at {path}: pass --config PATH or set EXPIRY_CONFIG")
     return App(args.database_url)
+
+
+def migrated(args: argparse.Namespace, *, need_config: bool = False) -> App:
+    """``open_app``, with expiry's own tables created or upgraded."""
+    app = open_app(args, need_config=need_config)
+    app.migrate()
+    return app
 
 
 def load_app(spec: str) -> App:
@@ -197,14 +145,37 @@ def load_app(spec: str) -> App:
     return app
 
 
-def emit(args: argparse.Namespace, data: Any, render: Callable[[], None]) -> None:
-    if args.json:
-        print(json.dumps(data, indent=2, default=str))
-    else:
-        render()
+def cleanup_of(app: App) -> Cleanup:
+    """The App's policies; an App opened with ``need_config`` always has them."""
+    if app.cleanup is None:
+        raise ConfigError("no policies: this command needs a config file (--config PATH)")
+    return app.cleanup
 
 
-# -- commands ---------------------------------------------------------------------
+def log_warnings(app: App) -> None:
+    """Check every policy against the live schema before running: a policy that
+    does not fit raises SchemaError (exit 2); one that fits with doubts is logged."""
+    if app.cleanup is not None:
+        for warning in app.cleanup.check():
+            logger.warning(warning)
+
+
+def parse_cutoff(text: str | None) -> datetime | None:
+    if text is None:
+        return None
+    try:
+        return parse_time(text)
+    except ValueError:
+        raise ConfigError(f"--cutoff {text!r} is not ISO-8601, e.g. 2026-11-30T00:00:00Z") from None
+
+
+# -- commands: setting up and running ---------------------------------------------
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    report = run_demo(Path(args.path), rows=args.rows, workers=args.workers, show=not args.json)
+    emit(args, report, lambda: None)
+    return 0
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -220,25 +191,17 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    app = open_app(args, need_config=True)
-    app.migrate()
-    assert app.cleanup is not None
-    warnings = app.cleanup.check()
-    names = [p.name for p in app.cleanup.policies]
+    cleanup = cleanup_of(migrated(args, need_config=True))
+    warnings = cleanup.check()
+    names = [p.name for p in cleanup.policies]
     timestamps = {
-        p.name: f"{p.timestamp} read as {app.cleanup.target(p.name).storage.describe()}"
-        for p in app.cleanup.policies
+        p.name: f"{p.timestamp} read as {cleanup.target(p.name).storage.describe()}"
+        for p in cleanup.policies
     }
     emit(
         args,
         {"ok": True, "policies": names, "warnings": warnings, "timestamps": timestamps},
-        lambda: out.print(
-            "\n".join(
-                [f"warning: {w}" for w in warnings]
-                + [f"policy {name}: {text}" for name, text in timestamps.items()]
-                + [f"ok: {len(names)} policies"]
-            )
-        ),
+        lambda: print_check(warnings, timestamps, len(names)),
     )
     return 0
 
@@ -251,18 +214,12 @@ def worked_queues(app: App) -> list[str]:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from .worker import Worker
-
     app = load_app(args.app) if args.app else open_app(args)
     app.migrate()
-    if app.cleanup is not None:
-        for warning in app.cleanup.check():
-            logger.warning(warning)
+    log_warnings(app)
     settings = app.config.worker if app.config is not None else None
-    concurrency = args.concurrency or (settings.concurrency if settings else 1)
-    worker = Worker(
-        app,
-        concurrency=concurrency,
+    worker = app.worker(
+        concurrency=args.concurrency or (settings.concurrency if settings else 1),
         queues=tuple(args.queue or worked_queues(app)),
         lease=settings.lease if settings else 60.0,
         batch=settings.claim_batch if settings else 16,
@@ -272,47 +229,45 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_scheduler(args: argparse.Namespace) -> int:
-    from .scheduler import Scheduler
-
-    app = open_app(args, need_config=True)
-    app.migrate()
-    assert app.cleanup is not None
-    for warning in app.cleanup.check():
-        logger.warning(warning)
-    return Scheduler(app).run()
+    app = migrated(args, need_config=True)
+    log_warnings(app)
+    return app.scheduler().run()
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """HTTP API in the main thread (uvicorn handles SIGTERM), scheduler and
     workers in threads; when the server stops, they stop too."""
-    import threading
-
-    import uvicorn
-
-    from .http import create_app
-    from .scheduler import Scheduler
-    from .worker import Worker
-
-    app = open_app(args, need_config=True)
-    app.migrate()
-    assert app.cleanup is not None and app.config is not None
-    for warning in app.cleanup.check():
-        logger.warning(warning)
-    settings = app.config.worker
-    scheduler = Scheduler(app)
-    worker = Worker(
-        app,
-        concurrency=args.concurrency or settings.concurrency,
-        lease=settings.lease,
-        batch=settings.claim_batch,
-        prune_after=settings.prune_after,
+    app = migrated(args, need_config=True)
+    log_warnings(app)
+    config = app.config
+    assert config is not None  # need_config: opened from a config file
+    scheduler = app.scheduler()
+    worker = app.worker(
+        concurrency=args.concurrency or config.worker.concurrency,
+        lease=config.worker.lease,
+        batch=config.worker.claim_batch,
+        prune_after=config.worker.prune_after,
     )
     threads = [threading.Thread(target=scheduler.run, name="scheduler", daemon=True)]
     if not args.no_workers:
         threads.append(threading.Thread(target=worker.run, name="worker", daemon=True))
     for thread in threads:
         thread.start()
-    host, _, port = (args.listen or app.config.http.listen).rpartition(":")
+    serve_http(app, args.listen or config.http.listen)
+    scheduler.stopping.set()
+    worker.stop()
+    for thread in threads:
+        thread.join(10)
+    return 0
+
+
+def serve_http(app: App, listen: str) -> None:
+    """The HTTP API on ``listen`` (HOST:PORT) until SIGTERM or SIGINT."""
+    import uvicorn  # lazy: the HTTP stack (see the module docstring)
+
+    from .http import create_app  # lazy: FastAPI
+
+    host, _, port = listen.rpartition(":")
     server = uvicorn.Server(
         uvicorn.Config(
             create_app(app),
@@ -335,17 +290,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, on_stop)
         signal.signal(signal.SIGINT, on_stop)
     server.run()
-    scheduler.stopping.set()
-    worker.stop()
-    for thread in threads:
-        thread.join(10)
-    return 0
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
-    from .cleanup import format_time
-    from .http.security import create_key, list_keys, revoke_key
-
     app = open_app(args)
     app.migrate()
     if args.action == "list":
@@ -355,7 +302,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
                 "created_at": format_time(k.created_at),
                 "revoked": k.revoked_at is not None,
             }
-            for k in list_keys(app)
+            for k in app.keys.all()
         ]
         emit(
             args,
@@ -369,10 +316,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
     if not args.name:
         raise ConfigError(f"usage: expiry keys {args.action} NAME")
     if args.action == "create":
-        try:
-            secret = create_key(app, args.name)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+        secret = app.keys.create(args.name)
         emit(
             args,
             {"name": args.name, "key": secret},
@@ -381,26 +325,23 @@ def cmd_keys(args: argparse.Namespace) -> int:
             ),
         )
         return 0
-    if not revoke_key(app, args.name):
+    if not app.keys.revoke(args.name):
         raise ConfigError(f"no active key named {args.name!r}")
     emit(args, {"name": args.name, "revoked": True}, lambda: out.print(f"key {args.name} revoked"))
     return 0
 
 
 def cmd_pause(args: argparse.Namespace) -> int:
-    return _set_paused(args, True)
+    return set_paused(args, True)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    return _set_paused(args, False)
+    return set_paused(args, False)
 
 
-def _set_paused(args: argparse.Namespace, paused: bool) -> int:
-    from .scheduler import Scheduler
-
-    app = open_app(args, need_config=True)
-    app.migrate()
-    Scheduler(app).set_paused(args.policy, paused, actor=args.actor)
+def set_paused(args: argparse.Namespace, paused: bool) -> int:
+    app = migrated(args, need_config=True)
+    app.scheduler().set_paused(args.policy, paused, actor=args.actor)
     verb = "paused" if paused else "resumed"
     emit(
         args,
@@ -410,242 +351,90 @@ def _set_paused(args: argparse.Namespace, paused: bool) -> int:
     return 0
 
 
-def cmd_trigger(args: argparse.Namespace) -> int:
-    from .cleanup import format_time, parse_time
+# -- commands: runs -------------------------------------------------------------------
 
-    app = open_app(args, need_config=True)
-    app.migrate()
-    cleanup = app.cleanup
-    assert cleanup is not None
-    cutoff = _cutoff(args.cutoff, parse_time)
+
+def cmd_trigger(args: argparse.Namespace) -> int:
+    app = migrated(args, need_config=True)
+    cleanup = cleanup_of(app)
+    cutoff = parse_cutoff(args.cutoff)
     if args.dry_run:
-        return _print_preview(args, cleanup.preview(args.policy, cutoff))
+        return show_preview(args, cleanup.preview(args.policy, cutoff))
     opened = cleanup.open_run(
         args.policy, cutoff, opened_by="cli", actor=args.actor, force=args.force
     )
+    if args.wait:
+        return wait_for_run(args, app, opened.run_id)
+    verb = "opened" if opened.created else "was already open"
     data = {
         "run_id": opened.run_id,
         "policy": opened.policy,
         "cutoff": format_time(opened.cutoff),
         "created": opened.created,
     }
-    if not args.wait:
-        emit(
-            args,
-            data,
-            lambda: out.print(
-                f"run {opened.run_id} {'opened' if opened.created else 'was already open'}"
-            ),
-        )
-        return 0
-    summary = _wait(app, opened.run_id, show=not args.json)
-    emit(args, summary, lambda: _print_run(summary))
+    emit(args, data, lambda: out.print(f"run {opened.run_id} {verb}"))
+    return 0
+
+
+def wait_for_run(args: argparse.Namespace, app: App, run_id: str) -> int:
+    """`trigger --wait`: the run's summary once it ends; exit 1 unless it finished
+    with no dead window."""
+    summary = wait_with_progress(Runs(app.engine), run_id, show=not args.json)
+    emit(args, summary, lambda: print_run(summary))
     return 0 if summary["state"] == "finished" and not summary["jobs_dead"] else 1
 
 
-def _cutoff(text: str | None, parse: Callable[[str], Any]) -> Any:
-    if text is None:
-        return None
-    try:
-        return parse(text)
-    except ValueError:
-        raise ConfigError(f"--cutoff {text!r} is not ISO-8601, e.g. 2026-11-30T00:00:00Z") from None
-
-
-def _wait(app: App, run_id: str, *, show: bool) -> dict[str, Any]:
-    from rich.progress import Progress
-
-    with Progress(console=Console(stderr=True), disable=not show, transient=True) as progress:
-        task = progress.add_task(run_id, total=None)
-        while True:
-            summary = status.run_summary(app, run_id)
-            assert summary is not None
-            done = summary["jobs_done"] + summary["jobs_dead"]
-            progress.update(task, total=max(summary["jobs_total"], 1), completed=done)
-            if summary["state"] == "finished":
-                return summary
-            if not _pending(app, run_id):
-                # Nothing of the run is left to do, yet it is not finished: its last
-                # job died (workers finish a run only after a success), or its
-                # planning job did. Finish it if it was planned; either way, stop.
-                assert app.cleanup is not None
-                app.cleanup.finish_runs({run_id})
-                return status.run_summary(app, run_id) or summary
-            app.engine.wait_for_runs(0.2)
-
-
-PENDING = ("scheduled", "available", "retryable", "running")
-
-
-def _pending(app: App, run_id: str) -> int:
-    """The run's jobs (planning and windows) not yet completed, dead or cancelled."""
-    return sum(j.n for j in app.engine.run_jobs(run_id) if j.state in PENDING)
-
-
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .cleanup import parse_time
-
-    app = open_app(args, need_config=True)
-    app.migrate()
-    assert app.cleanup is not None
-    return _print_preview(args, app.cleanup.preview(args.policy, _cutoff(args.cutoff, parse_time)))
+    cleanup = cleanup_of(migrated(args, need_config=True))
+    return show_preview(args, cleanup.preview(args.policy, parse_cutoff(args.cutoff)))
 
 
-def _print_preview(args: argparse.Namespace, preview: Any) -> int:
-    from .cleanup import format_time
-
+def show_preview(args: argparse.Namespace, preview: PlanPreview) -> int:
+    cutoff = format_time(preview.cutoff)
     data = {
         "policy": preview.policy,
-        "cutoff": format_time(preview.cutoff),
+        "cutoff": cutoff,
         "candidates": preview.candidates,
         "windows": preview.windows,
         "first_windows": [{"lo": lo, "hi": hi} for lo, hi in preview.first_windows],
         "timestamp_storage": preview.storage,
         "dry_run": True,
     }
-
-    def render() -> None:
-        out.print(
-            f"policy {preview.policy}: cutoff {data['cutoff']}, {preview.candidates} candidate "
-            f"rows in {preview.windows} windows (dry run: nothing changed); timestamps "
-            f"read as {preview.storage}"
-        )
-        for lo, hi in preview.first_windows:
-            out.print(f"  window ({lo}, {hi}]")
-
-    emit(args, data, render)
+    emit(args, data, lambda: print_preview(preview, cutoff))
     return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    app = open_app(args)
-    app.migrate()
+    app = migrated(args)
     data: dict[str, Any] = {"policies": status.policies(app), "queue": status.queue(app)}
-
-    def render() -> None:
-        table = Table(title="policies")
-        for col in ("policy", "table", "action", "retain", "schedule", "watermark", "last run"):
-            table.add_column(col)
-        for p in data["policies"]:
-            last = p["last_run"]
-            table.add_row(
-                p["name"],
-                p["table"],
-                p["action"],
-                p["retain"],
-                p["schedule"] or "-",
-                p["watermark"],
-                f"{last['state']} {last['jobs_done']}/{last['jobs_total']}" if last else "-",
-            )
-        out.print(table)
-        q = data["queue"]
-        states = Table(title="queue")
-        for col in ("queue", "state", "jobs"):
-            states.add_column(col)
-        for name, by_state in q["jobs_by_queue_and_state"].items():
-            for state, n in sorted(by_state.items()):
-                states.add_row(name, state, str(n))
-        out.print(states)
-        out.print(
-            f"oldest due: {q['oldest_due_seconds'] or 'none'}; running: {len(q['running'])}; "
-            f"retries by kind: {q['retries_by_kind'] or 'none'}; dead-letter depth: {q['dead']}"
-        )
-
-    emit(args, data, render)
+    emit(args, data, lambda: print_status(data))
     return 0
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    app = open_app(args)
-    app.migrate()
+    runs = Runs(migrated(args).engine)
     if args.args[:1] == ["show"]:
         if len(args.args) != 2:
             raise ConfigError("usage: expiry runs show RUN_ID")
-        summary = status.run_summary(app, args.args[1])
+        summary = runs.summary(args.args[1])
         if summary is None:
             raise ConfigError(f"no run {args.args[1]!r}")
-        emit(args, summary, lambda: _print_run(summary))
+        emit(args, summary, lambda: print_run(summary))
         return 0
-    found = status.runs(app, args.args[0] if args.args else None)
-
-    def render() -> None:
-        table = Table(title="runs")
-        for col in ("run", "state", "windows done/total", "rows", "duplicates", "retries", "dead"):
-            table.add_column(col)
-        for r in found:
-            table.add_row(
-                r["id"],
-                r["state"],
-                f"{r['jobs_done']}/{r['jobs_total']}",
-                str(r["rows_affected"]),
-                str(r["duplicates_skipped"]),
-                str(r["retries"]),
-                str(r["jobs_dead"]),
-            )
-        out.print(table)
-
-    emit(args, found, render)
+    found = runs.recent(args.args[0] if args.args else None)
+    emit(args, found, lambda: print_runs(found))
     return 0
 
 
-def _print_run(summary: dict[str, Any]) -> None:
-    for key, value in summary.items():
-        out.print(f"{key:>20}: {value}")
+# -- commands: the dead-letter queue ---------------------------------------------------
 
 
 def cmd_dlq(args: argparse.Namespace) -> int:
-    from .cleanup import format_time
-
-    app = open_app(args)
-    app.migrate()
-    queue = app.queue
+    queue = migrated(args).queue
     if args.action == "list":
-        dead = queue.dead(limit=1000)
-        data = [
-            {
-                "key": j.key,
-                "handler": j.handler,
-                "attempt": j.attempt,
-                "error": j.last_error,
-                "kind": j.last_error_kind,
-                "failed_at": format_time(j.finished_at) if j.finished_at else None,
-            }
-            for j in dead
-        ]
-
-        def render() -> None:
-            table = Table(title=f"dead-letter queue ({len(dead)})")
-            for col in ("key", "handler", "attempts", "kind", "error"):
-                table.add_column(col)
-            for j in dead:
-                table.add_row(
-                    j.key,
-                    j.handler,
-                    str(j.attempt),
-                    j.last_error_kind or "",
-                    (j.last_error or "")[:80],
-                )
-            out.print(table)
-
-        emit(args, data, render)
-        return 0
+        return dlq_list(args, queue)
     if args.action == "show":
-        if len(args.keys) != 1:
-            raise ConfigError("usage: expiry dlq show KEY")
-        job = queue.get(args.keys[0])
-        if job is None:
-            raise ConfigError(f"no job with key {args.keys[0]!r}")
-        shown = {
-            "key": job.key,
-            "handler": job.handler,
-            "state": job.state.value,
-            "payload": job.payload,
-            "attempt": job.attempt,
-            "max_attempts": job.max_attempts,
-            "errors": job.errors,
-        }
-        emit(args, shown, lambda: out.print_json(json.dumps(shown, default=str)))
-        return 0
+        return dlq_show(args, queue)
     if args.action == "redrive":
         if not (args.keys or args.all or args.policy):
             raise ConfigError("usage: expiry dlq redrive (KEY... | --all | --policy POLICY)")
@@ -659,11 +448,39 @@ def cmd_dlq(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+def dlq_list(args: argparse.Namespace, queue: Queue) -> int:
+    dead = queue.dead(limit=1000)
+    data = [
+        {
+            "key": j.key,
+            "handler": j.handler,
+            "attempt": j.attempt,
+            "error": j.last_error,
+            "kind": j.last_error_kind,
+            "failed_at": format_time(j.finished_at) if j.finished_at else None,
+        }
+        for j in dead
+    ]
+    emit(args, data, lambda: print_dead_jobs(dead))
+    return 0
 
-    report = run_demo(Path(args.path), rows=args.rows, workers=args.workers, show=not args.json)
-    emit(args, report, lambda: None)
+
+def dlq_show(args: argparse.Namespace, queue: Queue) -> int:
+    if len(args.keys) != 1:
+        raise ConfigError("usage: expiry dlq show KEY")
+    job = queue.get(args.keys[0])
+    if job is None:
+        raise ConfigError(f"no job with key {args.keys[0]!r}")
+    shown = {
+        "key": job.key,
+        "handler": job.handler,
+        "state": job.state.value,
+        "payload": job.payload,
+        "attempt": job.attempt,
+        "max_attempts": job.max_attempts,
+        "errors": job.errors,
+    }
+    emit(args, shown, lambda: print_json(shown))
     return 0
 
 

@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from . import defaults
+from .cron import check_expression
 from .durations import parse_duration
 from .errors import ConfigError
 
@@ -139,8 +140,6 @@ class Policy(Strict):
     @classmethod
     def _schedule(cls, value: str | None) -> str | None:
         if value is not None:
-            from .cron import check_expression
-
             check_expression(value)
         return value
 

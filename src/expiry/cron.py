@@ -6,9 +6,31 @@ Standard 5-field cron plus the aliases @hourly, @daily (@midnight), @weekly,
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+from zoneinfo import ZoneInfo
 
 from cronsim import CronSim, CronSimError
+
+LATE_GRACE = timedelta(seconds=60)
+"""A fire this late or less is on time, not missed."""
+
+MAX_SCAN = 100_000
+"""Fire times examined per policy per pass; a longer gap is reported as at least this."""
+
+
+class Rule(Protocol):
+    """What the schedule rules read of a policy (config.Policy has it)."""
+
+    @property
+    def schedule(self) -> str | None: ...
+    @property
+    def timezone(self) -> str: ...
+    @property
+    def catch_up(self) -> str: ...
+    @property
+    def max_catch_up(self) -> int: ...
+
 
 ALIASES = {
     "@yearly": "0 0 1 1 *",
@@ -55,3 +77,56 @@ def check_expression(expr: str) -> str:
 def explain(expr: str) -> str:
     """The expression in words, e.g. "At minute 15 past every hour"."""
     return str(CronSim(expand(expr), datetime(2000, 1, 1)).explain())
+
+
+def fires_between(policy: Rule, after: datetime, until: datetime) -> tuple[list[datetime], int]:
+    """Fire times in (after, until], oldest first, in UTC: (the newest MAX_SCAN, how many
+    in all). In UTC because arithmetic and equality on same-zone local times ignore
+    ``fold``: the two 01:30s of a fall-back night would be one time (one run id), and a
+    cutoff ``fire - retain`` would be wall-clock arithmetic across a DST change."""
+    assert policy.schedule is not None
+    zone = ZoneInfo(policy.timezone)
+    found: list[datetime] = []
+    count = 0
+    for local in CronSim(expand(policy.schedule), after.astimezone(zone)):
+        fire = local.astimezone(UTC)
+        if fire > until:
+            break
+        count += 1
+        found.append(fire)
+        if len(found) > MAX_SCAN:
+            found.pop(0)
+        if count >= 10 * MAX_SCAN:
+            break
+    return found, count
+
+
+def cron_fires(schedule: str, timezone: str, after: datetime, until: datetime) -> list[datetime]:
+    """An HTTP cron target's fire times in (after, until], at most MAX_SCAN."""
+    found: list[datetime] = []
+    for fire in CronSim(expand(schedule), after.astimezone(ZoneInfo(timezone))):
+        if fire > until or len(found) >= MAX_SCAN:
+            break
+        found.append(fire)
+    return found
+
+
+def next_fire(policy: Rule, after: datetime) -> datetime:
+    """The first fire time after ``after``, in UTC."""
+    assert policy.schedule is not None
+    zone = ZoneInfo(policy.timezone)
+    return next(CronSim(expand(policy.schedule), after.astimezone(zone))).astimezone(UTC)
+
+
+def choose(
+    policy: Rule, fires: list[datetime], now: datetime
+) -> tuple[list[datetime], list[datetime]]:
+    """Split due fire times into (to run, missed) by the policy's catch_up."""
+    if not fires:
+        return [], []
+    if policy.catch_up == "latest":
+        return [fires[-1]], fires[:-1]
+    if policy.catch_up == "all":
+        return fires[-policy.max_catch_up :], fires[: -policy.max_catch_up]
+    on_time = [f for f in fires if now - f <= LATE_GRACE]
+    return on_time[-1:], [f for f in fires if f not in on_time[-1:]]

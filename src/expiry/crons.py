@@ -12,21 +12,20 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import uuid
+from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from . import webhooks
-from .cleanup import format_time, parse_time
 from .cron import check_expression
+from .engines import Engine
 from .errors import ConfigError, TransientError
+from .handlers import Handler
 from .queue import new_job
-from .types import CronCall, CronTarget, Job
-
-if TYPE_CHECKING:
-    from .app import App
+from .times import format_time, parse_time
+from .types import AuditAction, CronCall, CronTarget, Job
 
 log = logging.getLogger("expiry.crons")
 
@@ -36,14 +35,10 @@ CALL_TIMEOUT_SECONDS = 10.0
 
 
 class Crons:
-    def __init__(self, app: App) -> None:
-        self.app = app
-        self._results: dict[int, webhooks.CallResult] = {}
-        self._lock = threading.Lock()
-
-    @property
-    def allowed_hosts(self) -> list[str]:
-        return list(self.app.config.http.allowed_hosts) if self.app.config else []
+    def __init__(self, engine: Engine, allowed_hosts: list[str]) -> None:
+        self.engine = engine
+        self.allowed_hosts = allowed_hosts
+        """Private or loopback hosts that targets may call ([http] allowed_hosts)."""
 
     def create(
         self, name: str, http_url: str, schedule: str, timezone: str = "UTC"
@@ -62,12 +57,15 @@ class Crons:
         except webhooks.UnsafeTarget as exc:
             raise ConfigError(f"http_url: {exc}") from None
         secret = webhooks.new_secret()
-        engine = self.app.engine
+        engine = self.engine
         with engine.transaction() as conn:
             if not engine.cron_insert(name, http_url, schedule, timezone, secret, conn=conn):
                 raise ConfigError(f"a cron target named {name!r} exists already")
             engine.audit_append(
-                conn, "cron.created", actor="api", detail={"name": name, "http_url": http_url}
+                conn,
+                AuditAction.CRON_CREATED,
+                actor="api",
+                detail={"name": name, "http_url": http_url},
             )
         target = self.get(name)
         assert target is not None
@@ -87,24 +85,24 @@ class Crons:
         }
 
     def targets(self) -> list[dict[str, Any]]:
-        return [self._shape(t) for t in self.app.engine.cron_list()]
+        return [self._shape(t) for t in self.engine.cron_list()]
 
     def stored(self) -> list[CronTarget]:
         """Every target as stored, secrets included (the scheduler fires them)."""
-        return self.app.engine.cron_list()
+        return self.engine.cron_list()
 
     def get(self, name: str) -> dict[str, Any] | None:
-        target = self.app.engine.cron_get(name)
+        target = self.engine.cron_get(name)
         return self._shape(target) if target else None
 
     def delete(self, name: str) -> bool:
-        return self.app.engine.cron_delete(name)
+        return self.engine.cron_delete(name)
 
     def set_paused(self, name: str, paused: bool) -> bool:
-        return self.app.engine.cron_set_paused(name, paused)
+        return self.engine.cron_set_paused(name, paused)
 
     def calls(self, name: str, limit: int = 50) -> list[dict[str, Any]]:
-        return [self._call(c) for c in self.app.engine.cron_calls(name, limit)]
+        return [self._call(c) for c in self.engine.cron_calls(name, limit)]
 
     @staticmethod
     def _call(call: CronCall) -> dict[str, Any]:
@@ -122,7 +120,7 @@ class Crons:
 
     def fire(self, target: CronTarget, fire_time: datetime, conn: Any) -> bool:
         """Claim ``fire_time`` for a target and enqueue its call, in ``conn``."""
-        engine = self.app.engine
+        engine = self.engine
         if not engine.cron_advance(target, fire_time, conn=conn):
             return False
         job = new_job(
@@ -136,12 +134,14 @@ class Crons:
 
     # -- the call job ---------------------------------------------------------------
 
-    def before_call(self, job: Job) -> None:
-        """Make the call outside any transaction and record it durably."""
-        engine = self.app.engine
+    def call(self, job: Job) -> int | None:
+        """Make the call, outside any transaction, and record its outcome durably;
+        a failed call raises TransientError, so the job retries with backoff. The
+        worker completes the job afterwards (a transactional=False handler)."""
+        engine = self.engine
         target = engine.cron_get(job.payload["name"])
         if target is None:
-            return
+            return None  # the target was deleted
         body = json.dumps(
             {"name": target.name, "fire_time": job.payload["fire_time"], "attempt": job.attempt}
         ).encode()
@@ -169,20 +169,11 @@ class Crons:
             response=result.response,
             error=result.error,
         )
-        with self._lock:
-            self._results[job.id] = result
-
-    def call(self, job: Job, tx: Any) -> int | None:
-        with self._lock:
-            result = self._results.pop(job.id, None)
-        if result is None:
-            return None  # the target was deleted
         if result.error:
             raise TransientError(f"cron target {job.payload['name']!r}: {result.error}")
         return result.status
 
 
-def register_crons(app: App) -> Crons:
-    crons = Crons(app)
-    app.handler(CALL, before=crons.before_call)(crons.call)
-    return crons
+def handlers(crons: Callable[[], Crons]) -> list[Handler]:
+    """The built-in cron call job, over the Crons that ``crons`` returns."""
+    return [Handler(CALL, lambda job: crons().call(job), transactional=False)]

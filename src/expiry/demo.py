@@ -26,7 +26,6 @@ from . import status
 from .app import App
 from .config import load_config
 from .durations import format_duration
-from .worker import Worker
 
 CONFIG = """\
 [database]
@@ -183,14 +182,14 @@ def run_demo(
         p.name: cleanup.open_run(p.name, opened_by="demo", actor="demo").run_id
         for p in cleanup.policies
     }
-    worker = Worker(app, concurrency=workers, until_idle=True, poll=0.05, name="demo-worker")
+    worker = app.worker(concurrency=workers, until_idle=True, poll=0.05, name="demo-worker")
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     _progress(console, app, runs, thread)
     thread.join()
 
     redelivered = _redeliver(app, runs, 5)
-    again = Worker(app, concurrency=1, until_idle=True, poll=0.05, name="demo-redelivery")
+    again = app.worker(concurrency=1, until_idle=True, poll=0.05, name="demo-redelivery")
     again.run()
     seconds = time.monotonic() - cleaning
 

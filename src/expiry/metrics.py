@@ -7,14 +7,22 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-if TYPE_CHECKING:
-    from .app import App
+from .config import Policy
+from .engines import Engine
+from .queue import Queue
+from .types import QueueStats
 
 log = logging.getLogger("expiry.metrics")
 
@@ -32,48 +40,69 @@ WINDOW_ROWS = Histogram(
 )
 
 
+class Watermarks(Protocol):
+    """What the collector reads of the policies (cleanup.Cleanup has it)."""
+
+    @property
+    def policies(self) -> list[Policy]: ...
+    def watermark(self, name: str) -> float: ...
+
+
+class Sources(Protocol):
+    """Where the collector reads from (the App has them)."""
+
+    @property
+    def engine(self) -> Engine: ...
+    @property
+    def queue(self) -> Queue: ...
+    @property
+    def cleanup(self) -> Watermarks | None: ...
+
+
 class ExpiryCollector(Collector):
-    def __init__(self, app: App) -> None:
-        self.app = app
+    def __init__(self, engine: Engine, queue: Queue, cleanup: Watermarks | None) -> None:
+        self.engine, self.queue, self.cleanup = engine, queue, cleanup
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        engine = self.app.engine
-        stats = self.app.queue.stats()
+        yield from self._queue(self.queue.stats())
+        yield from self._ledger()
+        if self.cleanup is not None:
+            yield self._watermarks(self.cleanup)
+
+    def _queue(self, stats: QueueStats) -> Iterator[GaugeMetricFamily]:
+        """Jobs by state, the oldest due job, claims held, retries, the dead letters."""
         jobs = GaugeMetricFamily(
             "expiry_jobs", "Jobs by queue and state", labels=["queue", "state"]
         )
-        for queue, states in stats.by_state.items():
-            for state, n in states.items():
-                jobs.add_metric([queue, state], n)
-        yield jobs
         oldest = GaugeMetricFamily(
             "expiry_oldest_due_job_age_seconds", "Age of the oldest due job", labels=["queue"]
         )
-        for queue in stats.by_state:
-            oldest.add_metric([queue], stats.oldest_due_seconds.get(queue, 0.0))
-        yield oldest
         running = GaugeMetricFamily("expiry_running_claims", "Jobs running now", labels=["queue"])
         longest = GaugeMetricFamily(
             "expiry_running_claim_max_seconds", "Longest-held running claim", labels=["queue"]
         )
-        for queue in stats.by_state:
+        for queue, states in stats.by_state.items():
+            for state, n in states.items():
+                jobs.add_metric([queue, state], n)
+            oldest.add_metric([queue], stats.oldest_due_seconds.get(queue, 0.0))
             held = [h for q, _, h in stats.running if q == queue]
             running.add_metric([queue], len(held))
             longest.add_metric([queue], max(held, default=0.0))
-        yield running
-        yield longest
         retries = GaugeMetricFamily(
             "expiry_retrying_jobs", "Jobs retrying or dead, by last error kind", labels=["reason"]
         )
         for kind, n in stats.retries_by_kind.items():
             retries.add_metric([kind], n)
-        yield retries
-        yield GaugeMetricFamily(
+        dead = GaugeMetricFamily(
             "expiry_dead_letter_jobs", "Dead-letter queue depth", value=stats.dead
         )
-        with engine.transaction() as conn:
-            totals = engine.policy_totals(conn=conn)
-            audit = engine.audit_counts(conn=conn)
+        yield from (jobs, oldest, running, longest, retries, dead)
+
+    def _ledger(self) -> Iterator[CounterMetricFamily]:
+        """Rows and windows per policy, from the ledger; audited events by action."""
+        with self.engine.transaction() as conn:
+            totals = self.engine.policy_totals(conn=conn)
+            audit = self.engine.audit_counts(conn=conn)
         rows = CounterMetricFamily(
             "expiry_rows_affected",
             "Rows deleted or archived, by policy",
@@ -82,14 +111,10 @@ class ExpiryCollector(Collector):
         windows = CounterMetricFamily(
             "expiry_windows_applied", "Windows applied, by policy", labels=["policy"]
         )
-        actions = {
-            p.name: p.action for p in (self.app.cleanup.policies if self.app.cleanup else [])
-        }
+        actions = {p.name: p.action for p in (self.cleanup.policies if self.cleanup else [])}
         for total in totals:
             rows.add_metric([total.policy, actions.get(total.policy, "delete")], total.rows)
             windows.add_metric([total.policy], total.windows)
-        yield rows
-        yield windows
         events = CounterMetricFamily(
             "expiry_events",
             "Audited events by action (fires, missed fires, duplicates, redrives...)",
@@ -97,24 +122,24 @@ class ExpiryCollector(Collector):
         )
         for count in audit:
             events.add_metric([count.action, count.policy or ""], count.n)
-        yield events
-        if self.app.cleanup is not None:
-            mark = GaugeMetricFamily(
-                "expiry_watermark_seconds",
-                "Age of the oldest expired row still present (0: none)",
-                labels=["policy"],
-            )
-            for policy in self.app.cleanup.policies:
-                try:
-                    mark.add_metric([policy.name], self.app.cleanup.watermark(policy.name))
-                except Exception as exc:  # one broken policy must not hide the others
-                    log.warning("watermark of %s failed: %s", policy.name, exc)
-            yield mark
+        yield from (rows, windows, events)
+
+    @staticmethod
+    def _watermarks(cleanup: Watermarks) -> GaugeMetricFamily:
+        mark = GaugeMetricFamily(
+            "expiry_watermark_seconds",
+            "Age of the oldest expired row still present (0: none)",
+            labels=["policy"],
+        )
+        for policy in cleanup.policies:
+            try:
+                mark.add_metric([policy.name], cleanup.watermark(policy.name))
+            except Exception as exc:  # one broken policy must not hide the others
+                log.warning("watermark of %s failed: %s", policy.name, exc)
+        return mark
 
 
-def render(app: App) -> tuple[bytes, str]:
+def render(sources: Sources) -> tuple[bytes, str]:
     registry = CollectorRegistry()
-    registry.register(ExpiryCollector(app))
-    from prometheus_client import REGISTRY
-
+    registry.register(ExpiryCollector(sources.engine, sources.queue, sources.cleanup))
     return generate_latest(registry) + generate_latest(REGISTRY), CONTENT_TYPE_LATEST

@@ -17,7 +17,7 @@ from typing import Any
 
 from . import defaults, retry
 from .engines.base import Engine
-from .types import EnqueueResult, Job, JobState, NewJob, QueueStats
+from .types import AuditAction, EnqueueResult, Job, JobState, NewJob, QueueStats
 
 log = logging.getLogger("expiry.queue")
 
@@ -157,7 +157,7 @@ class Queue:
         for row in rows:
             self.engine.audit_append(
                 None,
-                "job.redriven",
+                AuditAction.JOB_REDRIVEN,
                 actor=actor,
                 job_key=row["key"],
                 run_id=row["run_id"],
@@ -170,7 +170,11 @@ class Queue:
         rows = self.engine.job_discard(keys)
         for row in rows:
             self.engine.audit_append(
-                None, "job.discarded", actor=actor, job_key=row["key"], run_id=row["run_id"]
+                None,
+                AuditAction.JOB_DISCARDED,
+                actor=actor,
+                job_key=row["key"],
+                run_id=row["run_id"],
             )
         return [row["key"] for row in rows]
 

@@ -36,28 +36,19 @@ import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from types import FrameType
-from typing import TYPE_CHECKING, Any
-from zoneinfo import ZoneInfo
+from typing import Any
 
-from cronsim import CronSim
-
-from .cleanup import format_time
+from .cleanup import Cleanup
 from .config import Policy
-from .cron import expand
-from .types import Schedule
-
-if TYPE_CHECKING:
-    from .app import App
+from .cron import choose, cron_fires, fires_between, next_fire
+from .crons import Crons
+from .engines import Engine
+from .times import format_time
+from .types import AuditAction, Schedule
 
 log = logging.getLogger("expiry.scheduler")
-
-LATE_GRACE = timedelta(seconds=60)
-"""A fire this late or less is on time, not missed."""
-
-MAX_SCAN = 100_000
-"""Fire times examined per policy per pass; a longer gap is reported as at least this."""
 
 
 @dataclass(frozen=True)
@@ -68,81 +59,43 @@ class Fire:
     """None when the fire was recorded as missed instead of run."""
 
 
-def fires_between(policy: Policy, after: datetime, until: datetime) -> tuple[list[datetime], int]:
-    """Fire times in (after, until], oldest first, in UTC: (the newest MAX_SCAN, how many
-    in all). In UTC because arithmetic and equality on same-zone local times ignore
-    ``fold``: the two 01:30s of a fall-back night would be one time (one run id), and a
-    cutoff ``fire - retain`` would be wall-clock arithmetic across a DST change."""
-    assert policy.schedule is not None
-    zone = ZoneInfo(policy.timezone)
-    found: list[datetime] = []
-    count = 0
-    for local in CronSim(expand(policy.schedule), after.astimezone(zone)):
-        fire = local.astimezone(UTC)
-        if fire > until:
-            break
-        count += 1
-        found.append(fire)
-        if len(found) > MAX_SCAN:
-            found.pop(0)
-        if count >= 10 * MAX_SCAN:
-            break
-    return found, count
-
-
-def _cron_fires(schedule: str, timezone: str, after: datetime, until: datetime) -> list[datetime]:
-    found: list[datetime] = []
-    for fire in CronSim(expand(schedule), after.astimezone(ZoneInfo(timezone))):
-        if fire > until or len(found) >= MAX_SCAN:
-            break
-        found.append(fire)
-    return found
-
-
-def next_fire(policy: Policy, after: datetime) -> datetime:
-    """The first fire time after ``after``, in UTC."""
-    assert policy.schedule is not None
-    zone = ZoneInfo(policy.timezone)
-    return next(CronSim(expand(policy.schedule), after.astimezone(zone))).astimezone(UTC)
-
-
-def choose(
-    policy: Policy, fires: list[datetime], now: datetime
-) -> tuple[list[datetime], list[datetime]]:
-    """Split due fire times into (to run, missed) by the policy's catch_up."""
-    if not fires:
-        return [], []
-    if policy.catch_up == "latest":
-        return [fires[-1]], fires[:-1]
-    if policy.catch_up == "all":
-        return fires[-policy.max_catch_up :], fires[: -policy.max_catch_up]
-    on_time = [f for f in fires if now - f <= LATE_GRACE]
-    return on_time[-1:], [f for f in fires if f not in on_time[-1:]]
-
-
 class Scheduler:
-    def __init__(self, app: App, *, clock: Callable[[], datetime] | None = None) -> None:
-        self.app = app
+    def __init__(
+        self,
+        engine: Engine,
+        cleanup: Cleanup | None,
+        crons: Crons,
+        *,
+        clock: Callable[[], datetime] | None = None,
+        reload: Callable[[], None] | None = None,
+    ) -> None:
+        """``cleanup`` opens the policies' runs (None: no policies, cron targets
+        only); ``reload`` re-reads the config on SIGHUP; ``clock`` replaces the
+        database's (tests)."""
+        self.engine = engine
+        self.cleanup = cleanup
+        self.crons = crons
+        self.reload = reload
         self.clock = clock
         self.stopping = threading.Event()
         self.reload_requested = threading.Event()
 
     def now(self, conn: Any | None = None) -> datetime:
-        return self.clock() if self.clock else self.app.engine.now(conn)
+        return self.clock() if self.clock else self.engine.now(conn)
 
     @property
     def scheduled(self) -> list[Policy]:
-        cleanup = self.app.cleanup
+        cleanup = self.cleanup
         return [p for p in (cleanup.policies if cleanup else []) if p.schedule]
 
     def states(self) -> dict[str, Schedule]:
-        return {s.policy: s for s in self.app.engine.schedule_list()}
+        return {s.policy: s for s in self.engine.schedule_list()}
 
     # -- one pass ------------------------------------------------------------------
 
     def tick(self) -> list[Fire]:
         """Fire every schedule that is due; returns what was run or recorded missed."""
-        engine = self.app.engine
+        engine = self.engine
         now = self.now()
         with engine.transaction() as conn:
             for policy in self.scheduled:
@@ -161,37 +114,59 @@ class Scheduler:
 
     def _fire_crons(self, now: datetime) -> list[Fire]:
         """HTTP cron targets: one call per latest due fire (catch_up = latest)."""
-        engine = self.app.engine
+        engine = self.engine
         out = []
-        for target in self.app.crons.stored():
+        for target in self.crons.stored():
             if target.paused or target.last_fire_at is None:
                 continue
             try:
-                fires = _cron_fires(target.schedule, target.timezone, target.last_fire_at, now)
+                fires = cron_fires(target.schedule, target.timezone, target.last_fire_at, now)
             except ValueError as exc:
                 log.error("cron target %s: %s", target.name, exc)
                 continue
             if not fires:
                 continue
             with engine.transaction() as conn:
-                if self.app.crons.fire(target, fires[-1], conn):
+                if self.crons.fire(target, fires[-1], conn):
                     for missed in fires[:-1]:
                         engine.audit_append(
                             conn,
-                            "cron.missed",
+                            AuditAction.CRON_MISSED,
                             actor="scheduler",
                             detail={"name": target.name, "fire_time": format_time(missed)},
                         )
                     out.append(Fire(f"cron:{target.name}", fires[-1], None))
         return out
 
+    def _record_missed(
+        self, policy: Policy, missed: list[datetime], unlisted: int, conn: Any
+    ) -> list[Fire]:
+        """Audit each missed fire, and how many older ones were not listed."""
+        for fire in missed:
+            self.engine.audit_append(
+                conn,
+                AuditAction.SCHEDULE_MISSED,
+                actor="scheduler",
+                policy=policy.name,
+                detail={"fire_time": format_time(fire), "catch_up": policy.catch_up},
+            )
+        if unlisted > 0:
+            self.engine.audit_append(
+                conn,
+                AuditAction.SCHEDULE_MISSED,
+                actor="scheduler",
+                policy=policy.name,
+                detail={"older_fires_not_listed": unlisted, "catch_up": policy.catch_up},
+            )
+        return [Fire(policy.name, fire, None) for fire in missed]
+
     def _fire(
         self, policy: Policy, fires: list[datetime], total: int, now: datetime, state: Schedule
     ) -> list[Fire]:
         """Claim ``fires`` by moving last_fire_at from the value ``state`` read to
         the newest of them, and open their runs in the same transaction."""
-        engine = self.app.engine
-        cleanup = self.app.cleanup
+        engine = self.engine
+        cleanup = self.cleanup
         assert cleanup is not None
         to_run, missed = choose(policy, fires, now)
         newest = fires[-1]
@@ -199,26 +174,7 @@ class Scheduler:
         with engine.transaction() as conn:
             if not engine.schedule_advance(state, newest, conn=conn):
                 return []  # another scheduler moved last_fire_at first: it took these fires
-            for fire in missed:
-                engine.audit_append(
-                    conn,
-                    "schedule.missed",
-                    actor="scheduler",
-                    policy=policy.name,
-                    detail={"fire_time": format_time(fire), "catch_up": policy.catch_up},
-                )
-                out.append(Fire(policy.name, fire, None))
-            if total > len(fires):
-                engine.audit_append(
-                    conn,
-                    "schedule.missed",
-                    actor="scheduler",
-                    policy=policy.name,
-                    detail={
-                        "older_fires_not_listed": total - len(fires),
-                        "catch_up": policy.catch_up,
-                    },
-                )
+            out += self._record_missed(policy, missed, total - len(fires), conn)
             for fire in to_run:
                 cutoff = fire - timedelta(seconds=policy.retain)
                 # A fire is never later than the scheduler's now (the database's),
@@ -234,7 +190,7 @@ class Scheduler:
                 )
                 engine.audit_append(
                     conn,
-                    "schedule.fired",
+                    AuditAction.SCHEDULE_FIRED,
                     actor="scheduler",
                     policy=policy.name,
                     run_id=opened.run_id,
@@ -258,7 +214,7 @@ class Scheduler:
         return max(0.0, (min(upcoming) - now).total_seconds()) if upcoming else None
 
     def _version(self) -> tuple[datetime, int]:
-        return self.app.engine.schedule_version()
+        return self.engine.schedule_version()
 
     def _sleep_until_next_fire(self) -> None:
         """Sleep until the next fire; each second, look for pause/resume or SIGHUP."""
@@ -278,13 +234,16 @@ class Scheduler:
     # -- pause / resume ----------------------------------------------------------
 
     def set_paused(self, policy: str, paused: bool, *, actor: str) -> None:
-        cleanup = self.app.cleanup
+        cleanup = self.cleanup
         assert cleanup is not None
         cleanup.policy(policy)  # refuses an unknown name with "did you mean"
-        with self.app.engine.transaction() as conn:
-            self.app.engine.schedule_set_paused(policy, paused, conn=conn)
-            self.app.engine.audit_append(
-                conn, "policy.paused" if paused else "policy.resumed", actor=actor, policy=policy
+        with self.engine.transaction() as conn:
+            self.engine.schedule_set_paused(policy, paused, conn=conn)
+            self.engine.audit_append(
+                conn,
+                AuditAction.POLICY_PAUSED if paused else AuditAction.POLICY_RESUMED,
+                actor=actor,
+                policy=policy,
             )
 
     # -- the loop ------------------------------------------------------------------
@@ -299,7 +258,8 @@ class Scheduler:
         while not self.stopping.is_set():
             if self.reload_requested.is_set():
                 self.reload_requested.clear()
-                self.app.reload()
+                if self.reload is not None:
+                    self.reload()
                 log.info("config reloaded: %d scheduled policies", len(self.scheduled))
             try:
                 self.tick()

@@ -1,78 +1,42 @@
-"""What operators read: runs, policies and the queue, as plain dicts for the
-CLI's tables, its --json output and (later) the HTTP API."""
+"""What operators read: policies, the queue and runs, as plain dicts for the
+CLI's tables, its --json output, the HTTP API and the dashboard.
+
+Runs are read by runs.py; ``run_summary`` and ``runs`` stay here, taking the
+App, for the HTTP layer and the dashboard.
+"""
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from .cron import next_fire
 from .durations import format_duration
+from .runs import Runs
+from .times import format_time
 
 if TYPE_CHECKING:
     from .app import App
 
 
-def _time(value: datetime | None) -> str | None:
-    if value is None:
-        return None
-    from .cleanup import format_time
-
-    return format_time(value)
-
-
 def run_summary(app: App, run_id: str) -> dict[str, Any] | None:
-    engine = app.engine
-    with engine.transaction() as conn:
-        run = engine.run_get(run_id, conn=conn)
-        if run is None:
-            return None
-        jobs = engine.run_jobs(run_id, conn=conn)
-        ledger = engine.run_ledger(run_id, conn=conn)
-        duplicates = engine.run_duplicates(run_id, conn=conn)
-    windows = [j for j in jobs if j.handler == "expiry.window"]
-    by_state = {j.state: j.n for j in windows}
-    total = sum(by_state.values())
-    return {
-        "id": run.id,
-        "policy": run.policy,
-        "cutoff": _time(run.cutoff),
-        "opened_by": run.opened_by,
-        "state": run.state,
-        "windows_planned": run.windows_planned,
-        "jobs_total": total,
-        "jobs_done": by_state.get("completed", 0),
-        "jobs_dead": by_state.get("dead", 0),
-        "jobs_by_state": by_state,
-        "windows_applied": ledger.windows,
-        "rows_affected": ledger.rows,
-        "duplicates_skipped": duplicates,
-        "retries": sum(j.failures for j in windows),
-        "redelivered": sum(
-            j.attempts - j.n - j.failures for j in windows if j.state == "completed"
-        ),
-        "opened_at": _time(run.opened_at),
-        "planned_at": _time(run.planned_at),
-        "finished_at": _time(run.finished_at),
-    }
+    return Runs(app.engine).summary(run_id)
 
 
 def runs(app: App, policy: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
-    found = app.engine.run_list(policy, limit)
-    return [s for r in found if (s := run_summary(app, r.id)) is not None]
+    return Runs(app.engine).recent(policy, limit)
 
 
 def policies(app: App) -> list[dict[str, Any]]:
-    from .cleanup import format_time
-    from .scheduler import Scheduler, next_fire
-
-    out = []
+    """Every policy of the config with its schedule, watermark and last run."""
     cleanup = app.cleanup
-    scheduler = Scheduler(app)
-    schedules = scheduler.states()
+    if cleanup is None:
+        return []
+    recent = Runs(app.engine).recent
+    schedules = {s.policy: s for s in app.engine.schedule_list()}
     now = app.engine.now()
-    for policy in cleanup.policies if cleanup else []:
-        last = runs(app, policy.name, 1)
-        assert cleanup is not None
+    out = []
+    for policy in cleanup.policies:
+        last = recent(policy.name, 1)
         watermark = cleanup.watermark(policy.name)
         out.append(
             {

@@ -1,35 +1,31 @@
 """The statements expiry runs on a policy's table: the one place Python builds
-SQL. Each statement is written once below; identifiers from the config are
-validated (config.check_identifier) and quoted by the driver's API
-(psycopg.sql on PostgreSQL), values are always bound parameters, and the
-``where`` predicate (trusted config only) is wrapped in parentheses.
+SQL. Each statement is written once below, for every engine; identifiers from
+the config are validated (config.check_identifier) and quoted by the engine
+(the driver's API), values are always bound parameters in the engine's style,
+and the ``where`` predicate (trusted config only) is wrapped in parentheses.
+What differs by dialect (quoting, binding, the time predicate of a storage,
+the catalog, how a window runs) is the engine's: engines/*/tables.py.
 
 The retention predicate ``{ts} < cutoff AND (where)`` is evaluated by the
 database when the statement runs, so a row revived after planning survives.
 Dry-run, planning, the watermark and the delete all use the same predicate.
 
-A window is applied and booked in the ledger together, in the caller's
-transaction: its delete (or move) is guarded by the ledger, then the ledger row
-is inserted with the count of rows it affected. On PostgreSQL both are one
-statement, the function expiry.window_apply (migrations 0004 and 0005), which
-takes the window's turn and executes the window's statement built here, with
-its values bound by position.
+A window is applied and booked in the ledger together, by one engine
+operation (Engine.window_apply): its delete (or move) is guarded by the
+ledger, then the ledger row is inserted with the count of rows it affected.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
-
-from psycopg import sql
 
 from .config import Policy
 from .engines.base import Engine
 from .errors import SchemaError
-from .timestamps import NUMERIC_RANGES, UTC_ZONES, Storage, instant, numeric_format
-from .types import Job
+from .timestamps import UTC_ZONES, Storage, instant, numeric_format
+from .types import Job, WindowApply
 
 log = logging.getLogger("expiry.target")
 
@@ -37,7 +33,7 @@ log = logging.getLogger("expiry.target")
 
 # The retention predicate: the index bound and the storage's guard (see
 # timestamps.py), then the user's where in parentheses. {bound} and {guard}
-# are filled per storage and dialect by _predicate below.
+# are the engine's for the column's storage (Engine.time_predicate).
 PREDICATE = "{ts} < {bound}{guard}"
 
 BOUNDS = """
@@ -92,30 +88,17 @@ insert into {archive} ({columns}) select {columns} from moved
 )
 ARCHIVE_COPY = "insert into {archive} ({columns}) select {columns} from {table} where " + UNBOOKED
 
-# On PostgreSQL the turn, the delete (or move), its count, the job's completion
-# and the ledger row (or a duplicate's audit event) are one statement: the
-# function of migration 0005, given the window's statement with positional
-# parameters. Outside a transaction (the worker's statement mode) it is its own
-# transaction: one round trip. The comment names the table to whoever reads
-# pg_stat_activity.
-WINDOW_APPLY = """
-select expiry.window_apply(%(statement)s, %(lo)s, %(hi)s, %(cutoff)s, %(key)s, %(policy)s,
-                           %(run_id)s, %(action)s, %(worker)s, %(job_id)s, %(lease_token)s) as rows
-"""
-APPLY_DELETE = "/* expiry window: delete from {table} */" + WINDOW_APPLY
-APPLY_ARCHIVE = "/* expiry window: delete from {table}, archive into {archive} */" + WINDOW_APPLY
-WINDOW_APPLY_PARAMETERS = {"lo": "$1", "hi": "$2", "cutoff": "$3", "key": "$4"}
-
 COUNT = "select count(*) as n from {table} where {pred}"
 
 OLDEST = "select min({ts}) as oldest from {table} where {pred}"
 
-EXPLAIN_WHERE = "explain select 1 from {table} where {where}"
+EXPLAIN_WHERE = "select 1 from {table} where {where}"
 
 # How the column stores time, read from every row the policy covers (never one
-# row): per storage class and ISO spelling, the count and the range. SQLite
-# only; a full scan of the timestamp index, once per run and per check.
-STORAGE_SQLITE = """
+# row): per storage class and ISO spelling, the count and the range. For
+# engines whose values carry their own storage class (SQLite); a full scan of
+# the timestamp index, once per run and per check of an ISO text column.
+STORAGE_CLASSES = """
 select typeof({ts}) as storage,
        case when typeof({ts}) <> 'text' then ''
             when julianday({ts}) is null then '?'
@@ -139,8 +122,8 @@ select (select {ts} from {table} where {ts} is not null and ({where})
        (select {ts} from {table} where {ts} is not null and ({where})
         order by {ts} desc limit 1) as hi
 """
-# PostgreSQL integer columns: the range tells the unit.
-STORAGE_POSTGRES = (
+# Integer columns of a typed engine (PostgreSQL): the range tells the unit.
+STORAGE_RANGE = (
     "select min({ts}) as lo, max({ts}) as hi from {table} where {ts} is not null and ({where})"
 )
 
@@ -161,35 +144,6 @@ SAMPLE_SIZE = 20
 """Candidates read from each end by the sample check (three reads of this many)."""
 
 
-def _predicate(storage: Storage, dialect: str) -> tuple[str, str]:
-    """The index bound and the guard of ``storage`` in ``dialect`` (timestamps.py
-    says why each holds). PostgreSQL converts its timestamptz parameter in SQL,
-    so window_apply's $3 stays one type; SQLite binds values Python computed."""
-    if dialect == "postgres":
-        if storage.format == "epoch":
-            bound = "cast(ceil(extract(epoch from {p_cutoff})) as bigint)"
-        elif storage.format == "epoch_ms":
-            bound = "cast(ceil(extract(epoch from {p_cutoff}) * 1000) as bigint)"
-        else:
-            return "{p_cutoff}", ""
-        return bound, f" and {{ts}} >= {NUMERIC_RANGES[storage.format][0]:.0f}"
-    if storage.format == "native":  # SQLite has no native time type: before a check
-        return "{p_cutoff}", " and 0"  # reads the column, a statement matches nothing
-    if storage.format == "iso":
-        return "{p_cutoff}", (
-            " and typeof({ts}) = 'text' and julianday({ts}) < julianday({p_exact})"
-        )
-    low = NUMERIC_RANGES[storage.format][0]
-    return "{p_cutoff}", f" and typeof({{ts}}) in ('integer', 'real') and {{ts}} >= {low:.0f}"
-
-
-@dataclass(frozen=True)
-class Column:
-    name: str
-    type: str
-    indexed: bool
-
-
 class Target:
     """A policy's table in one engine's dialect."""
 
@@ -202,76 +156,44 @@ class Target:
         reads it again when it plans and carries it in its jobs' payloads."""
         self.checked = False
         self._declared = ""
-        self._texts: dict[tuple[str, bool, str], str] = {}
+        self._texts: dict[tuple[str, str], str] = {}
 
     # -- building statements -----------------------------------------------------
 
-    def statement(
-        self, template: str, *, positional: bool = False, storage: Storage | None = None
-    ) -> Any:
+    def statement(self, template: str, *, storage: Storage | None = None) -> str:
         """The statement of ``template`` for this policy and ``storage`` (default:
-        the checked one). ``positional`` (PostgreSQL): with window_apply's $1..$4
-        for parameters, as text that function executes."""
-        p = self.policy
-        storage = storage or self.storage
-        bound, guard = _predicate(storage, self.engine.dialect)
+        the checked one), in the engine's quoting and parameter style."""
+        p, engine = self.policy, self.engine
+        bound, guard = engine.time_predicate(storage or self.storage)
         pred = PREDICATE.format(ts="{ts}", bound=bound, guard=guard)
         pred += " and ({where})" if p.where else ""
-        template = template.replace("{pred}", pred)
         names = ["cutoff", "exact", "after", "max", "window", "page", "lo", "hi", "key"]
-        if self.engine.dialect == "postgres":
-            if positional:
-                where = p.where or "true"  # sent as a value: no %% escaping
-                placeholders: dict[str, sql.Composable] = {
-                    n: sql.SQL(WINDOW_APPLY_PARAMETERS.get(n, "null")) for n in names
-                }
-            else:
-                where = p.where.replace("%", "%%") if p.where else "true"
-                placeholders = {n: sql.Placeholder(n) for n in names}
-            return sql.SQL(template).format(
-                table=sql.Identifier(*p.table.split(".")),
-                archive=sql.Identifier(*(p.archive_table or "_").split(".")),
-                ledger=sql.Identifier("expiry", "ledger"),
-                key=sql.Identifier(p.key),
-                ts=sql.Identifier(p.timestamp),
-                columns=sql.SQL(", ").join(sql.Identifier(c) for c in self.columns),
-                where=sql.SQL(where),
-                **{f"p_{n}": placeholder for n, placeholder in placeholders.items()},
-            )
-        return template.format(
-            table=quote(p.table),
-            archive=quote(p.archive_table or "_"),
-            ledger=quote("expiry_ledger"),
-            key=quote(p.key),
-            ts=quote(p.timestamp),
-            columns=", ".join(quote(c) for c in self.columns),
-            where=p.where or "1",
-            **{f"p_{n}": f":{n}" for n in names},
+        return template.replace("{pred}", pred).format(
+            table=engine.quote(p.table),
+            archive=engine.quote(p.archive_table or "_"),
+            ledger=engine.ledger_table,
+            key=engine.quote(p.key),
+            ts=engine.quote(p.timestamp),
+            columns=", ".join(engine.quote(c) for c in self.columns),
+            where=engine.escape(p.where) if p.where else "1 = 1",
+            **{f"p_{n}": engine.placeholder(n) for n in names},
         )
 
-    def text(
-        self, conn: Any, template: str, *, positional: bool = False, storage: Storage | None = None
-    ) -> str:
-        """The statement as the driver sends it, built once per template and
-        storage (the schema check builds them afresh, as the columns may have
-        changed)."""
+    def text(self, template: str, storage: Storage | None = None) -> str:
+        """The statement, built once per template and storage (the schema check
+        builds them afresh, as the columns may have changed)."""
         storage = storage or self.storage
-        cache = (template, positional, storage.token if "{pred}" in template else "")
+        cache = (template, storage.token if "{pred}" in template else "")
         text = self._texts.get(cache)
         if text is None:
-            built = self.statement(template, positional=positional, storage=storage)
-            text = built if isinstance(built, str) else built.as_string(conn)
-            self._texts[cache] = text
+            text = self._texts[cache] = self.statement(template, storage=storage)
         return text
 
     def run(self, conn: Any, template: str, storage: Storage | None = None, **params: Any) -> Any:
         storage = storage or self.storage
         if "cutoff" in params:
-            cutoff = params["cutoff"]
-            if self.engine.dialect != "postgres":
-                params["cutoff"] = storage.bound(cutoff)
-                params["exact"] = storage.exact(cutoff)
-        return conn.execute(self.text(conn, template, storage=storage), params)
+            params.update(self.engine.cutoff_params(storage, params["cutoff"]))
+        return conn.execute(self.text(template, storage), params)
 
     # -- the operations ----------------------------------------------------------
 
@@ -326,58 +248,41 @@ class Target:
         key was booked before (nothing changed). Raises AlreadyApplied when rows
         were taken but the key was booked meanwhile: the transaction must roll
         back."""
-        p = self.policy
-        ledger = {"policy": p.name, "run_id": run_id, "action": p.action, "worker": worker}
-        if self.engine.dialect != "postgres":
-            params = {"cutoff": cutoff, "lo": lo, "hi": hi, "key": key}
-            rows = self._copy_and_delete(conn, params, storage)
-            if job is not None:
-                self.engine.job_complete(job, conn)
-            # Rows taken: the ledger row must be this delivery's (strict), else
-            # AlreadyApplied; none taken: a booked key is a duplicate.
-            if self.engine.ledger_insert(
-                conn, key, strict=rows > 0, lo=lo, hi=hi, rows=rows, **ledger
-            ):
-                return rows
-            self.engine.audit_append(
-                conn,
-                "window.duplicate",
-                actor=worker or "worker",
-                policy=p.name,
-                run_id=run_id,
-                job_key=key,
-            )
-            return None
-        self.engine.session_limits(
-            conn, f"{int(p.lock_timeout * 1000)}ms", f"{int(p.statement_timeout * 1000)}ms"
-        )
-        delete = p.action == "delete"
-        row = conn.execute(
-            self.text(conn, APPLY_DELETE if delete else APPLY_ARCHIVE),
-            {
-                "statement": self.text(
-                    conn, DELETE if delete else ARCHIVE_MOVE, positional=True, storage=storage
-                ),
-                "lo": lo,
-                "hi": hi,
-                "cutoff": cutoff,
-                "key": key,
-                "job_id": job.id if job is not None else None,
-                "lease_token": job.lease_token if job is not None else None,
-                **ledger,
-            },
-            prepare=True,
-        ).fetchone()
-        return None if row["rows"] is None else int(row["rows"])
+        storage = storage or self.storage
+        window = self._window(cutoff, lo, hi, key, run_id, worker, job, storage)
+        return self.engine.window_apply(conn, window)
 
-    def _copy_and_delete(self, conn: Any, params: dict[str, Any], storage: Storage | None) -> int:
-        if self.policy.action == "delete":
-            return int(self.run(conn, DELETE, storage, **params).rowcount)
-        copied = int(self.run(conn, ARCHIVE_COPY, storage, **dict(params)).rowcount)
-        deleted = int(self.run(conn, DELETE, storage, **dict(params)).rowcount)
-        if copied != deleted:
-            raise SchemaError(f"archive copied {copied} rows but deleted {deleted}; rolled back")
-        return deleted
+    def _window(
+        self,
+        cutoff: datetime,
+        lo: int,
+        hi: int,
+        key: str,
+        run_id: str,
+        worker: str | None,
+        job: Job | None,
+        storage: Storage,
+    ) -> WindowApply:
+        p = self.policy
+        archive = p.action == "archive"
+        return WindowApply(
+            delete=self.text(DELETE, storage),
+            move=self.text(ARCHIVE_MOVE, storage) if archive else None,
+            copy=self.text(ARCHIVE_COPY, storage) if archive else None,
+            label=f"expiry window: delete from {p.table}"
+            + (f", archive into {p.archive_table}" if archive else ""),
+            params={"lo": lo, "hi": hi, "key": key} | self.engine.cutoff_params(storage, cutoff),
+            key=key,
+            policy=p.name,
+            run_id=run_id,
+            action=p.action,
+            worker=worker,
+            lo=lo,
+            hi=hi,
+            job=job,
+            lock_timeout_ms=int(p.lock_timeout * 1000),
+            statement_timeout_ms=int(p.statement_timeout * 1000),
+        )
 
     def count(self, conn: Any, cutoff: datetime) -> int:
         return int(self.run(conn, COUNT, cutoff=cutoff).fetchone()["n"])
@@ -412,7 +317,7 @@ class Target:
         p = self.policy
         self._texts.clear()
         self._check_relation(conn, p.table, "table")
-        columns = self._columns(conn, p.table)
+        columns = self.engine.table_columns(conn, p.table)
         by_name = {c.name: c for c in columns}
         for field, column in (("key", p.key), ("timestamp", p.timestamp)):
             if column not in by_name:
@@ -420,12 +325,7 @@ class Target:
                     f"policy {p.name!r}: {field} column {column!r} is not in table {p.table!r} "
                     f"(columns: {', '.join(by_name)})"
                 )
-        key_type = by_name[p.key].type.lower()
-        if self.engine.dialect == "postgres":  # "interval" and "point" contain "int"
-            integer = key_type in ("smallint", "integer", "bigint")
-        else:  # SQLite's own rule for integer affinity
-            integer = "int" in key_type
-        if not integer:
+        if self.engine.column_kind(by_name[p.key].type) != "integer":
             raise SchemaError(
                 f"policy {p.name!r}: key column {p.key!r} is {by_name[p.key].type}, "
                 "not an integer type; windows need a monotonic integer key"
@@ -439,54 +339,35 @@ class Target:
             )
         self.columns = [c.name for c in columns]
         if p.action == "archive":
-            assert p.archive_table is not None
-            self._check_relation(conn, p.archive_table, "archive_table")
-            archive = {c.name for c in self._columns(conn, p.archive_table)}
-            missing = [c for c in self.columns if c not in archive]
-            if missing:
-                raise SchemaError(
-                    f"policy {p.name!r}: archive_table {p.archive_table!r} lacks "
-                    f"columns {', '.join(missing)}"
-                )
+            self._check_archive(conn)
         if p.where:
             self._explain_where(conn)
         self.storage = self.detect(conn)
         self.checked = True
         return warnings
 
+    def _check_archive(self, conn: Any) -> None:
+        p = self.policy
+        assert p.archive_table is not None
+        self._check_relation(conn, p.archive_table, "archive_table")
+        archive = {c.name for c in self.engine.table_columns(conn, p.archive_table)}
+        missing = [c for c in self.columns if c not in archive]
+        if missing:
+            raise SchemaError(
+                f"policy {p.name!r}: archive_table {p.archive_table!r} lacks "
+                f"columns {', '.join(missing)}"
+            )
+
     def _check_relation(self, conn: Any, table: str, field: str) -> None:
         """The table exists, is one expiry may delete from (or insert into), and is
         not one of expiry's own."""
         p = self.policy
-        name = table.split(".")[-1]
-        if self.engine.dialect == "postgres":
-            row = conn.execute(
-                """
-                select c.relkind as kind, n.nspname as schema,
-                       pg_relation_is_updatable(c.oid, false) as updatable
-                from pg_class c join pg_namespace n on n.oid = c.relnamespace
-                where c.oid = to_regclass(%s)
-                """,
-                (".".join(sql.Identifier(part).as_string(conn) for part in table.split(".")),),
-            ).fetchone()
-            own = row is not None and row["schema"] == "expiry"
-            kind = (
-                None
-                if row is None
-                else {"r": "table", "p": "table", "v": "view"}.get(
-                    row["kind"],
-                    {"m": "materialized view", "f": "foreign table"}.get(row["kind"], "relation"),
-                )
-            )
-            # pg_relation_is_updatable's bits: 4 update, 8 insert, 16 delete.
-            writable = row is not None and (row["updatable"] & (16 if field == "table" else 8))
-        else:
-            row = conn.execute(
-                "select type from sqlite_master where name = ? collate nocase", (name,)
-            ).fetchone()
-            own = name.lower().startswith("expiry_")
-            kind = None if row is None else row["type"]
-            writable = kind == "table"
+        relation = self.engine.table_relation(conn, table)
+        kind = None if relation is None else relation.kind
+        own = relation is not None and relation.own
+        writable = relation is not None and (
+            relation.deletable if field == "table" else relation.insertable
+        )
         if kind is None:
             raise SchemaError(
                 f"policy {p.name!r}: {field} {table!r} does not exist "
@@ -517,9 +398,9 @@ class Target:
         """Read how the timestamp column stores time, from every row the policy
         covers; raise SchemaError, with the counts and the fix, when a reading
         could be wrong (timestamps.py says why)."""
-        if self.engine.dialect == "postgres":
-            return self._detect_postgres(conn)
-        return self._detect_sqlite(conn)
+        if self.engine.typed_columns:
+            return self._detect_typed(conn)
+        return self._detect_values(conn)
 
     def _refuse(self, problem: str, fix: str) -> SchemaError:
         p = self.policy
@@ -528,16 +409,18 @@ class Target:
             f"deleted while it could be misread. Fix: {fix}"
         )
 
-    def _detect_postgres(self, conn: Any) -> Storage:
-        p, declared = self.policy, self._declared.lower()
-        if declared.startswith(("timestamp", "date")):
+    def _detect_typed(self, conn: Any) -> Storage:
+        """Where the declared type decides (PostgreSQL): a native time type as
+        it is; an integer column by the range of its values."""
+        p, kind = self.policy, self.engine.column_kind(self._declared)
+        if kind == "time":
             if p.timestamp_format:
                 raise self._refuse(
                     f"is {self._declared}, a native time type",
                     "remove timestamp_format (it is for integer epoch columns)",
                 )
             return Storage("native")
-        if declared not in ("smallint", "integer", "bigint"):
+        if kind != "integer":
             raise self._refuse(
                 f"is {self._declared}",
                 "store time as timestamptz, timestamp or date, or as integer epoch "
@@ -548,7 +431,7 @@ class Target:
                 f"is {self._declared}",
                 'on PostgreSQL write timestamp_format = "epoch" or "epoch_ms"',
             )
-        row = conn.execute(self.text(conn, STORAGE_POSTGRES), {}).fetchone()
+        row = conn.execute(self.text(STORAGE_RANGE), {}).fetchone()
         return self._numeric(row["lo"], row["hi"], None)
 
     def _numeric(self, lo: Any, hi: Any, counts: str | None) -> Storage:
@@ -574,15 +457,16 @@ class Target:
             )
         return Storage(low)
 
-    def _detect_sqlite(self, conn: Any) -> Storage:
+    def _detect_values(self, conn: Any) -> Storage:
+        """Where each value has its own storage class (SQLite): read them all."""
         p = self.policy
-        ends = conn.execute(self.text(conn, STORAGE_ENDS), {}).fetchone()
+        ends = conn.execute(self.text(STORAGE_ENDS), {}).fetchone()
         lo, hi = ends["lo"], ends["hi"]
         if lo is None:  # no rows to read: this run deletes nothing
             return Storage(p.timestamp_format or "iso")
         if all(isinstance(v, int | float) for v in (lo, hi)):
             return self._numeric(lo, hi, None)
-        rows = conn.execute(self.text(conn, STORAGE_SQLITE), {}).fetchall()
+        rows = conn.execute(self.text(STORAGE_CLASSES), {}).fetchall()
         classes: dict[str, int] = {}
         for row in rows:
             classes[row["storage"]] = classes.get(row["storage"], 0) + row["n"]
@@ -612,15 +496,7 @@ class Target:
                 f"(such as {unread[0]['lo']!r})",
                 "rewrite them as YYYY-MM-DD HH:MM:SS, or exclude them with a where",
             )
-        separators: dict[str, int] = {}
-        zones: dict[str, int] = {}
-        for row in rows:
-            if row["spelling"] == "date":
-                continue  # a date alone sorts before its day's times in either spelling
-            separator, zone = row["spelling"].split("|")
-            zone = "" if zone in UTC_ZONES else zone
-            separators[separator] = separators.get(separator, 0) + row["n"]
-            zones[zone] = zones.get(zone, 0) + row["n"]
+        separators, zones = _spellings(rows)
         if len(separators) > 1:
             shown = ", ".join(f"{n:,} with {s!r}" for s, n in sorted(separators.items()))
             raise self._refuse(
@@ -639,51 +515,25 @@ class Target:
         return Storage("iso", separator, next(iter(zones), ""))
 
     def _explain_where(self, conn: Any) -> None:
-        savepoint = self.engine.dialect == "postgres"
         try:
-            if savepoint:
-                conn.execute("savepoint expiry_explain")
-            # Bound with (empty) parameters, as every other statement is, so
-            # that the '%%' escaping of a '%' in the predicate is undone.
-            conn.execute(self.statement(EXPLAIN_WHERE), {})
-            if savepoint:
-                conn.execute("release savepoint expiry_explain")
+            self.engine.explain(conn, self.statement(EXPLAIN_WHERE))
         except Exception as exc:
-            if savepoint:
-                conn.execute("rollback to savepoint expiry_explain")
             first = str(exc).splitlines()[0]
             raise SchemaError(
                 f"policy {self.policy.name!r}: where = {self.policy.where!r} "
                 f"is not a valid predicate on {self.policy.table!r}: {first}"
             ) from exc
 
-    def _columns(self, conn: Any, table: str) -> list[Column]:
-        if self.engine.dialect == "postgres":
-            rows = conn.execute(
-                """
-                select a.attname as name, format_type(a.atttypid, a.atttypmod) as type,
-                       exists (select 1 from pg_index i
-                               where i.indrelid = a.attrelid and i.indkey[0] = a.attnum) as indexed
-                from pg_attribute a
-                where a.attrelid = to_regclass(%s) and a.attnum > 0 and not a.attisdropped
-                order by a.attnum
-                """,
-                (".".join(sql.Identifier(part).as_string(conn) for part in table.split(".")),),
-            ).fetchall()
-            return [Column(r["name"], r["type"], r["indexed"]) for r in rows]
-        name = table.split(".")[-1]
-        rows = conn.execute(f"pragma table_info({quote(name)})").fetchall()
-        first_columns = set()
-        for index in conn.execute(f"pragma index_list({quote(name)})").fetchall():
-            info = conn.execute(f"pragma index_info({quote(index['name'])})").fetchall()
-            if info:
-                first_columns.add(info[0]["name"])
-        return [
-            Column(r["name"], r["type"] or "", r["name"] in first_columns or r["pk"] == 1)
-            for r in rows
-        ]
 
-
-def quote(identifier: str) -> str:
-    """Quote a validated SQLite identifier, schema-qualified or not."""
-    return ".".join('"' + part.replace('"', '""') + '"' for part in identifier.split("."))
+def _spellings(rows: list[Any]) -> tuple[dict[str, int], dict[str, int]]:
+    """Rows per separator and per zone (every UTC spelling as one) of ISO text."""
+    separators: dict[str, int] = {}
+    zones: dict[str, int] = {}
+    for row in rows:
+        if row["spelling"] == "date":
+            continue  # a date alone sorts before its day's times in either spelling
+        separator, zone = row["spelling"].split("|")
+        zone = "" if zone in UTC_ZONES else zone
+        separators[separator] = separators.get(separator, 0) + row["n"]
+        zones[zone] = zones.get(zone, 0) + row["n"]
+    return separators, zones

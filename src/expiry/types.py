@@ -220,6 +220,28 @@ class LedgerEntry:
     applied_at: datetime
 
 
+class AuditAction(enum.StrEnum):
+    """What the append-only audit log records: every action name in one place."""
+
+    RUN_OPENED = "run.opened"
+    WINDOW_DUPLICATE = "window.duplicate"
+    """A window delivered again after its ledger row committed: nothing changed
+    (also written by PostgreSQL's expiry.window_apply, and counted per run)."""
+    JOB_LEASE_LOST = "job.lease_lost"
+    JOB_REDRIVEN = "job.redriven"
+    JOB_DISCARDED = "job.discarded"
+    SCHEDULE_FIRED = "schedule.fired"
+    SCHEDULE_MISSED = "schedule.missed"
+    POLICY_PAUSED = "policy.paused"
+    POLICY_RESUMED = "policy.resumed"
+    CRON_CREATED = "cron.created"
+    CRON_MISSED = "cron.missed"
+    CRON_PAUSED = "cron.paused"
+    CRON_RESUMED = "cron.resumed"
+    KEY_CREATED = "key.created"
+    KEY_REVOKED = "key.revoked"
+
+
 @dataclass(frozen=True)
 class AuditEvent:
     id: int
@@ -239,3 +261,58 @@ class AuditCount:
     action: str
     policy: str | None
     n: int
+
+
+# -- a policy's table -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column of a policy's table, as the engine's catalog describes it."""
+
+    name: str
+    type: str
+    indexed: bool
+    """The column leads an index (the planner's and the watermark's probes use it)."""
+
+
+@dataclass(frozen=True)
+class Relation:
+    """What a policy's table (or archive table) is."""
+
+    kind: str
+    """"table", "view", "materialized view", "foreign table" or another kind's name."""
+    own: bool
+    """One of expiry's own tables."""
+    deletable: bool
+    """Rows can be deleted from it (a table, or an automatically updatable view)."""
+    insertable: bool
+
+
+@dataclass(frozen=True)
+class WindowApply:
+    """One window's work for Engine.window_apply: its statements, built by
+    target.py in the engine's own placeholders, and what books it."""
+
+    delete: str
+    """Delete the window's expired rows not yet booked (the ledger guard)."""
+    move: str | None
+    """Archive: delete and insert into the archive in one statement, where the
+    engine can (PostgreSQL); None for a delete."""
+    copy: str | None
+    """Archive, where the engine copies then deletes (SQLite); None for a delete."""
+    label: str
+    """A comment naming the table, for whoever reads the server's activity."""
+    params: dict[str, Any]
+    """lo, hi, key and the cutoff as the engine binds them."""
+    key: str
+    policy: str
+    run_id: str
+    action: str
+    worker: str | None
+    lo: int
+    hi: int
+    job: Job | None
+    """Completed in the same statement or transaction, when given."""
+    lock_timeout_ms: int
+    statement_timeout_ms: int

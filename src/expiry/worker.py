@@ -17,14 +17,18 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
 from . import defaults, retry
-from .app import App
+from .engines import Engine
 from .errors import AlreadyApplied, LeaseLost, Snooze
+from .handlers import Handler
 from .metrics import JOB_SECONDS
-from .types import Job, JobState
+from .queue import Queue
+from .types import AuditAction, Job, JobState
 
 log = logging.getLogger("expiry.worker")
 
@@ -41,10 +45,25 @@ def job_fields(job: Job) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class Hooks:
+    """What the worker calls back into, besides the handlers: the cleanup's run
+    bookkeeping (App.hooks wires them)."""
+
+    sweep: Callable[[], Any] | None = None
+    """Run by the rescuer after returning expired claims: finish runs left open
+    by a worker that died after its run's last commit."""
+    dead: Callable[[Job], None] | None = None
+    """Called when a job ends dead: it may have been its run's last pending job."""
+
+
 class Worker:
     def __init__(
         self,
-        app: App,
+        engine: Engine,
+        queue: Queue,
+        handlers: Mapping[str, Handler],
+        hooks: Hooks | None = None,
         *,
         concurrency: int = 1,
         queues: tuple[str, ...] = (defaults.QUEUE,),
@@ -58,7 +77,10 @@ class Worker:
         name: str | None = None,
         rng: random.Random | None = None,
     ) -> None:
-        self.app = app
+        self.engine = engine
+        self.queue = queue
+        self.handlers = handlers
+        self.hooks = hooks or Hooks()
         self.concurrency = max(1, concurrency)
         self.queues = tuple(dict.fromkeys(queues))  # a queue named twice is read once
         self.batch = max(1, batch)
@@ -95,7 +117,7 @@ class Worker:
         log.info("worker started", extra={"worker": self.name})
         # Listen before the first claim: a hint sent between an empty claim and
         # the first wait (the planner's first page, at start-up) is not lost.
-        self.app.engine.listen()
+        self.engine.listen()
         helpers = [
             threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True),
             threading.Thread(target=self._rescue_loop, name="rescuer", daemon=True),
@@ -147,7 +169,7 @@ class Worker:
         per_job: float | None = None  # seconds a job, a moving average of this loop's
         while not self.stopping.is_set():
             try:
-                jobs = self.app.queue.claim(
+                jobs = self.queue.claim(
                     self._claim_size(per_job),
                     self.lease,
                     queues=self.queues,
@@ -165,7 +187,7 @@ class Worker:
                 if self.until_idle and self._idle():
                     self.stopping.set()
                     break
-                self.app.engine.wait_for_jobs(self.poll)
+                self.engine.wait_for_jobs(self.poll)
                 continue
             with self._lock:
                 self._held.update({job.id: job for job in jobs})
@@ -191,7 +213,7 @@ class Worker:
         groups: list[list[Job]] = []
         previous_grouped = False
         for job in jobs:
-            handler = self.app.handlers.get(job.handler)
+            handler = self.handlers.get(job.handler)
             grouped = handler is not None and handler.group_commit
             if grouped and previous_grouped:
                 groups[-1].append(job)
@@ -202,14 +224,14 @@ class Worker:
 
     def _idle(self) -> bool:
         try:
-            return all(self.app.queue.pending(q, due_only=True) == 0 for q in self.queues)
+            return all(self.queue.pending(q, due_only=True) == 0 for q in self.queues)
         except Exception:
             return False
 
     def _give_back(self, jobs: list[Job]) -> None:
         for job in jobs:
             try:
-                self.app.queue.release(job)
+                self.queue.release(job)
                 log.info("job released on shutdown", extra=job_fields(job))
             except Exception as exc:
                 log.warning(
@@ -224,7 +246,7 @@ class Worker:
                 held = list(self._held.values())
             for job in held:
                 try:
-                    if not self.app.queue.heartbeat(job, self.lease):
+                    if not self.queue.heartbeat(job, self.lease):
                         with self._lock:
                             still_held = job.id in self._held
                         if still_held:  # not merely finished since the snapshot above
@@ -236,12 +258,12 @@ class Worker:
         last_prune = 0.0
         while not self.stopping.wait(self.rescue_every * self.rng.uniform(0.5, 1.0)):
             try:
-                self.app.queue.rescue()
-                if self.app.cleanup is not None:
-                    self.app.cleanup.finish_idle_runs()
+                self.queue.rescue()
+                if self.hooks.sweep is not None:
+                    self.hooks.sweep()
                 if time.monotonic() - last_prune > 300:
                     last_prune = time.monotonic()
-                    self.app.queue.prune(self.prune_after)
+                    self.queue.prune(self.prune_after)
             except Exception as exc:
                 log.warning("rescuer failed: %s", exc)
 
@@ -258,7 +280,7 @@ class Worker:
         for job in jobs:
             mine.setdefault(job.handler, []).append(job)
         for name, handled in mine.items():
-            handler = self.app.handlers.get(name)
+            handler = self.handlers.get(name)
             if handler is not None and handler.after_batch is not None:
                 try:
                     handler.after_batch(handled)
@@ -277,16 +299,16 @@ class Worker:
         commit instead of one a job. Should any of them fail, snooze or find its
         work already done, the transaction rolls back and each job runs alone, so
         that one job's outcome never decides another's."""
-        handlers = [self.app.handlers[job.handler] for job in jobs]
+        handlers = [self.handlers[job.handler] for job in jobs]
         try:
             for job, handler in zip(jobs, handlers, strict=True):
                 if handler.before is not None:
                     handler.before(job)
             started = time.monotonic()
-            with self.app.engine.transaction() as tx:
+            with self.engine.transaction() as tx:
                 results = [h.fn(job, tx) for job, h in zip(jobs, handlers, strict=True)]
                 self._settle(jobs)
-                self.app.queue.complete_many(jobs, tx)
+                self.queue.complete_many(jobs, tx)
             elapsed = time.monotonic() - started
         except Exception as exc:
             log.info(
@@ -329,7 +351,7 @@ class Worker:
 
     def _run(self, job: Job) -> None:
         fields = job_fields(job)
-        handler = self.app.handlers.get(job.handler)
+        handler = self.handlers.get(job.handler)
         if handler is None:
             self._fail(
                 job,
@@ -345,21 +367,13 @@ class Worker:
             if handler.before is not None:
                 handler.before(job)
             started = time.monotonic()
-            with self.app.engine.transaction(
-                pipelined=handler.pipelined, statement=handler.statement
-            ) as tx:
-                result = handler.fn(job, tx)
-                # Settled before commit: a heartbeat that meets the completion's
-                # row lock returns after it and finds the job no longer held.
-                self._settle([job])
-                if not handler.completes_job:
-                    self.app.queue.complete(job, tx)
+            result = self._execute(job, handler)
             elapsed = time.monotonic() - started
         except AlreadyApplied:
             self._complete_duplicate(job)
             return
         except Snooze as snooze:
-            self.app.queue.release(job, snooze.delay)
+            self.queue.release(job, snooze.delay)
             log.info("job snoozed: %s", snooze, extra={**fields, "delay": snooze.delay})
             return
         except LeaseLost:
@@ -376,13 +390,32 @@ class Worker:
         if handler.after is not None:
             handler.after(job, result, elapsed)
 
+    def _execute(self, job: Job, handler: Handler) -> Any:
+        """Run the handler and complete its job: in the job's transaction, or, for
+        a handler without one, in a transaction of its own right after."""
+        if not handler.transactional:
+            result = handler.fn(job)
+            self._settle([job])
+            self.queue.complete(job)
+            return result
+        with self.engine.transaction(
+            pipelined=handler.pipelined, statement=handler.statement
+        ) as tx:
+            result = handler.fn(job, tx)
+            # Settled before commit: a heartbeat that meets the completion's
+            # row lock returns after it and finds the job no longer held.
+            self._settle([job])
+            if not handler.completes_job:
+                self.queue.complete(job, tx)
+        return result
+
     def _audit_lease_lost(self, job: Job) -> None:
         """Record a delivery that lost its lease, outside its rolled-back transaction,
         so that every duplicate delivery is on the record."""
         try:
-            self.app.engine.audit_append(
+            self.engine.audit_append(
                 None,
-                "job.lease_lost",
+                AuditAction.JOB_LEASE_LOST,
                 actor=self.name,
                 policy=job.payload.get("policy"),
                 run_id=job.payload.get("run_id"),
@@ -394,7 +427,7 @@ class Worker:
 
     def _complete_duplicate(self, job: Job) -> None:
         try:
-            self.app.queue.complete(job)
+            self.queue.complete(job)
             log.info(
                 "job completed as a duplicate: already applied",
                 extra={**job_fields(job), "state": "completed"},
@@ -404,12 +437,12 @@ class Worker:
             self._audit_lease_lost(job)
 
     def _fail(self, job: Job, exc: BaseException, transient: bool | None = None) -> None:
-        classified, kind = self.app.engine.classify(exc)
+        classified, kind = self.engine.classify(exc)
         transient = classified if transient is None else transient
         error = f"{type(exc).__name__}: {exc}".strip()
         delay = retry.backoff(job.attempt, self.rng) if transient else None
         try:
-            state = self.app.engine.job_fail(job, error, kind, delay)
+            state = self.engine.job_fail(job, error, kind, delay)
         except Exception as db_exc:
             log.error(
                 "could not record failure; the lease will expire and the job retry: %s",
@@ -428,7 +461,7 @@ class Worker:
             log.error("job dead-lettered", extra=fields)
             # It may have been its run's last pending job, and no after-commit
             # hook runs for a dead job: finish the run now, not at some later sweep.
-            if self.app.cleanup is not None and job.payload.get("run_id"):
-                self.app.cleanup.finish_runs({job.payload["run_id"]})
+            if self.hooks.dead is not None:
+                self.hooks.dead(job)
         else:
             log.warning("job failed after its lease was lost", extra=fields)

@@ -263,7 +263,7 @@ def make_app(url: str, *policies: dict[str, Any], pool_size: int = 8) -> App:
 def run_worker(app: App, concurrency: int = 1, **kwargs: Any) -> Worker:
     """Run a worker in this process until nothing is due or running."""
     options: dict[str, Any] = {"poll": 0.05, "rescue_every": 0.2, **kwargs}
-    worker = Worker(app, until_idle=True, concurrency=concurrency, **options)
+    worker = app.worker(until_idle=True, concurrency=concurrency, **options)
     assert worker.run() == 0
     return worker
 
@@ -358,4 +358,4 @@ def claim_plan(app: App) -> None:
 
     jobs = app.queue.claim(100, 60, owner="test-planner")
     assert [job.handler for job in jobs] == [PLAN]
-    Worker(app).process(jobs[0])
+    app.worker().process(jobs[0])

@@ -20,7 +20,6 @@ import expiry.cleanup
 from expiry.app import App
 from expiry.errors import TransientError
 from expiry.types import Job, JobState
-from expiry.worker import Worker
 
 from .support import (
     LIVE,
@@ -319,7 +318,7 @@ def test_a_runs_first_page_is_short_and_the_rest_follows_it(
         ]
 
     [first] = app.queue.claim(1)
-    Worker(app).process(first)
+    app.worker().process(first)
     assert len(db.windows(opened.run_id)) == 4
     plans = db.jobs(expiry.cleanup.PLAN, opened.run_id)
     assert [p["state"] for p in plans] == ["completed", "available"]
@@ -328,7 +327,7 @@ def test_a_runs_first_page_is_short_and_the_rest_follows_it(
 
     [second] = app.queue.claim(1)
     assert second.handler == expiry.cleanup.PLAN
-    Worker(app).process(second)
+    app.worker().process(second)
     second_page = [j["payload"]["lo"] for j in db.windows(opened.run_id)[4:]]  # id order: as queued
     assert len(second_page) == 25
     assert waiting() == [*first_page, *second_page[:12], "plan", *second_page[12:]]
@@ -459,7 +458,7 @@ def test_concurrent_workers_on_postgres(pg_db: Db, apps: Apps) -> None:
     opened = app.cleanup.open_run(POLICY)
 
     workers = [
-        Worker(a, concurrency=4, batch=2, until_idle=True, poll=0.05, rescue_every=0.2)
+        a.worker(concurrency=4, batch=2, until_idle=True, poll=0.05, rescue_every=0.2)
         for a in (app, other)
     ]
     threads = [threading.Thread(target=w.run) for w in workers]
@@ -529,7 +528,7 @@ def test_overlapping_run_waits_for_the_earlier_one(
     # The second run's planning job comes up while the first run's windows wait.
     jobs = app.queue.claim(100, 60, owner="test")
     plan = next(j for j in jobs if j.payload["run_id"] == second.run_id)
-    worker = Worker(app)
+    worker = app.worker()
     worker.process(plan)
     snoozed = app.queue.get(plan.key)
     assert snoozed is not None

@@ -15,7 +15,6 @@ import psycopg
 from expiry.app import App
 from expiry.cleanup import WINDOW, Cleanup
 from expiry.types import JobState
-from expiry.worker import Worker
 
 from .support import (
     LIVE,
@@ -131,7 +130,7 @@ def test_a_run_is_not_finished_while_a_window_is_pending(db: Db, apps: Apps) -> 
     assert db.run_state(opened.run_id) == "running"
     assert_not_finished(db, cleanup, opened.run_id)
 
-    worker = Worker(app)
+    worker = app.worker()
     held, retrying, *rest = app.queue.claim(100, 60, owner="test-holder")
     assert rest and all(job.handler == WINDOW for job in (held, retrying, *rest))
     assert app.queue.fail(retrying, "boom") is JobState.RETRYABLE

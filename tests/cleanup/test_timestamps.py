@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from expiry import target as target_module
 from expiry.app import App
 from expiry.errors import SchemaError
 
@@ -370,14 +369,15 @@ def test_the_sample_check_stops_a_run_whose_predicate_takes_live_rows(
     """A planted bug: the predicate compares with a cutoff ten days later. The
     run's sample check reads the candidates in Python and stops it before its
     first window: nothing is deleted, the planning job is dead with the reason."""
-    predicate = target_module._predicate
+    engine_class = type(app_engine(db.url))
+    predicate = engine_class.time_predicate
 
-    def later(storage: Any, dialect: str) -> tuple[str, str]:
-        bound, guard = predicate(storage, dialect)
-        shift = "interval '10 days'" if dialect == "postgres" else "864000"
+    def later(self: Any, storage: Any) -> tuple[str, str]:
+        bound, guard = predicate(self, storage)
+        shift = "interval '10 days'" if self.dialect == "postgres" else "864000"
         return f"({bound} + {shift})", guard
 
-    monkeypatch.setattr(target_module, "_predicate", later)
+    monkeypatch.setattr(engine_class, "time_predicate", later)
     db.create_sessions()
     db.insert_sessions([(1, -3600.0, False), (2, 86400.0, False), (3, 2 * 86400.0, False)])
     app = apps(db.url, {"where": None})
@@ -388,6 +388,14 @@ def test_the_sample_check_stops_a_run_whose_predicate_takes_live_rows(
     assert "not before the cutoff" in plan[0]["error"]
     assert db.ids() == {1, 2, 3}
     assert db.windows(run_id) == []
+
+
+def app_engine(url: str) -> Any:
+    from expiry.engines import open_engine
+
+    engine = open_engine(url)
+    engine.close()
+    return engine
 
 
 def test_python_reads_stored_values_independently() -> None:

@@ -16,10 +16,10 @@ import pytest
 from psycopg.pq import TransactionStatus
 
 from expiry.app import App
-from expiry.cleanup import WINDOW, Cleanup, parse_time
+from expiry.cleanup import WINDOW, Cleanup
 from expiry.errors import AlreadyApplied
 from expiry.target import Target
-from expiry.worker import Worker
+from expiry.times import parse_time
 
 from .support import (
     Db,
@@ -189,12 +189,12 @@ def test_each_statement_of_a_window_is_built_once(
     db: Db, apps: Apps, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seed(db)
-    built: list[tuple[str, bool]] = []
+    built: list[str] = []
     statement = Target.statement
 
-    def spy(self: Target, template: str, *, positional: bool = False, storage: Any = None) -> Any:
-        built.append((template, positional))
-        return statement(self, template, positional=positional, storage=storage)
+    def spy(self: Target, template: str, *, storage: Any = None) -> Any:
+        built.append(template)
+        return statement(self, template, storage=storage)
 
     monkeypatch.setattr(Target, "statement", spy)
     app = apps(db.url)
@@ -227,7 +227,7 @@ def test_the_run_is_finished_once_per_claimed_batch(
     monkeypatch.setattr(Cleanup, "finish_runs", spy)
     # One loop claiming the whole batch (larger than the run) at once, and no
     # rescuer sweep to help.
-    worker = Worker(app, batch=16, claim_hold=None, until_idle=True, poll=0.05, rescue_every=3600)
+    worker = app.worker(batch=16, claim_hold=None, until_idle=True, poll=0.05, rescue_every=3600)
     assert worker.run() == 0
 
     windows = len(expected_windows(doomed(rows), 100))
@@ -259,14 +259,14 @@ def test_a_window_costs_one_round_trip_on_postgres(pg_db: Db, apps: Apps, tmp_pa
     claim_plan(app)
     first, second = app.queue.claim(2, 60, owner="traced")
     assert first.handler == second.handler == WINDOW
-    Worker(app).process(first)
+    app.worker().process(first)
     with app.engine.pool.connection() as conn:  # back in the pool now: no check
         pgconn = conn.pgconn
     trace = tmp_path / "libpq.trace"
     with trace.open("w") as out:
         pgconn.trace(out.fileno())
         try:
-            Worker(app).process(second)
+            app.worker().process(second)
         finally:
             pgconn.untrace()
     text = trace.read_text()
@@ -306,7 +306,7 @@ def test_a_window_runs_under_its_policys_limits_and_other_work_under_its_own(
     [job] = app.queue.claim(1, 60, owner="timed")
     table = db.table()
 
-    Worker(app).process(job)
+    app.worker().process(job)
 
     failed = app.queue.get(job.key)
     assert failed is not None and failed.state.value == "retryable"

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from expiry.app import App
-from expiry.cleanup import format_time
+from expiry.times import format_time
 
 POLICY = "expired-sessions"
 EXPIRED, LIVE = 500, 100

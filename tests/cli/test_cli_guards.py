@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from test_cli import POLICY, Workspace, assert_usage_error, make_workspace
 
-from expiry.cleanup import format_time
+from expiry.times import format_time
 
 
 @pytest.fixture

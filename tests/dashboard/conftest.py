@@ -33,7 +33,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 from expiry.app import App
 from expiry.config import parse_config
 from expiry.http import create_app
-from expiry.http.security import create_key
+from expiry.keys import Keys
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -134,7 +134,7 @@ def dashboard(db_url: str) -> Iterator[Dashboard]:
     )
     app = App(config=config)
     make_sessions(app, expired=450, live=50)
-    key = create_key(app, "ops")
+    key = Keys(app.engine).create("ops")
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))

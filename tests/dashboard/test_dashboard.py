@@ -12,14 +12,13 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
 
-from expiry.http.security import revoke_key
-from expiry.worker import Worker
+from expiry.keys import Keys
 
 from .conftest import Dashboard, csrf_of, screenshot, sign_in
 
 
 def run_worker(dashboard: Dashboard, queue: str = "default") -> None:
-    worker = Worker(dashboard.app, queues=(queue,), until_idle=True, poll=0.05, rescue_every=0.2)
+    worker = dashboard.app.worker(queues=(queue,), until_idle=True, poll=0.05, rescue_every=0.2)
     assert worker.run() == 0
 
 
@@ -63,7 +62,7 @@ def test_sign_in_sets_a_strict_httponly_session(dashboard: Dashboard) -> None:
         again = client.post("/login", data={"key": dashboard.key, "next": "//evil.example/"})
         assert again.headers["location"] == "/"
         # revoking the key ends its sessions (the key list is re-read within a second)
-        assert revoke_key(dashboard.app, dashboard.key_name)
+        assert Keys(dashboard.app.engine).revoke(dashboard.key_name)
         time.sleep(1.1)
         assert client.get("/queue").headers["location"] == "/login?next=%2Fqueue"
 

@@ -10,8 +10,6 @@ import pytest
 from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.common.by import By
 
-from expiry.worker import Worker
-
 from .conftest import Dashboard, screenshot, sign_in
 from .html_check import check_html
 
@@ -31,7 +29,7 @@ def arrange(dashboard: Dashboard) -> dict[str, str]:
     fire = app.engine.now().replace(microsecond=0) + timedelta(seconds=1)
     with app.engine.transaction() as conn:
         assert app.crons.fire(target, fire, conn)
-    assert Worker(app, until_idle=True, poll=0.05, rescue_every=0.2).run() == 0
+    assert app.worker(until_idle=True, poll=0.05, rescue_every=0.2).run() == 0
     app.engine.cron_call_insert(
         "hourly-ping", fire, 1, status=204, duration_ms=12.5, response="", error=None
     )
@@ -41,9 +39,8 @@ def arrange(dashboard: Dashboard) -> dict[str, str]:
     [claimed] = app.queue.claim(1, 300, queues=("exports",), owner="test-worker")
     [flaky] = app.queue.claim(1, 300, queues=("exports",), owner="test-worker")
     app.queue.fail(flaky, "lock timeout on exports", transient=True, kind="lock_timeout")
-    from expiry.scheduler import Scheduler
 
-    Scheduler(app).set_paused("expired-sessions", True, actor="test")
+    app.scheduler().set_paused("expired-sessions", True, actor="test")
     return {"run": opened.run_id, "dead": "dead-1", "running": claimed.key}
 
 

@@ -237,9 +237,8 @@ def plan_only(app: Any, owner: str = "drill-planner") -> int:
     window jobs waiting. The windows each page emits are held back (run_at an hour
     ahead) so that the next claim finds the next page, then all made due at once."""
     from expiry.cleanup import PLAN
-    from expiry.worker import Worker
 
-    planner = Worker(app, name=owner)
+    planner = app.worker(name=owner)
     hold = (
         "update expiry.jobs set run_at = now() + interval '1 hour'"
         " where handler = 'expiry.window' and state = 'available'"

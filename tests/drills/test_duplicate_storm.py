@@ -42,8 +42,8 @@ def test_every_window_delivered_twice_concurrently_applies_once(
     app_a, app_b = apps(pg_url, policy), apps(pg_url, policy)
     assert app_a.cleanup is not None
     opened = app_a.cleanup.open_run("expired-sessions")
-    worker_a = Worker(app_a, name="drill-worker-a")
-    worker_b = Worker(app_b, name="drill-worker-b")
+    worker_a = app_a.worker(name="drill-worker-a")
+    worker_b = app_b.worker(name="drill-worker-b")
     assert plan_only(app_a) > ROWS // WINDOW_KEYS // 2
 
     first = claim_all(app_a, worker_a.name)

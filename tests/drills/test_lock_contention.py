@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable
 
 from expiry.app import App
-from expiry.worker import Worker
 
 from .harness import connect, load_sessions, scale, wait_until
 from .invariants import check, record_expected
@@ -56,7 +55,7 @@ def test_windows_behind_foreground_locks_retry_then_finish(
     locked.wait()
     started = time.monotonic()
 
-    worker = Worker(app, concurrency=2, poll=0.05, rescue_every=0.5, name="drill-worker")
+    worker = app.worker(concurrency=2, poll=0.05, rescue_every=0.5, name="drill-worker")
     runner = threading.Thread(target=worker.run)
     runner.start()
     try:

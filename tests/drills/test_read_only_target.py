@@ -24,7 +24,6 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from cleanup.support import cli, drain, run_worker, write_config
 from expiry.app import App
-from expiry.worker import Worker
 
 from .harness import connect, job_states, load_sessions, pending, scale, wait_until
 from .invariants import Target, check, record_expected
@@ -127,7 +126,7 @@ def test_database_turning_read_only_mid_run_recovers_without_restart(
     app = apps(pg_url, POLICY_B)
     assert app.cleanup is not None
     dbname = conninfo_to_dict(pg_url)["dbname"]
-    worker = Worker(app, concurrency=2, lease=2.0, poll=0.05, rescue_every=0.5, name="drill-ro")
+    worker = app.worker(concurrency=2, lease=2.0, poll=0.05, rescue_every=0.5, name="drill-ro")
     runner = threading.Thread(target=worker.run)
     runner.start()
     admin = psycopg.connect(admin_conninfo(pg_url), autocommit=True)

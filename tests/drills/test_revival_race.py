@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable
 
 from expiry.app import App
-from expiry.worker import Worker
 
 from .harness import connect, load_sessions, plan_only, scale
 from .invariants import add_survivors, check, record_expected
@@ -55,7 +54,7 @@ def test_rows_revived_after_planning_or_during_the_run_survive(
     before = revive(pg_url, rng.sample(candidates, len(candidates) // 50))
     assert before
 
-    worker = Worker(app, concurrency=2, poll=0.05, rescue_every=0.5, until_idle=True)
+    worker = app.worker(concurrency=2, poll=0.05, rescue_every=0.5, until_idle=True)
     runner = threading.Thread(target=worker.run)
     runner.start()
     during: list[int] = []

@@ -15,7 +15,7 @@ import pytest
 from _http_live import Db, Live, LiveServer, Serve, make_app
 
 from expiry.app import App
-from expiry.http.security import create_key
+from expiry.keys import Keys
 
 
 @pytest.fixture
@@ -36,7 +36,7 @@ def serve() -> Iterator[Serve]:
         app.migrate()
         server = LiveServer(app).start()
         started.append((server, app, db))
-        key = create_key(app, "tests")
+        key = Keys(app.engine).create("tests")
         return Live(app, server, db, key, server.client(key))
 
     yield build

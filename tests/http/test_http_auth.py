@@ -7,7 +7,7 @@ import time
 
 from _http_live import Live, Serve, assert_error, make_app, wait_for
 
-from expiry.http.security import create_key, revoke_key
+from expiry.keys import Keys
 
 PUBLISH = {"queue": "emails", "message": {"user_id": 42}}
 
@@ -50,19 +50,19 @@ def test_a_missing_or_wrong_key_is_401_json(live: Live) -> None:
 
 
 def test_a_revoked_key_stops_working_within_a_second(live: Live) -> None:
-    other_key = create_key(live.app, "other")
+    other_key = Keys(live.app.engine).create("other")
     client = live.new_client(other_key)
     assert client.get("/v1/policies").status_code == 200
     # Revoke from a separate App on the same database, as `expiry keys revoke` does.
     operator = make_app(live.db.url)
     try:
-        assert revoke_key(operator, "other")
-        assert not revoke_key(operator, "other")  # once
+        assert Keys(operator.engine).revoke("other")
+        assert not Keys(operator.engine).revoke("other")  # once
     finally:
         operator.close()
     revoked_at = time.monotonic()
     # A key made meanwhile is picked up as fast.
-    newcomer = live.new_client(create_key(live.app, "newcomer"))
+    newcomer = live.new_client(Keys(live.app.engine).create("newcomer"))
     wait_for(
         lambda: client.get("/v1/policies").status_code == 401,
         timeout=3,
@@ -91,7 +91,7 @@ def test_over_the_rate_limit_is_429_with_retry_after(sqlite_url: str, serve: Ser
     assert live.app.queue.pending() == 0, "a refused request must not run"
 
     # The bucket is per key: another key has its own burst.
-    other = live.new_client(create_key(live.app, "other"))
+    other = live.new_client(Keys(live.app.engine).create("other"))
     wait_for(lambda: other.get("/v1/policies").status_code == 200, timeout=3, what="other key")
 
     # After Retry-After the same request goes through, and runs (the 429 was not stored

@@ -8,8 +8,6 @@ from urllib.parse import quote
 from _http_live import Live, assert_error
 from prometheus_client.parser import text_string_to_metric_families
 
-from expiry.worker import Worker
-
 POLICY = "expired-sessions"
 
 
@@ -62,7 +60,7 @@ def test_trigger_dry_run_then_real_run(live: Live) -> None:
     assert listed["id"] == run_id and listed["state"] != "finished"
     assert listed["opened_by"] == "api"
 
-    assert Worker(live.app, until_idle=True, poll=0.05, rescue_every=0.2).run() == 0
+    assert live.app.worker(until_idle=True, poll=0.05, rescue_every=0.2).run() == 0
     assert live.db.count() == 50
 
     summary = live.client.get(f"/v1/runs/{quote(run_id, safe='')}")

@@ -12,9 +12,7 @@ import pytest
 from _http_live import Live, Receiver, Serve, assert_error, make_app
 
 from expiry import webhooks
-from expiry.scheduler import Scheduler
 from expiry.types import JobState
-from expiry.worker import Worker
 
 LOCAL = {"allowed_hosts": ["127.0.0.1"]}
 
@@ -23,8 +21,8 @@ def fire_and_work(live: Live, minutes: int = 1) -> list[object]:
     """Tick the scheduler at the database's now + ``minutes`` and one second, then run
     a worker until nothing is due."""
     at = live.app.engine.now() + timedelta(minutes=minutes, seconds=1)
-    fired = Scheduler(live.app, clock=lambda: at).tick()
-    assert Worker(live.app, until_idle=True, poll=0.05, rescue_every=0.2).run() == 0
+    fired = live.app.scheduler(clock=lambda: at).tick()
+    assert live.app.worker(until_idle=True, poll=0.05, rescue_every=0.2).run() == 0
     return list(fired)
 
 
@@ -71,7 +69,7 @@ def test_a_cron_target_gets_a_signed_call(db_url: str, serve: Serve) -> None:
 
         # The same tick again fires nothing new: the fire time was claimed.
         at = live.app.engine.now() + timedelta(minutes=1, seconds=1)
-        assert Scheduler(live.app, clock=lambda: at).tick() == []
+        assert live.app.scheduler(clock=lambda: at).tick() == []
         assert len(receiver.calls) == 1
 
 
@@ -193,8 +191,8 @@ def test_a_host_no_longer_allowed_is_refused_at_call_time(pg_url: str, serve: Se
         strict = make_app(pg_url)
         try:
             at = strict.engine.now() + timedelta(minutes=1, seconds=1)
-            assert len(Scheduler(strict, clock=lambda: at).tick()) == 1
-            assert Worker(strict, until_idle=True, poll=0.05).run() == 0
+            assert len(strict.scheduler(clock=lambda: at).tick()) == 1
+            assert strict.worker(until_idle=True, poll=0.05).run() == 0
         finally:
             strict.close()
         assert receiver.calls == []

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 from _http_live import Serve, assert_error
 
-from expiry.cleanup import format_time
+from expiry.times import format_time
 
 POLICY = "expired-sessions"
 

@@ -16,7 +16,7 @@ import httpx
 import psycopg
 from _http_live import Live, Serve, assert_error, wait_for
 
-from expiry.http.security import create_key
+from expiry.keys import Keys
 
 
 def jobs_in(live: Live, queue: str) -> int:
@@ -106,7 +106,7 @@ def test_idempotency_keys_belong_to_one_api_key(live: Live) -> None:
     body = {"queue": "emails", "message": {"n": 1}}
     headers = {"Idempotency-Key": "shared"}
     mine = live.client.post("/v1/queue/publish", json=body, headers=headers)
-    other = live.new_client(create_key(live.app, "other"))
+    other = live.new_client(Keys(live.app.engine).create("other"))
     theirs = wait_for(
         lambda: (
             (r := other.post("/v1/queue/publish", json=body, headers=headers)).status_code != 401

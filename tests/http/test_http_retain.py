@@ -8,8 +8,6 @@ from urllib.parse import quote
 
 from _http_live import Db, Serve
 
-from expiry.worker import Worker
-
 POLICY = "expired-sessions"
 SECONDS = {"postgres": "make_interval(secs => %s)", "sqlite": "%s"}
 
@@ -43,7 +41,7 @@ def test_trigger_with_retain_keeps_rows_expired_less_than_retain_ago(
     cutoff = datetime.fromisoformat(opened["cutoff"].replace("Z", "+00:00"))
     assert timedelta(minutes=59) < live.app.engine.now() - cutoff < timedelta(minutes=61)
 
-    assert Worker(live.app, until_idle=True, poll=0.05, rescue_every=0.2).run() == 0
+    assert live.app.worker(until_idle=True, poll=0.05, rescue_every=0.2).run() == 0
     assert live.db.count() == 150
     assert live.db.scalar("select min(id) from sessions") == 101
     run = live.client.get(f"/v1/runs/{quote(opened['run_id'], safe='')}").json()

@@ -26,7 +26,6 @@ from expiry.app import App
 from expiry.engines import open_engine
 from expiry.queue import Queue
 from expiry.types import Job, JobState
-from expiry.worker import Worker
 
 
 def mark(marks: Path | None, job: Job) -> None:
@@ -59,8 +58,7 @@ def build_app(url: str, marks: Path | None) -> App:
 
 def run_worker(args: argparse.Namespace) -> int:
     app = build_app(args.url, Path(args.marks) if args.marks else None)
-    worker = Worker(
-        app,
+    worker = app.worker(
         lease=args.lease,
         batch=args.batch,
         poll=0.05,

@@ -20,7 +20,7 @@ def make_worker(app: App, **kwargs: Any) -> Worker:
         "poll": 0.05,
         "rng": random.Random(0),
     }
-    return Worker(app, **{**options, **kwargs})
+    return app.worker(**{**options, **kwargs})
 
 
 def test_after_batch_gets_each_handlers_jobs_of_the_batch_once(app: App) -> None:
@@ -64,7 +64,7 @@ def test_process_is_a_batch_of_one_and_a_failing_hook_is_logged(app: App) -> Non
     app.queue.enqueue("a", {}, None, "one")
     [job] = app.queue.claim(1, 60, owner="test")
 
-    Worker(app).process(job)
+    app.worker().process(job)
 
     assert seen == [["one"]]
     done = app.queue.get("one")

@@ -10,7 +10,6 @@ from typing import Any
 from expiry.app import App
 from expiry.queue import new_job
 from expiry.types import Job
-from expiry.worker import Worker
 
 
 def record_claims(app: App) -> list[int]:
@@ -38,7 +37,7 @@ def test_slow_jobs_are_claimed_a_few_at_a_time(app: App) -> None:
     keys = [f"s{i}" for i in range(10)]
     app.queue.enqueue_many(new_job("slow", {}, None, key) for key in keys)
     sizes = record_claims(app)
-    worker = Worker(app, batch=16, claim_hold=0.25, until_idle=True, rng=random.Random(0))
+    worker = app.worker(batch=16, claim_hold=0.25, until_idle=True, rng=random.Random(0))
     assert worker.run() == 0
 
     assert sum(sizes) == 10
@@ -51,7 +50,7 @@ def test_fast_jobs_are_claimed_a_full_batch_at_a_time(app: App) -> None:
     keys = [f"f{i}" for i in range(200)]
     app.queue.enqueue_many(new_job("fast", {}, None, key) for key in keys)
     sizes = record_claims(app)
-    worker = Worker(app, batch=16, claim_hold=0.25, until_idle=True, rng=random.Random(0))
+    worker = app.worker(batch=16, claim_hold=0.25, until_idle=True, rng=random.Random(0))
     assert worker.run() == 0
 
     assert sum(sizes) == 200 and max(sizes) == 16, sizes
@@ -63,7 +62,7 @@ def test_the_end_of_a_backlog_is_claimed_in_halves(app: App) -> None:
     app.handler("fast")(lambda job, tx: None)
     app.queue.enqueue_many(new_job("fast", {}, None, f"f{i:02}") for i in range(40))
     sizes = record_claims(app)
-    worker = Worker(app, batch=16, claim_hold=10.0, until_idle=True, rng=random.Random(0))
+    worker = app.worker(batch=16, claim_hold=10.0, until_idle=True, rng=random.Random(0))
     assert worker.run() == 0
 
     # One until timed; then 16 of 39 due, 12 of 23, 6 of 11, 3 of 5, 1 of 2, 1 of 1.
@@ -74,7 +73,7 @@ def test_a_fixed_batch_worker_claims_whole_batches_to_the_end(app: App) -> None:
     app.handler("fast")(lambda job, tx: None)
     app.queue.enqueue_many(new_job("fast", {}, None, f"f{i:02}") for i in range(40))
     sizes = record_claims(app)
-    worker = Worker(app, batch=16, claim_hold=None, until_idle=True, rng=random.Random(0))
+    worker = app.worker(batch=16, claim_hold=None, until_idle=True, rng=random.Random(0))
     assert worker.run() == 0
 
     assert sizes == [16, 16, 8]

@@ -50,7 +50,7 @@ def test_no_job_is_claimed_twice_by_concurrent_processes(
 
 
 def run_rescuer(app: App, lease: float = 5.0) -> Worker:
-    worker = Worker(app, until_idle=True, lease=lease, poll=0.05, rescue_every=0.2)
+    worker = app.worker(until_idle=True, lease=lease, poll=0.05, rescue_every=0.2)
     started = time.monotonic()
     assert worker.run() == 0
     assert time.monotonic() - started < 30

@@ -12,6 +12,7 @@ from _support import execute, expire_leases, placeholder
 
 from expiry.app import App
 from expiry.errors import ConfigError, PermanentError
+from expiry.handlers import Handler
 from expiry.queue import new_job
 from expiry.types import Job, JobState
 from expiry.worker import Worker
@@ -25,7 +26,7 @@ def make_worker(app: App, **kwargs: Any) -> Worker:
         "rescue_every": 3600,
         "rng": random.Random(0),
     }
-    return Worker(app, **{**options, **kwargs})
+    return app.worker(**{**options, **kwargs})
 
 
 def setup_effects(app: App) -> str:
@@ -158,6 +159,12 @@ def test_a_lost_lease_in_a_group_completes_none_of_it(app: App) -> None:
 
 
 def test_a_handler_that_completes_its_own_job_cannot_join_a_group(app: App) -> None:
-    with pytest.raises(ConfigError, match="completes its own job"):
-        app.handler("both", group_commit=True, completes_job=True)
+    with pytest.raises(ConfigError, match="must not complete its own job"):
+        app.register(Handler("both", lambda job, tx: None, group_commit=True, completes_job=True))
+    assert "both" not in app.handlers
+
+
+def test_a_handler_without_a_transaction_cannot_join_a_group(app: App) -> None:
+    with pytest.raises(ConfigError, match="must be transactional"):
+        app.handler("both", group_commit=True, transactional=False)(lambda job: None)
     assert "both" not in app.handlers

@@ -26,7 +26,7 @@ def make_worker(app: App, **kwargs: Any) -> Worker:
         "rescue_every": 0.2,
         "rng": random.Random(0),
     }
-    return Worker(app, **{**options, **kwargs})
+    return app.worker(**{**options, **kwargs})
 
 
 def effects_table(app: App) -> None:

@@ -18,9 +18,9 @@ from datetime import datetime
 from pathlib import Path
 
 from expiry.app import App
-from expiry.cleanup import format_time, parse_time
 from expiry.config import parse_config
-from expiry.scheduler import Fire, Scheduler
+from expiry.scheduler import Fire
+from expiry.times import format_time, parse_time
 
 
 def main() -> int:
@@ -28,7 +28,7 @@ def main() -> int:
     app = App(config=parse_config(json.loads(config_json)))
     clock = Path(clock_file)
     now: list[datetime] = [parse_time(clock.read_text().strip())]
-    scheduler = Scheduler(app, clock=lambda: now[0])
+    scheduler = app.scheduler(clock=lambda: now[0])
     fired: list[Fire] = []
     ready = False
     while True:

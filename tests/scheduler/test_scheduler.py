@@ -2,7 +2,7 @@
 expiry.schedules.last_fire_at, catch-up after downtime, pause/resume, daylight
 saving, bad expressions, and the `expiry scheduler` process with its signals.
 
-Every test drives Scheduler.tick() with a fake clock (Scheduler(app, clock=...))
+Every test drives Scheduler.tick() with a fake clock (app.scheduler(clock=...))
 and checks the outcome in the database: runs, schedules and the audit log.
 """
 
@@ -25,10 +25,10 @@ import pytest
 
 from expiry import status
 from expiry.app import App
-from expiry.cleanup import format_time
 from expiry.config import parse_config
 from expiry.errors import ConfigError
 from expiry.scheduler import Fire, Scheduler
+from expiry.times import format_time
 
 HERE = Path(__file__).parent
 POLICY = "sweep"
@@ -97,7 +97,7 @@ def make_app(db_url: str) -> Iterator[Callable[..., App]]:
 
 
 class Clock:
-    """The fake clock handed to Scheduler(app, clock=...)."""
+    """The fake clock handed to app.scheduler(clock=...)."""
 
     def __init__(self, now: datetime) -> None:
         self.now = now
@@ -168,7 +168,7 @@ def test_first_tick_registers_the_schedule_without_firing_past_times(
 ) -> None:
     app = make_app(policy(schedule="* * * * *"))
     clock = Clock(utc(2030, 1, 1, 0, 5, 30))
-    scheduler = Scheduler(app, clock=clock)
+    scheduler = app.scheduler(clock=clock)
 
     assert scheduler.tick() == []
 
@@ -186,7 +186,7 @@ def test_first_tick_registers_the_schedule_without_firing_past_times(
 def test_a_fire_per_due_time_with_cutoff_fire_minus_retain(make_app: Callable[..., App]) -> None:
     app = make_app(policy(schedule="*/5 * * * *", retain="1h"))
     clock = Clock(utc(2030, 1, 1, 0, 0, 30))
-    scheduler = Scheduler(app, clock=clock)
+    scheduler = app.scheduler(clock=clock)
     scheduler.tick()
 
     fired: list[Fire] = []
@@ -215,10 +215,8 @@ def test_two_schedulers_taking_turns_open_one_run_per_fire(make_app: Callable[..
     stale clock). Each fire is claimed once, by one of them."""
     start = utc(2030, 1, 1, 0, 0, 30)
     clocks = [Clock(start), Clock(start)]
-    schedulers = [
-        Scheduler(make_app(policy(schedule="* * * * *", catch_up="all")), clock=clocks[i])
-        for i in range(2)
-    ]
+    apps = [make_app(policy(schedule="* * * * *", catch_up="all")) for _ in range(2)]
+    schedulers = [apps[i].scheduler(clock=clocks[i]) for i in range(2)]
     for scheduler in schedulers:
         scheduler.tick()
 
@@ -235,7 +233,7 @@ def test_two_schedulers_taking_turns_open_one_run_per_fire(make_app: Callable[..
     both = sorted(claimed[0] + claimed[1], key=lambda f: f.fire_time)
     assert [f.fire_time for f in both] == due
     assert claimed[0] and claimed[1]
-    app = schedulers[0].app
+    app = apps[0]
     assert run_ids(app) == [rid(d) for d in due]
     assert sorted(fire_times(audit(app, "schedule.fired"))) == [format_time(d) for d in due]
     assert audit(app, "schedule.missed") == []
@@ -391,10 +389,10 @@ def test_a_scheduler_stopped_across_three_fires_catches_up_by_policy(
     'schedule.missed' with its fire time."""
     app = make_app(policy(catch_up=catch_up, max_catch_up=max_catch_up))
     clock = Clock(T0)
-    Scheduler(app, clock=clock).tick()
+    app.scheduler(clock=clock).tick()
 
     clock.now = resumed_at
-    restarted = Scheduler(app, clock=clock)  # a new process, the same database
+    restarted = app.scheduler(clock=clock)  # a new process, the same database
     fired = restarted.tick()
 
     hour = {h: utc(2030, 1, 1, h) for h in (1, 2, 3)}
@@ -424,10 +422,10 @@ def test_pause_stops_fires_and_resume_applies_catch_up(
     app = make_app(policy(catch_up=catch_up))
     operator = make_app(policy(catch_up=catch_up))
     clock = Clock(T0)
-    scheduler = Scheduler(app, clock=clock)
+    scheduler = app.scheduler(clock=clock)
     scheduler.tick()
 
-    Scheduler(operator).set_paused(POLICY, True, actor="alice")
+    operator.scheduler().set_paused(POLICY, True, actor="alice")
 
     assert [e["actor"] for e in audit(app, "policy.paused")] == ["alice"]
     assert scheduler.states()[POLICY].paused
@@ -438,7 +436,7 @@ def test_pause_stops_fires_and_resume_applies_catch_up(
     assert run_ids(app) == []
     assert audit(app, "schedule.fired") == audit(app, "schedule.missed") == []
 
-    Scheduler(operator).set_paused(POLICY, False, actor="bob")
+    operator.scheduler().set_paused(POLICY, False, actor="bob")
 
     assert [e["actor"] for e in audit(app, "policy.resumed")] == ["bob"]
     assert status.policies(app)[0]["paused"] is False
@@ -457,7 +455,7 @@ def test_pausing_an_unknown_policy_is_refused_with_a_suggestion(
 ) -> None:
     app = make_app()
     with pytest.raises(ConfigError, match="did you mean 'sweep'"):
-        Scheduler(app).set_paused("swep", True, actor="alice")
+        app.scheduler().set_paused("swep", True, actor="alice")
     assert audit(app, "policy.paused", "swep") == []
 
 
@@ -489,7 +487,7 @@ def test_dst_spring_forward_a_time_in_the_gap_fires_once_right_after_it(
     assert utc(2030, 3, 10, 9).astimezone(NEW_YORK).utcoffset() == timedelta(hours=-4)
     app = make_app(policy(schedule="30 2 * * *", timezone="America/New_York"))
     clock = Clock(datetime(2030, 3, 9, 12, 0, tzinfo=NEW_YORK).astimezone(UTC))
-    scheduler = Scheduler(app, clock=clock)
+    scheduler = app.scheduler(clock=clock)
     scheduler.tick()
 
     end = datetime(2030, 3, 11, 12, 0, tzinfo=NEW_YORK).astimezone(UTC)
@@ -510,7 +508,7 @@ def test_dst_fall_back_a_repeated_time_fires_once_at_its_first_occurrence(
     assert utc(2030, 11, 3, 8).astimezone(NEW_YORK).utcoffset() == timedelta(hours=-5)
     app = make_app(policy(schedule="30 1 * * *", timezone="America/New_York"))
     clock = Clock(datetime(2030, 11, 2, 12, 0, tzinfo=NEW_YORK).astimezone(UTC))
-    scheduler = Scheduler(app, clock=clock)
+    scheduler = app.scheduler(clock=clock)
     scheduler.tick()
 
     end = datetime(2030, 11, 4, 12, 0, tzinfo=NEW_YORK).astimezone(UTC)
@@ -532,7 +530,7 @@ def test_dst_a_schedule_with_a_wildcard_hour_skips_the_gap_and_repeats_the_fold(
         policy("spring", schedule="30 * * * *", timezone="America/New_York", catch_up="all")
     )
     clock = Clock(datetime(2030, 3, 10, 0, 0, tzinfo=NEW_YORK).astimezone(UTC))
-    scheduler = Scheduler(spring, clock=clock)
+    scheduler = spring.scheduler(clock=clock)
     scheduler.tick()
     end = datetime(2030, 3, 10, 5, 0, tzinfo=NEW_YORK).astimezone(UTC)
     fired = tick_through(scheduler, clock, end, timedelta(minutes=10))
@@ -545,7 +543,7 @@ def test_dst_a_schedule_with_a_wildcard_hour_skips_the_gap_and_repeats_the_fold(
 
     fall = make_app(policy("fall", schedule="30 * * * *", timezone="America/New_York"))
     clock = Clock(datetime(2030, 11, 3, 0, 0, tzinfo=NEW_YORK).astimezone(UTC))
-    scheduler = Scheduler(fall, clock=clock)
+    scheduler = fall.scheduler(clock=clock)
     scheduler.tick()
     fired = tick_through(scheduler, clock, utc(2030, 11, 3, 8), timedelta(minutes=10))
     assert [local(f.fire_time) for f in fired] == [

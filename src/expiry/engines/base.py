@@ -19,6 +19,7 @@ from __future__ import annotations
 import abc
 import json
 import re
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -26,11 +27,21 @@ from importlib import resources
 from typing import Any
 
 from ..defaults import MAX_PAYLOAD_BYTES
-from ..errors import AlreadyApplied, LeaseLost, MigrationError, PayloadTooLarge
+from ..errors import (
+    AlreadyApplied,
+    LeaseLost,
+    MigrationError,
+    PayloadTooLarge,
+    PermanentError,
+    TransientError,
+)
+from ..timestamps import Storage
 from ..types import (
     ApiKey,
+    AuditAction,
     AuditCount,
     AuditEvent,
+    Column,
     CronCall,
     CronTarget,
     EnqueueResult,
@@ -41,10 +52,12 @@ from ..types import (
     NewJob,
     PolicyTotals,
     QueueStats,
+    Relation,
     Run,
     RunJobs,
     RunTotals,
     Schedule,
+    WindowApply,
 )
 
 Row = dict[str, Any]
@@ -182,15 +195,11 @@ class Engine(abc.ABC):
 
     def wait_for_jobs(self, timeout: float) -> None:
         """Block up to ``timeout`` seconds, returning early on a hint of new work."""
-        import time
-
         time.sleep(timeout)
 
     def wait_for_runs(self, timeout: float) -> None:
         """Block up to ``timeout`` seconds, returning early on a hint that a run
         finished (PostgreSQL's LISTEN; engines without hints sleep)."""
-        import time
-
         time.sleep(timeout)
 
     def check_schema_version(self, current: int) -> None:
@@ -230,6 +239,67 @@ class Engine(abc.ABC):
     def _one(self, conn: Any | None, name: str, params: dict[str, Any] | None = None) -> Row | None:
         found = self._run(conn, name, params)
         return found[0] if found else None
+
+    # -- a policy's table: what target.py builds its statements from -------------
+    # Each engine says how its dialect names, binds, types and compares; the
+    # statements themselves are written once, in target.py.
+
+    ledger_table: str
+    """expiry's ledger, quoted, for the window's guard."""
+
+    typed_columns: bool
+    """True where a column's declared type decides what it holds (PostgreSQL);
+    False where each value has its own storage class (SQLite), so the data is read."""
+
+    @abc.abstractmethod
+    def quote(self, identifier: str) -> str:
+        """A validated identifier, schema-qualified or not, quoted by the driver's rules."""
+
+    @abc.abstractmethod
+    def placeholder(self, name: str) -> str:
+        """A named parameter in the driver's style."""
+
+    @abc.abstractmethod
+    def escape(self, text: str) -> str:
+        """Trusted SQL text (a policy's where) as it must appear in a statement that
+        has parameters (psycopg doubles '%')."""
+
+    @abc.abstractmethod
+    def time_predicate(self, storage: Storage) -> tuple[str, str]:
+        """The retention predicate's index bound and its guard for ``storage``
+        (timestamps.py says why each holds), with {ts}, {p_cutoff} and {p_exact}."""
+
+    @abc.abstractmethod
+    def cutoff_params(self, storage: Storage, cutoff: datetime) -> dict[str, Any]:
+        """The cutoff as the predicate of ``storage`` binds it."""
+
+    @abc.abstractmethod
+    def column_kind(self, declared: str) -> str:
+        """A declared column type as "integer", "time" (a native time type) or "other"."""
+
+    @abc.abstractmethod
+    def table_columns(self, conn: Any, table: str) -> list[Column]:
+        """The table's columns in order, each with whether an index leads with it."""
+
+    @abc.abstractmethod
+    def table_relation(self, conn: Any, table: str) -> Relation | None:
+        """What ``table`` is, or None when it does not exist."""
+
+    @abc.abstractmethod
+    def explain(self, conn: Any, statement: str) -> None:
+        """Plan ``statement`` without running it; raise the driver's error when it
+        is not valid SQL, leaving the caller's transaction usable."""
+
+    @abc.abstractmethod
+    def window_apply(self, conn: Any, window: WindowApply) -> int | None:
+        """Apply a window and book it, in ``conn``'s transaction (or, outside one,
+        as a transaction of its own where the engine can): delete (or archive) its
+        expired, unbooked rows under the policy's limits; with ``window.job``,
+        complete the job; insert the ledger row with the rows taken, or, when none
+        were taken and the key was booked before, audit a duplicate. Returns the
+        rows taken, or None for a duplicate (nothing changed). Raises
+        AlreadyApplied when rows were taken but the key was booked meanwhile:
+        the transaction must roll back."""
 
     # -- the clock ------------------------------------------------------------
 
@@ -429,7 +499,7 @@ class Engine(abc.ABC):
     def audit_append(
         self,
         conn: Any | None,
-        action: str,
+        action: AuditAction,
         *,
         actor: str,
         policy: str | None = None,
@@ -439,7 +509,7 @@ class Engine(abc.ABC):
     ) -> None:
         params = {
             "actor": actor,
-            "action": action,
+            "action": str(action),
             "policy": policy,
             "run_id": run_id,
             "job_key": job_key,
@@ -777,8 +847,6 @@ class Engine(abc.ABC):
 
 def classify_exception(exc: BaseException) -> tuple[bool, str] | None:
     """Errors every engine classifies the same way: (transient, kind)."""
-    from ..errors import PermanentError, TransientError
-
     if isinstance(exc, PermanentError):
         return False, type(exc).__name__
     if isinstance(exc, TransientError):

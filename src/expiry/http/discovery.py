@@ -4,19 +4,17 @@
 gives method, path, request and response JSON Schema, errors, limits and
 runnable examples in curl, Python, Node.js and Go. The schemas are cut from the
 server's own OpenAPI document, which FastAPI builds from the models that
-validate requests, so discovery cannot drift from behaviour.
+validate requests, so discovery cannot drift from behaviour. The two routes
+are in routes/meta.py.
 """
 
 from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Callable
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI, Request
-
-from .models import ErrorResponse
+from fastapi import FastAPI
 
 CAPABILITIES: dict[str, dict[str, Any]] = {
     "queue.publish": {
@@ -141,23 +139,28 @@ def examples(
             "  headers: {Authorization: `Bearer ${process.env.EXPIRY_KEY}`, 'Content-Type': 'application/json'},\n"
             f"  body: JSON.stringify({data})}});\nconsole.log(await res.json());"
         ),
-        "go": (
-            "package main\n\n"
-            'import (\n\t"fmt"\n\t"io"\n\t"net/http"\n\t"os"\n\t"strings"\n)\n\n'
-            "func main() {\n"
-            f"\tbody := strings.NewReader({json.dumps(data)})\n"
-            f"\treq, err := http.NewRequest({json.dumps(method)}, {json.dumps(url)}, body)\n"
-            "\tif err != nil {\n\t\tpanic(err)\n\t}\n"
-            '\treq.Header.Set("Authorization", "Bearer "+os.Getenv("EXPIRY_KEY"))\n'
-            '\treq.Header.Set("Content-Type", "application/json")\n'
-            "\tres, err := http.DefaultClient.Do(req)\n"
-            "\tif err != nil {\n\t\tpanic(err)\n\t}\n"
-            "\tdefer res.Body.Close()\n"
-            "\tout, _ := io.ReadAll(res.Body)\n"
-            "\tfmt.Println(res.Status, string(out))\n"
-            "}\n"
-        ),
+        "go": _go(method, url, data),
     }
+
+
+def _go(method: str, url: str, data: str) -> str:
+    """A Go program making the call, with the standard library only."""
+    return (
+        "package main\n\n"
+        'import (\n\t"fmt"\n\t"io"\n\t"net/http"\n\t"os"\n\t"strings"\n)\n\n'
+        "func main() {\n"
+        f"\tbody := strings.NewReader({json.dumps(data)})\n"
+        f"\treq, err := http.NewRequest({json.dumps(method)}, {json.dumps(url)}, body)\n"
+        "\tif err != nil {\n\t\tpanic(err)\n\t}\n"
+        '\treq.Header.Set("Authorization", "Bearer "+os.Getenv("EXPIRY_KEY"))\n'
+        '\treq.Header.Set("Content-Type", "application/json")\n'
+        "\tres, err := http.DefaultClient.Do(req)\n"
+        "\tif err != nil {\n\t\tpanic(err)\n\t}\n"
+        "\tdefer res.Body.Close()\n"
+        "\tout, _ := io.ReadAll(res.Body)\n"
+        "\tfmt.Println(res.Status, string(out))\n"
+        "}\n"
+    )
 
 
 def describe(
@@ -193,38 +196,19 @@ def describe(
     }
 
 
-def discovery_router(api: FastAPI, require_key: Callable[..., str]) -> APIRouter:
-    router = APIRouter(prefix="/v1/discovery", tags=["discovery"])
-
-    @router.get("")
-    def index() -> dict[str, Any]:
-        return {
-            "capabilities": [
-                {
-                    "name": n,
-                    "method": c["method"],
-                    "path": c["path"],
-                    "summary": c["summary"],
-                    "href": f"/v1/discovery/{n}",
-                }
-                for n, c in CAPABILITIES.items()
-            ],
-            "openapi": "/openapi.json",
-            "limits": LIMITS,
-        }
-
-    @router.get(
-        "/{capability}",
-        dependencies=[Depends(require_key)],
-        responses={404: {"model": ErrorResponse}},
-    )
-    def capability(capability: str, request: Request) -> dict[str, Any]:
-        # The examples call the address this request reached.
-        found = describe(api, capability, str(request.base_url))
-        if found is None:
-            from .api import ApiError
-
-            raise ApiError(404, "not_found", f"no capability {capability!r}; see GET /v1/discovery")
-        return found
-
-    return router
+def capabilities() -> dict[str, Any]:
+    """The index: every capability with its method, path, summary and link."""
+    return {
+        "capabilities": [
+            {
+                "name": n,
+                "method": c["method"],
+                "path": c["path"],
+                "summary": c["summary"],
+                "href": f"/v1/discovery/{n}",
+            }
+            for n, c in CAPABILITIES.items()
+        ],
+        "openapi": "/openapi.json",
+        "limits": LIMITS,
+    }

@@ -8,16 +8,33 @@ lock (SQLite's single writer) does not stall the other requests."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .security import Idempotency, KeyRing, request_hash
+from .security import Idempotency, bearer, request_hash
+
+if TYPE_CHECKING:
+    from ..keys import Keys
+
+REFUSALS = {
+    "mismatch": (
+        422,
+        "idempotency_key_reused",
+        "this Idempotency-Key was used with a different request body",
+    ),
+    "in_flight": (
+        409,
+        "idempotency_in_flight",
+        "a request with this Idempotency-Key is still in progress; retry later",
+    ),
+}
+"""What the store's refusals answer: status, code, message."""
 
 
 class IdempotencyMiddleware:
-    def __init__(self, app: ASGIApp, store: Idempotency, keys: KeyRing) -> None:
+    def __init__(self, app: ASGIApp, store: Idempotency, keys: Keys) -> None:
         self.app, self.store, self.keys = app, store, keys
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -26,87 +43,88 @@ class IdempotencyMiddleware:
         if scope["type"] != "http" or scope["method"] != "POST" or not key:
             await self.app(scope, receive, send)
             return
-        auth = headers.get(b"authorization", b"").decode()
-        owner = (
-            await run_in_threadpool(self.keys.name_for, auth.removeprefix("Bearer ").strip())
-            if auth.startswith("Bearer ")
-            else None
-        )
+        owner = await self._owner(headers.get(b"authorization", b"").decode())
         if owner is None:  # let the route answer 401
             await self.app(scope, receive, send)
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await _read_body(receive)
         state, status, stored = await run_in_threadpool(
             self.store.begin, owner, key, request_hash("POST", scope["path"], body)
         )
         if state == "replay":
             assert status is not None
             await _send_json(send, status, stored, replayed=True)
-            return
-        if state == "mismatch":
-            await _send_json(
-                send,
-                422,
-                {
-                    "error": {
-                        "code": "idempotency_key_reused",
-                        "message": "this Idempotency-Key was used with a different request body",
-                    }
-                },
-            )
-            return
-        if state == "in_flight":
-            await _send_json(
-                send,
-                409,
-                {
-                    "error": {
-                        "code": "idempotency_in_flight",
-                        "message": "a request with this Idempotency-Key is still in progress; retry later",
-                    }
-                },
-            )
-            return
-        captured: dict[str, Any] = {"status": 500, "body": b""}
-        held: list[Message] = []
-        body_sent = False
-
-        async def replay_body() -> Message:
-            nonlocal body_sent
-            if body_sent:  # the body was read already: wait for a disconnect
-                return await receive()
-            body_sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        async def capture(message: Message) -> None:
-            # Held back until the answer is stored: a client that has seen the
-            # answer and retries must get the replay, never "still in progress".
-            if message["type"] == "http.response.start":
-                captured["status"] = message["status"]
-            elif message["type"] == "http.response.body":
-                captured["body"] += message.get("body", b"")
-            held.append(message)
-
-        try:
-            await self.app(scope, replay_body, capture)
-        except Exception:
-            await run_in_threadpool(self.store.forget, owner, key)
-            raise
-        if captured["status"] >= 500 or captured["status"] in (401, 429):
-            await run_in_threadpool(self.store.forget, owner, key)
+        elif state in REFUSALS:
+            status, code, message = REFUSALS[state]
+            await _send_json(send, status, {"error": {"code": code, "message": message}})
         else:
-            try:
-                parsed = json.loads(captured["body"] or b"null")
-            except ValueError:
-                parsed = None
-            await run_in_threadpool(self.store.finish, owner, key, captured["status"], parsed)
-        for message in held:
+            await self._answer_and_store(scope, _Exchange(body, receive), send, (owner, key))
+
+    async def _owner(self, authorization: str) -> str | None:
+        """The name of the caller's key, or None for a missing or unknown one."""
+        secret = bearer(authorization)
+        return None if secret is None else await run_in_threadpool(self.keys.resolve, secret)
+
+    async def _answer_and_store(
+        self, scope: Scope, exchange: _Exchange, send: Send, record: tuple[str, str]
+    ) -> None:
+        """Run the request, store its answer under ``record`` (owner, key) or
+        forget the key when the answer must not be replayed, then send it."""
+        try:
+            await self.app(scope, exchange.replay_body, exchange.capture)
+        except Exception:
+            await run_in_threadpool(self.store.forget, *record)
+            raise
+        if exchange.status >= 500 or exchange.status in (401, 429):
+            await run_in_threadpool(self.store.forget, *record)
+        else:
+            await run_in_threadpool(self.store.finish, *record, exchange.status, exchange.json())
+        for message in exchange.held:
             await send(message)
+
+
+class _Exchange:
+    """One request through the app: its body (already read) replayed to the app,
+    and the app's answer captured and held back."""
+
+    def __init__(self, body: bytes, receive: Receive) -> None:
+        self.body, self.receive = body, receive
+        self.body_sent = False
+        self.status = 500
+        self.answer = b""
+        self.held: list[Message] = []
+
+    async def replay_body(self) -> Message:
+        if self.body_sent:  # the body was read already: wait for a disconnect
+            return await self.receive()
+        self.body_sent = True
+        return {"type": "http.request", "body": self.body, "more_body": False}
+
+    async def capture(self, message: Message) -> None:
+        # Held back until the answer is stored: a client that has seen the
+        # answer and retries must get the replay, never "still in progress".
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+        elif message["type"] == "http.response.body":
+            self.answer += message.get("body", b"")
+        self.held.append(message)
+
+    def json(self) -> Any:
+        """The answer's body as JSON; None when it is not JSON."""
+        try:
+            return json.loads(self.answer or b"null")
+        except ValueError:
+            return None
+
+
+async def _read_body(receive: Receive) -> bytes:
+    body = b""
+    while True:
+        message = await receive()
+        chunk: bytes = message.get("body", b"")
+        body += chunk
+        if not message.get("more_body"):
+            return body
 
 
 async def _send_json(send: Send, status: int, body: Any, *, replayed: bool = False) -> None:

@@ -10,6 +10,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ..times import in_utc
+
 QUEUE_NAME = r"^[A-Za-z0-9_.:-]{1,100}$"
 CRON_NAME = r"^[a-z0-9][a-z0-9-]{0,62}$"
 NO_NUL = r"^[^\x00]*$"
@@ -39,18 +41,6 @@ def _storable(value: Any) -> None:
     elif isinstance(value, list | tuple):
         for item in value:
             _storable(item)
-
-
-def in_utc(value: datetime) -> datetime:
-    """An aware time in UTC: PostgreSQL refuses UTC offsets beyond 15:59, which
-    ISO-8601 and Python allow, and the drivers read years up to 9999 only."""
-    try:
-        utc = value.astimezone(UTC)
-    except OverflowError:
-        raise ValueError("is out of range") from None
-    if utc.year > 9998:
-        raise ValueError("is out of range: use a year before 9999")
-    return utc
 
 
 class Body(BaseModel):

@@ -21,7 +21,7 @@ from . import views as v
 from .sessions import COOKIE, Session, Sessions
 
 if TYPE_CHECKING:
-    from ..app import App
+    from ..engines import Engine
 
 FLASH = "expiry_flash"
 STATIC = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
@@ -63,10 +63,15 @@ def local_path(target: str | None) -> str:
     return target
 
 
+def static_file(name: str) -> bytes:
+    """One of the files in STATIC, as shipped in the package."""
+    return resources.files(__package__).joinpath("static", name).read_bytes()
+
+
 def _static_version() -> str:
     digest = hashlib.sha256()
     for name in sorted(STATIC):
-        digest.update(resources.files(__package__).joinpath("static", name).read_bytes())
+        digest.update(static_file(name))
     return digest.hexdigest()[:12]
 
 
@@ -88,8 +93,8 @@ def templates() -> Environment:
 class Pages:
     """Renders pages with the session, the database's now and the security headers."""
 
-    def __init__(self, app: App, sessions: Sessions) -> None:
-        self.app, self.sessions, self.env = app, sessions, templates()
+    def __init__(self, engine: Engine, sessions: Sessions) -> None:
+        self.engine, self.sessions, self.env = engine, sessions, templates()
 
     def session(self, request: Request) -> Session | None:
         return self.sessions.read(request.cookies.get(COOKIE))
@@ -102,7 +107,7 @@ class Pages:
         status: int = 200,
         **context: Any,
     ) -> HTMLResponse:
-        now = self.app.engine.now()
+        now = self.engine.now()
 
         def query(**changes: Any) -> str:
             params = {**request.query_params, **{k: str(x) for k, x in changes.items()}}

@@ -1,11 +1,11 @@
-"""API keys, per-key rate limits, Idempotency-Key replay and the body limit."""
+"""The gates of a request: the bearer key's secret, per-key rate limits,
+Idempotency-Key replay and the body limit. The keys themselves are
+expiry.keys."""
 
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
-import secrets
 import threading
 import time
 from dataclasses import dataclass
@@ -13,61 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..types import ApiKey
-
 if TYPE_CHECKING:
-    from ..app import App
+    from ..engines import Engine
 
 
-def hash_key(secret: str) -> str:
-    # Keys are 256 random bits, so one SHA-256 is enough: there is nothing to brute-force.
-    return hashlib.sha256(secret.encode()).hexdigest()
-
-
-def create_key(app: App, name: str) -> str:
-    """Store a new key's hash; return the secret (shown once)."""
-    secret = "exp_" + secrets.token_urlsafe(32)
-    with app.engine.transaction() as conn:
-        if not app.engine.key_insert(name, hash_key(secret), conn=conn):
-            raise ValueError(f"a key named {name!r} exists already; revoke it or pick another name")
-        app.engine.audit_append(conn, "key.created", actor="operator", detail={"name": name})
-    return secret
-
-
-def revoke_key(app: App, name: str) -> bool:
-    with app.engine.transaction() as conn:
-        done = app.engine.key_revoke(name, conn=conn)
-        if done:
-            app.engine.audit_append(conn, "key.revoked", actor="operator", detail={"name": name})
-    return done
-
-
-def list_keys(app: App) -> list[ApiKey]:
-    return app.engine.key_list()
-
-
-class KeyRing:
-    """Checks bearer keys against the stored hashes, in constant time per key.
-    The hashes are re-read at most once a second, so a revoke takes effect fast."""
-
-    def __init__(self, app: App) -> None:
-        self.app = app
-        self._hashes: list[tuple[str, str]] = []
-        self._loaded = 0.0
-        self._lock = threading.Lock()
-
-    def name_for(self, secret: str) -> str | None:
-        with self._lock:
-            if time.monotonic() - self._loaded > 1.0:
-                self._hashes = list(self.app.engine.key_active().items())
-                self._loaded = time.monotonic()
-            hashes = list(self._hashes)
-        digest = hash_key(secret)
-        found = None
-        for name, stored in hashes:
-            if hmac.compare_digest(digest, stored):
-                found = name
-        return found
+def bearer(authorization: str) -> str | None:
+    """The secret in an ``Authorization: Bearer SECRET`` header, else None."""
+    if not authorization.startswith("Bearer "):
+        return None
+    return authorization.removeprefix("Bearer ").strip()
 
 
 @dataclass
@@ -104,12 +58,12 @@ def request_hash(method: str, path: str, body: bytes) -> str:
 class Idempotency:
     """First response wins for 24 hours; a different body is refused; in flight is 409."""
 
-    def __init__(self, app: App) -> None:
-        self.app = app
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
 
     def begin(self, api_key: str, key: str, digest: str) -> tuple[str, int | None, Any]:
         """('new', None, None) | ('replay', status, body) | ('mismatch'|'in_flight', None, None)"""
-        engine = self.app.engine
+        engine = self.engine
         with engine.transaction() as conn:
             if engine.idempotency_begin(api_key, key, digest, conn=conn):
                 return "new", None, None
@@ -125,10 +79,10 @@ class Idempotency:
         return "replay", record.status, json.loads(record.body or "null")
 
     def finish(self, api_key: str, key: str, status: int, body: Any) -> None:
-        self.app.engine.idempotency_finish(api_key, key, status, json.dumps(body, default=str))
+        self.engine.idempotency_finish(api_key, key, status, json.dumps(body, default=str))
 
     def forget(self, api_key: str, key: str) -> None:
-        self.app.engine.idempotency_forget(api_key, key)
+        self.engine.idempotency_forget(api_key, key)
 
 
 class BodyLimit:

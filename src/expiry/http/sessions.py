@@ -7,7 +7,8 @@ derived from two secrets:
 - a random secret made when the server starts, so a cookie cannot be minted by
   anyone who reads the database (the key hashes live there), and
 - the stored hash of the API key the user signed in with, so revoking that key
-  (``expiry keys revoke NAME``) ends its sessions within a second.
+  (``expiry keys revoke NAME``) ends its sessions within a second: the hash is
+  read from the one cache of active keys (expiry.keys).
 
 The cost of the first: a restart signs everyone out, and a dashboard behind a
 load balancer needs sticky sessions. The CSRF token is an HMAC of the session's
@@ -22,15 +23,10 @@ import hashlib
 import hmac
 import json
 import secrets
-import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from .security import KeyRing, hash_key
-
-if TYPE_CHECKING:
-    from ..app import App
+from ..keys import Keys, hash_key
 
 COOKIE = "expiry_session"
 MAX_AGE_SECONDS = 12 * 3600
@@ -54,20 +50,11 @@ def _unb64(text: str) -> bytes:
 
 
 class Sessions:
-    def __init__(self, app: App, keys: KeyRing, *, max_age: int = MAX_AGE_SECONDS) -> None:
-        self.app, self.keys, self.max_age = app, keys, max_age
-        self._server_secret = secrets.token_bytes(32)
-        self._active: dict[str, str] = {}
-        self._loaded = 0.0
-        self._lock = threading.Lock()
+    """Signs session cookies and reads them back, against the active keys' hashes."""
 
-    def _stored_hash(self, name: str) -> str | None:
-        """The hash of the active key ``name``; re-read at most once a second."""
-        with self._lock:
-            if time.monotonic() - self._loaded > 1.0:
-                self._active = self.app.engine.key_active()
-                self._loaded = time.monotonic()
-            return self._active.get(name)
+    def __init__(self, keys: Keys, *, max_age: int = MAX_AGE_SECONDS) -> None:
+        self.keys, self.max_age = keys, max_age
+        self._server_secret = secrets.token_bytes(32)
 
     def _signing_key(self, name: str, stored_hash: str) -> bytes:
         message = f"expiry-dashboard-session\n{name}\n{stored_hash}".encode()
@@ -75,7 +62,7 @@ class Sessions:
 
     def sign_in(self, secret: str) -> str | None:
         """The cookie value for a valid API key, or None for a wrong one."""
-        name = self.keys.name_for(secret.strip())
+        name = self.keys.resolve(secret.strip())
         if name is None:
             return None
         body = {"k": name, "t": int(time.time()), "n": secrets.token_urlsafe(16)}
@@ -94,7 +81,7 @@ class Sessions:
             given = _unb64(signature)
         except (ValueError, KeyError, TypeError):
             return None
-        stored = self._stored_hash(name)
+        stored = self.keys.stored_hash(name)
         if stored is None:
             return None
         key = self._signing_key(name, stored)

@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from ..cleanup import parse_time
 from ..config import Policy
+from ..times import parse_time
 from ..types import Job, JobState
 
 if TYPE_CHECKING:

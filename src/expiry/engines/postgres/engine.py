@@ -25,12 +25,12 @@ from psycopg_pool import ConnectionPool
 from ...errors import AlreadyApplied, LeaseLost, MigrationError
 from ...types import Job, JobState, NewJob
 from ..base import (
-    Engine,
     Row,
     classify_exception,
     load_migrations,
     load_queries,
 )
+from .tables import PostgresTables
 
 log = logging.getLogger("expiry.engine")
 
@@ -153,10 +153,11 @@ def _reset_limits(conn: psycopg.Connection[Any]) -> None:
         conn.autocommit = False
 
 
-class PostgresEngine(Engine):
+class PostgresEngine(PostgresTables):
     dialect = "postgres"
 
     def __init__(self, url: str, *, pool_size: int = 4) -> None:
+        self._applies: dict[str, str] = {}
         self.url = url
         self.queries = load_queries(__package__ or "expiry.engines.postgres")
         self.migrations = load_migrations(__package__ or "expiry.engines.postgres")

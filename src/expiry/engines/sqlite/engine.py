@@ -21,7 +21,8 @@ from typing import Any
 from ...defaults import SQLITE_POLL_SECONDS
 from ...errors import MigrationError
 from ...types import Job, JobState, NewJob
-from ..base import Engine, Row, classify_exception, load_migrations, load_queries
+from ..base import Row, classify_exception, load_migrations, load_queries
+from .tables import SQLiteTables
 
 NOW_SQL = "((julianday('now') - 2440587.5) * 86400.0)"
 
@@ -52,7 +53,7 @@ def epoch(value: datetime) -> float:
     return value.timestamp()
 
 
-class SQLiteEngine(Engine):
+class SQLiteEngine(SQLiteTables):
     dialect = "sqlite"
 
     def __init__(self, url: str) -> None:

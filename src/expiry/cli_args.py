@@ -1,0 +1,139 @@
+"""What each command of the expiry command line accepts: the common options,
+then one function per command adding its own. Every option that takes a value
+also reads an EXPIRY_* environment variable; cli.py lists the commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+from typing import NoReturn
+
+
+def env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(f"EXPIRY_{name}", default)
+
+
+class Parser(argparse.ArgumentParser):
+    """Usage errors as one line on stderr with exit code 2, like every other error
+    (argparse would print the whole usage block first). Subcommands inherit it."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def common() -> Parser:
+    parser = Parser(add_help=False)
+    parser.add_argument(
+        "--config", default=env("CONFIG"), help="path to expiry.toml [EXPIRY_CONFIG]"
+    )
+    parser.add_argument(
+        "--database-url",
+        default=env("DATABASE_URL"),
+        help="overrides [database] url [EXPIRY_DATABASE_URL]",
+    )
+    parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    parser.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default=env("LOG_FORMAT", "text"),
+        help="[EXPIRY_LOG_FORMAT]",
+    )
+    parser.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"), help="[EXPIRY_LOG_LEVEL]")
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        default=bool(env("DEBUG")),
+        help="show tracebacks [EXPIRY_DEBUG]",
+    )
+    return parser
+
+
+def no_args(parser: argparse.ArgumentParser) -> None:
+    """The common options only."""
+
+
+def actor_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--actor", default=env("ACTOR", getpass.getuser()))
+
+
+def demo_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--path", default=env("DEMO_PATH", "expiry-demo.db"), help="[EXPIRY_DEMO_PATH]"
+    )
+    parser.add_argument(
+        "--rows",
+        type=int,
+        default=int(env("DEMO_ROWS", "1000000") or 0),
+        help="rows across the four tables [EXPIRY_DEMO_ROWS]",
+    )
+    parser.add_argument("--workers", type=int, default=int(env("DEMO_WORKERS", "2") or 2))
+
+
+def worker_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--app", default=env("APP"), help="MODULE:ATTR of an App with handlers [EXPIRY_APP]"
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=int(env("CONCURRENCY", "0") or 0),
+        help="job threads (default: [worker] concurrency) [EXPIRY_CONCURRENCY]",
+    )
+    parser.add_argument("--queue", action="append", default=None, help="queue to work (repeatable)")
+    parser.add_argument(
+        "--until-idle", action="store_true", help="exit 0 once nothing is due or running"
+    )
+
+
+def trigger_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("policy")
+    parser.add_argument("--cutoff", help="ISO-8601 cutoff (default: database now() - retain)")
+    parser.add_argument("--dry-run", action="store_true", help="show what the run would do")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="accept a --cutoff later than now - retain (deletes rows still within retention)",
+    )
+    parser.add_argument(
+        "--wait", action="store_true", help="wait for the run; exit 1 if a window died"
+    )
+    actor_arg(parser)
+
+
+def plan_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("policy")
+    parser.add_argument("--cutoff")
+
+
+def serve_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--concurrency", type=int, default=int(env("CONCURRENCY", "0") or 0))
+    parser.add_argument(
+        "--listen", default=env("LISTEN"), help="HOST:PORT (default: [http] listen) [EXPIRY_LISTEN]"
+    )
+    parser.add_argument(
+        "--no-workers", action="store_true", help="serve the API and scheduler only"
+    )
+
+
+def policy_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("policy")
+    actor_arg(parser)
+
+
+def keys_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", choices=["create", "list", "revoke"])
+    parser.add_argument("name", nargs="?")
+
+
+def runs_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("args", nargs="*", metavar="POLICY | show RUN_ID")
+
+
+def dlq_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", choices=["list", "show", "redrive", "discard"])
+    parser.add_argument("keys", nargs="*")
+    parser.add_argument("--all", action="store_true", help="redrive every dead job")
+    parser.add_argument("--policy", help="redrive the dead jobs of one policy")
+    actor_arg(parser)

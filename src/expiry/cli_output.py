@@ -1,0 +1,148 @@
+"""How the CLI prints: with --json, a command's data as JSON on stdout; without,
+text and tables on the terminal (rich), drawn from the same data.
+
+Nothing here reads the database: the commands in cli.py fetch, these print.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from .types import Job
+
+if TYPE_CHECKING:
+    from .cleanup import PlanPreview
+    from .runs import Runs
+
+out = Console()
+
+
+def emit(args: argparse.Namespace, data: Any, render: Callable[[], None]) -> None:
+    """``data`` as JSON with --json, else whatever ``render`` prints."""
+    if args.json:
+        print(json.dumps(data, indent=2, default=str))
+    else:
+        render()
+
+
+def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*row)
+    out.print(table)
+
+
+def print_json(data: Any) -> None:
+    """``data`` as indented, highlighted JSON on the terminal."""
+    out.print_json(json.dumps(data, default=str))
+
+
+# -- runs ---------------------------------------------------------------------------
+
+
+def print_run(summary: dict[str, Any]) -> None:
+    for key, value in summary.items():
+        out.print(f"{key:>20}: {value}")
+
+
+def print_runs(found: list[dict[str, Any]]) -> None:
+    columns = ("run", "state", "windows done/total", "rows", "duplicates", "retries", "dead")
+    rows = (
+        (
+            r["id"],
+            r["state"],
+            f"{r['jobs_done']}/{r['jobs_total']}",
+            str(r["rows_affected"]),
+            str(r["duplicates_skipped"]),
+            str(r["retries"]),
+            str(r["jobs_dead"]),
+        )
+        for r in found
+    )
+    print_table("runs", columns, rows)
+
+
+def wait_with_progress(runs: Runs, run_id: str, *, show: bool) -> dict[str, Any]:
+    """``runs.wait``, with a progress bar of the run's windows on stderr when ``show``
+    (it vanishes when the wait ends); the run's summary."""
+    with Progress(console=Console(stderr=True), disable=not show, transient=True) as bar:
+        task = bar.add_task(run_id, total=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, total=max(total, 1), completed=done)
+
+        return runs.wait(run_id, progress=progress)
+
+
+# -- check, plan and status -----------------------------------------------------------
+
+
+def print_check(warnings: list[str], timestamps: dict[str, str], policies: int) -> None:
+    out.print(
+        "\n".join(
+            [f"warning: {w}" for w in warnings]
+            + [f"policy {name}: {text}" for name, text in timestamps.items()]
+            + [f"ok: {policies} policies"]
+        )
+    )
+
+
+def print_preview(preview: PlanPreview, cutoff: str) -> None:
+    out.print(
+        f"policy {preview.policy}: cutoff {cutoff}, {preview.candidates} candidate "
+        f"rows in {preview.windows} windows (dry run: nothing changed); timestamps "
+        f"read as {preview.storage}"
+    )
+    for lo, hi in preview.first_windows:
+        out.print(f"  window ({lo}, {hi}]")
+
+
+def print_status(data: dict[str, Any]) -> None:
+    """The policies table, the queue's jobs by state, then one line of queue health."""
+    columns = ("policy", "table", "action", "retain", "schedule", "watermark", "last run")
+    print_table("policies", columns, (_policy_row(p) for p in data["policies"]))
+    q = data["queue"]
+    by_state = q["jobs_by_queue_and_state"].items()
+    rows = (
+        (name, state, str(n)) for name, states in by_state for state, n in sorted(states.items())
+    )
+    print_table("queue", ("queue", "state", "jobs"), rows)
+    out.print(
+        f"oldest due: {q['oldest_due_seconds'] or 'none'}; running: {len(q['running'])}; "
+        f"retries by kind: {q['retries_by_kind'] or 'none'}; dead-letter depth: {q['dead']}"
+    )
+
+
+def _policy_row(p: dict[str, Any]) -> tuple[str, ...]:
+    last = p["last_run"]
+    return (
+        p["name"],
+        p["table"],
+        p["action"],
+        p["retain"],
+        p["schedule"] or "-",
+        p["watermark"],
+        f"{last['state']} {last['jobs_done']}/{last['jobs_total']}" if last else "-",
+    )
+
+
+# -- the dead-letter queue ------------------------------------------------------------
+
+
+def print_dead_jobs(dead: list[Job]) -> None:
+    rows = (
+        (j.key, j.handler, str(j.attempt), j.last_error_kind or "", (j.last_error or "")[:80])
+        for j in dead
+    )
+    print_table(
+        f"dead-letter queue ({len(dead)})", ("key", "handler", "attempts", "kind", "error"), rows
+    )

@@ -1,0 +1,125 @@
+"""A policy's table on SQLite: quoting, typing, the catalog, and the window as
+statements in one transaction.
+
+SQLite has no stored functions and no DELETE inside a CTE: a window runs its
+steps as statements inside the worker's transaction (an embedded database
+costs no round trips), and an archive copies then deletes, checking that the
+two counts agree. Writers take turns (BEGIN IMMEDIATE), so a later delivery
+of a window sees the earlier one's ledger row. Each value has its own storage
+class whatever the column's declared type, so timestamps are read from the
+data (target.py), and the predicate binds values Python computed.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from ...errors import SchemaError
+from ...timestamps import NUMERIC_RANGES, Storage
+from ...types import AuditAction, Column, Relation, WindowApply
+from ..base import Engine
+
+
+def quote(identifier: str) -> str:
+    """Quote a validated identifier, schema-qualified or not."""
+    return ".".join('"' + part.replace('"', '""') + '"' for part in identifier.split("."))
+
+
+class SQLiteTables(Engine):
+    """The Engine methods about a policy's table (the base of SQLiteEngine)."""
+
+    ledger_table = '"expiry_ledger"'
+    typed_columns = False
+
+    def quote(self, identifier: str) -> str:
+        return quote(identifier)
+
+    def placeholder(self, name: str) -> str:
+        return f":{name}"
+
+    def escape(self, text: str) -> str:
+        return text
+
+    def time_predicate(self, storage: Storage) -> tuple[str, str]:
+        if storage.format == "native":  # no native time type: before a check reads
+            return "{p_cutoff}", " and 0"  # the column, a statement matches nothing
+        if storage.format == "iso":
+            return "{p_cutoff}", (
+                " and typeof({ts}) = 'text' and julianday({ts}) < julianday({p_exact})"
+            )
+        low = NUMERIC_RANGES[storage.format][0]
+        return "{p_cutoff}", f" and typeof({{ts}}) in ('integer', 'real') and {{ts}} >= {low:.0f}"
+
+    def cutoff_params(self, storage: Storage, cutoff: datetime) -> dict[str, Any]:
+        return {"cutoff": storage.bound(cutoff), "exact": storage.exact(cutoff)}
+
+    def column_kind(self, declared: str) -> str:
+        return "integer" if "int" in declared.lower() else "other"  # SQLite's own rule
+
+    def table_columns(self, conn: Any, table: str) -> list[Column]:
+        name = table.split(".")[-1]
+        rows = conn.execute(f"pragma table_info({quote(name)})").fetchall()
+        first_columns = set()
+        for index in conn.execute(f"pragma index_list({quote(name)})").fetchall():
+            info = conn.execute(f"pragma index_info({quote(index['name'])})").fetchall()
+            if info:
+                first_columns.add(info[0]["name"])
+        return [
+            Column(r["name"], r["type"] or "", r["name"] in first_columns or r["pk"] == 1)
+            for r in rows
+        ]
+
+    def table_relation(self, conn: Any, table: str) -> Relation | None:
+        name = table.split(".")[-1]
+        row = conn.execute(
+            "select type from sqlite_master where name = ? collate nocase", (name,)
+        ).fetchone()
+        if row is None:
+            return None
+        table_kind = row["type"] == "table"  # a view takes no DELETE without triggers
+        return Relation(
+            kind=row["type"],
+            own=name.lower().startswith("expiry_"),
+            deletable=table_kind,
+            insertable=table_kind,
+        )
+
+    def explain(self, conn: Any, statement: str) -> None:
+        conn.execute("explain " + statement, {})
+
+    def window_apply(self, conn: Any, window: WindowApply) -> int | None:
+        if window.copy is None:
+            rows = int(conn.execute(window.delete, window.params).rowcount)
+        else:
+            copied = int(conn.execute(window.copy, window.params).rowcount)
+            rows = int(conn.execute(window.delete, window.params).rowcount)
+            if copied != rows:
+                raise SchemaError(f"archive copied {copied} rows but deleted {rows}; rolled back")
+        if window.job is not None:
+            self.job_complete(window.job, conn)
+        # Rows taken: the ledger row must be this delivery's (strict), else
+        # AlreadyApplied; none taken: a booked key is a duplicate.
+        booked = self.ledger_insert(
+            conn,
+            window.key,
+            strict=rows > 0,
+            policy=window.policy,
+            run_id=window.run_id,
+            lo=window.lo,
+            hi=window.hi,
+            action=window.action,
+            worker=window.worker,
+            rows=rows,
+        )
+        if booked:
+            return rows
+        self.audit_append(
+            conn,
+            AuditAction.WINDOW_DUPLICATE,
+            actor=window.worker or "worker",
+            policy=window.policy,
+            run_id=window.run_id,
+            job_key=window.key,
+        )
+        return None

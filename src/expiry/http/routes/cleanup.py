@@ -1,0 +1,101 @@
+"""Cleanup over HTTP: trigger a policy's run (or dry-run it), list the
+policies, pause and resume them, and read runs."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query
+
+from ... import status as status_view
+from ...app import App
+from ...cleanup import Cleanup
+from ...errors import ConfigError
+from ...times import format_time
+from .. import models as m
+from ..deps import ExpiryApp, Key
+from ..errors import NOT_FOUND, ApiError
+
+router = APIRouter(prefix="/v1", tags=["cleanup"])
+
+# Path and query text reaches SQL parameters: constrain it like the bodies.
+RunId = Annotated[str, Path(max_length=300, pattern=m.NO_NUL)]
+PolicyFilter = Annotated[str | None, Query(max_length=63, pattern=m.NO_NUL)]
+
+
+def cleanup_of(app: App) -> Cleanup:
+    """The App's cleanup; 404 for a server started without policies."""
+    if app.cleanup is None:
+        raise ApiError(404, "no_policies", "this server has no config with policies")
+    return app.cleanup
+
+
+def known_policy(app: App, name: str) -> Cleanup:
+    """The App's cleanup, once it knows the policy ``name``; else 404."""
+    cleanup = cleanup_of(app)
+    try:
+        cleanup.policy(name)
+    except ConfigError as exc:
+        raise ApiError(404, "not_found", str(exc)) from None
+    return cleanup
+
+
+@router.post("/cleanup/trigger", response_model=m.Triggered, responses=NOT_FOUND)
+def trigger(body: m.TriggerRequest, name: Key, app: ExpiryApp) -> m.Triggered:
+    cleanup = known_policy(app, body.policy)
+    if body.dry_run:
+        preview = cleanup.preview(body.policy, body.cutoff)
+        return m.Triggered(
+            policy=body.policy,
+            cutoff=format_time(preview.cutoff),
+            dry_run=True,
+            candidates=preview.candidates,
+            windows=preview.windows,
+            first_windows=[m.Window(lo=lo, hi=hi) for lo, hi in preview.first_windows],
+        )
+    opened = cleanup.open_run(
+        body.policy, body.cutoff, opened_by="api", actor=f"api:{name}", force=body.force
+    )
+    return m.Triggered(
+        policy=body.policy,
+        cutoff=format_time(opened.cutoff),
+        dry_run=False,
+        run_id=opened.run_id,
+        created=opened.created,
+    )
+
+
+@router.get("/policies")
+def policies(_: Key, app: ExpiryApp) -> list[dict[str, Any]]:
+    return status_view.policies(app)
+
+
+def set_paused(app: App, policy: str, paused: bool, actor: str) -> m.Paused:
+    known_policy(app, policy)
+    app.scheduler().set_paused(policy, paused, actor=actor)
+    return m.Paused(name=policy, paused=paused)
+
+
+@router.post("/policies/{name}/pause", response_model=m.Paused, responses=NOT_FOUND)
+def policy_pause(name: str, key: Key, app: ExpiryApp) -> m.Paused:
+    return set_paused(app, name, True, f"api:{key}")
+
+
+@router.post("/policies/{name}/resume", response_model=m.Paused, responses=NOT_FOUND)
+def policy_resume(name: str, key: Key, app: ExpiryApp) -> m.Paused:
+    return set_paused(app, name, False, f"api:{key}")
+
+
+@router.get("/runs")
+def runs(
+    _: Key, app: ExpiryApp, policy: PolicyFilter = None, limit: int = 20
+) -> list[dict[str, Any]]:
+    return status_view.runs(app, policy, max(1, min(limit, 200)))
+
+
+@router.get("/runs/{run_id:path}", responses=NOT_FOUND)
+def run(run_id: RunId, _: Key, app: ExpiryApp) -> dict[str, Any]:
+    found = status_view.run_summary(app, run_id)
+    if found is None:
+        raise ApiError(404, "not_found", f"no run {run_id!r}")
+    return found

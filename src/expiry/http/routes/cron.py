@@ -1,0 +1,67 @@
+"""Cron targets over HTTP: create one (its signing secret is shown once), list,
+read, delete, pause and resume them, and read a target's call history."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path
+
+from ...crons import Crons
+from .. import models as m
+from ..deps import ExpiryApp, Key
+from ..errors import NOT_FOUND, ApiError
+
+router = APIRouter(prefix="/v1/cron", tags=["cron"])
+
+# Path text reaches SQL parameters: constrain it like the bodies.
+CronName = Annotated[str, Path(pattern=m.CRON_NAME)]
+
+
+def cron_or_404(crons: Crons, name: str) -> dict[str, Any]:
+    found = crons.get(name)
+    if found is None:
+        raise ApiError(404, "not_found", f"no cron target named {name!r}")
+    return found
+
+
+@router.post("/create", response_model=m.CronCreated, status_code=201)
+def cron_create(body: m.CronCreateRequest, _: Key, app: ExpiryApp) -> m.CronCreated:
+    return m.CronCreated(**app.crons.create(body.name, body.http_url, body.schedule, body.timezone))
+
+
+@router.get("", response_model=list[m.CronTarget])
+def cron_list(_: Key, app: ExpiryApp) -> list[m.CronTarget]:
+    return [m.CronTarget(**t) for t in app.crons.targets()]
+
+
+@router.get("/{name}", response_model=m.CronTarget, responses=NOT_FOUND)
+def cron_get(name: CronName, _: Key, app: ExpiryApp) -> m.CronTarget:
+    return m.CronTarget(**cron_or_404(app.crons, name))
+
+
+@router.delete("/{name}", response_model=m.Paused, responses=NOT_FOUND)
+def cron_delete(name: CronName, _: Key, app: ExpiryApp) -> m.Paused:
+    found = cron_or_404(app.crons, name)
+    app.crons.delete(name)
+    return m.Paused(name=name, paused=found["paused"])
+
+
+@router.post("/{name}/pause", response_model=m.Paused, responses=NOT_FOUND)
+def cron_pause(name: CronName, _: Key, app: ExpiryApp) -> m.Paused:
+    cron_or_404(app.crons, name)
+    app.crons.set_paused(name, True)
+    return m.Paused(name=name, paused=True)
+
+
+@router.post("/{name}/resume", response_model=m.Paused, responses=NOT_FOUND)
+def cron_resume(name: CronName, _: Key, app: ExpiryApp) -> m.Paused:
+    cron_or_404(app.crons, name)
+    app.crons.set_paused(name, False)
+    return m.Paused(name=name, paused=False)
+
+
+@router.get("/{name}/calls", response_model=list[m.CronCall], responses=NOT_FOUND)
+def cron_calls(name: CronName, _: Key, app: ExpiryApp) -> list[m.CronCall]:
+    cron_or_404(app.crons, name)
+    return [m.CronCall(**c) for c in app.crons.calls(name)]

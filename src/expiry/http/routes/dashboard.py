@@ -1,0 +1,72 @@
+"""The web dashboard at ``/``: server-rendered pages to see and steer expiry;
+this module is its door (sign-in, sign-out) and its static files.
+
+Every page reads without JavaScript; the one vendored script (static/dashboard.js)
+only refreshes live pages and asks before destructive actions. Sign-in takes an
+API key and sets a signed session cookie (see sessions.py); every POST that
+changes state carries the session's CSRF token or is refused with 403. Bulk
+actions go through a page that names how many jobs they will touch.
+
+The pieces: routes/pages.py (the reading pages), routes/steering.py (the POST
+actions), render.py (templates, headers, the session guard), views.py (what
+pages show), sessions.py (cookies and CSRF), templates/ and static/. None of
+the dashboard's routes is in the OpenAPI schema.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import RedirectResponse, Response
+
+from ..deps import DashboardPages
+from ..render import STATIC, Form, local_path, secured, static_file
+from ..sessions import COOKIE, Session
+
+router = APIRouter(include_in_schema=False)
+
+
+@router.get("/login")
+def login_form(request: Request, pages: DashboardPages, next: str = "/") -> Response:
+    if pages.session(request) is not None:
+        return secured(RedirectResponse(local_path(next), 303))
+    return pages.render(request, "login.html", None, next=local_path(next))
+
+
+@router.post("/login")
+def login(request: Request, form: Form, pages: DashboardPages) -> Response:
+    target = local_path(form.get("next"))
+    cookie = pages.sessions.sign_in(form.get("key", ""))
+    if cookie is None:
+        return pages.render(request, "login.html", None, status=401, next=target, error=True)
+    response = secured(RedirectResponse(target, 303))
+    response.set_cookie(
+        COOKIE,
+        cookie,
+        max_age=pages.sessions.max_age,
+        path="/",
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+    )
+    return response
+
+
+@router.post("/logout")
+def logout(request: Request, form: Form, pages: DashboardPages) -> Response:
+    guarded = pages.guard(request, form)
+    if not isinstance(guarded, Session):
+        return guarded
+    response = secured(RedirectResponse("/login", 303))
+    response.delete_cookie(COOKIE, path="/")
+    return response
+
+
+@router.get("/static/{name}")
+def static(name: str) -> Response:
+    if name not in STATIC:
+        return Response("not found", 404, media_type="text/plain")
+    return Response(
+        static_file(name),
+        media_type=STATIC[name],
+        headers={"Cache-Control": "public, max-age=3600"},
+    )

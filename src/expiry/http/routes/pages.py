@@ -1,0 +1,279 @@
+"""The dashboard's reading pages: overview, runs, the queue's charts, jobs and
+the dead-letter queue, one job, cron targets, the audit log. Each reads with
+bounded queries and renders without JavaScript; without a session it sends the
+browser to sign in."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from ... import status as status_view
+from ...app import App
+from ...errors import ExpiryError
+from ...types import JobState
+from .. import views as v
+from ..deps import DashboardPages, ExpiryApp, History
+from ..render import page_number
+
+router = APIRouter(include_in_schema=False)
+
+
+def policy_names(app: App) -> list[str]:
+    return [p.name for p in (app.cleanup.policies if app.cleanup else [])]
+
+
+@router.get("/")
+def overview(request: Request, app: ExpiryApp, pages: DashboardPages, history: History) -> Response:
+    session = pages.session(request)
+    if session is None:
+        return pages.to_login(request)
+    policies, error = _policies(app, history)
+    totals: dict[str, int] = {}
+    for states in app.queue.stats().by_state.values():
+        for state, n in states.items():
+            totals[state] = totals.get(state, 0) + n
+    return pages.render(
+        request,
+        "overview.html",
+        session,
+        policies=policies,
+        error=error,
+        totals=totals,
+        has_config=app.cleanup is not None,
+        crons=len(app.crons.targets()),
+    )
+
+
+@router.get("/runs")
+def runs(
+    request: Request, app: ExpiryApp, pages: DashboardPages, policy: str = "", page: str = "1"
+) -> Response:
+    session = pages.session(request)
+    if session is None:
+        return pages.to_login(request)
+    number = page_number(page)
+    limit = min(number * v.PAGE_SIZE + 1, v.SCAN_LIMIT)
+    found = app.engine.run_list(policy or None, limit)
+    listed = v.page_of(found, number)
+    summaries = [s for r in listed.items if (s := status_view.run_summary(app, r.id))]
+    return pages.render(
+        request,
+        "runs.html",
+        session,
+        runs=summaries,
+        page=listed,
+        policy=policy,
+        policy_names=policy_names(app),
+    )
+
+
+@router.get("/runs/{run_id:path}")
+def run(request: Request, run_id: str, app: ExpiryApp, pages: DashboardPages) -> Response:
+    session = pages.session(request)
+    if session is None:
+        return pages.to_login(request)
+    summary = status_view.run_summary(app, run_id)
+    if summary is None:
+        return pages.render(request, "missing.html", session, status=404, what=f"run {run_id}")
+    dead, _ = v.find_jobs(app, JobState.DEAD, run_id=run_id)
+    events, _ = v.audit_events(app, policy=summary["policy"], run_id=run_id)
+    by_state = v.bars([(s, n, str(n)) for s, n in sorted(summary["jobs_by_state"].items())])
+    return pages.render(
+        request,
+        "run.html",
+        session,
+        run=summary,
+        by_state=by_state,
+        dead=dead[:50],
+        events=events[:50],
+    )
+
+
+@router.get("/queue")
+def queue(request: Request, app: ExpiryApp, pages: DashboardPages) -> Response:
+    session = pages.session(request)
+    if session is None:
+        return pages.to_login(request)
+    return pages.render(request, "queue.html", session, **_queue_charts(app))
+
+
+@router.get("/crons")
+def crons(request: Request, app: ExpiryApp, pages: DashboardPages) -> Response:
+    session = pages.session(request)
+    if session is None:
+        return pages.to_login(request)
+    targets = app.crons.targets()
+    for target in targets:
+        target["calls"] = app.crons.calls(target["name"], limit=5)
+    return pages.render(request, "crons.html", session, targets=targets)
+
+
+@router.get("/audit")
+def audit(
+    request: Request,
+    app: ExpiryApp,
+    pages: DashboardPages,
+    policy: str = "",
+    action: str = "",
+    page: str = "1",
+) -> Response:
+    session = pages.session(request)
+    if session is None:
+        return pages.to_login(request)
+    every, truncated = v.audit_events(app, policy=policy or None)
+    actions = sorted({e["action"] for e in every})
+    chosen = [e for e in every if not action or e["action"] == action]
+    listed = v.page_of(chosen, page_number(page), total=len(chosen), truncated=truncated)
+    return pages.render(
+        request,
+        "audit.html",
+        session,
+        page=listed,
+        policy=policy,
+        action=action,
+        actions=actions,
+        policy_names=policy_names(app),
+    )
+
+
+@router.get("/jobs")
+def jobs(
+    request: Request,
+    app: ExpiryApp,
+    pages: DashboardPages,
+    state: str = "available",
+    queue: str = "",
+    policy: str = "",
+    run: str = "",
+    page: str = "1",
+) -> Response:
+    session = pages.session(request)
+    if session is None:
+        return pages.to_login(request)
+    chosen = JobState(state) if state in JobState._value2member_map_ else JobState.AVAILABLE
+    filters = {"queue": queue, "policy": policy, "run": run, "page": page}
+    return pages.render(request, "jobs.html", session, **_jobs(app, chosen, False, filters))
+
+
+@router.get("/dlq")
+def dlq(
+    request: Request,
+    app: ExpiryApp,
+    pages: DashboardPages,
+    queue: str = "",
+    policy: str = "",
+    page: str = "1",
+) -> Response:
+    session = pages.session(request)
+    if session is None:
+        return pages.to_login(request)
+    filters = {"queue": queue, "policy": policy, "page": page}
+    return pages.render(request, "jobs.html", session, **_jobs(app, JobState.DEAD, True, filters))
+
+
+@router.get("/jobs/{key:path}")
+def job(request: Request, key: str, app: ExpiryApp, pages: DashboardPages) -> Response:
+    session = pages.session(request)
+    if session is None:
+        return pages.to_login(request)
+    found = app.queue.get(key)
+    if found is None:
+        return pages.render(request, "missing.html", session, status=404, what=f"job {key}")
+    events, truncated = v.audit_events(app, job_key=key)
+    return pages.render(
+        request,
+        "job.html",
+        session,
+        job=found,
+        policy=v.job_policy(found),
+        ledger=app.engine.ledger_get(key),
+        attempts=v.attempts(found),
+        events=events,
+        events_truncated=truncated,
+        waiting=found.state.value in ("scheduled", "available", "retryable"),
+    )
+
+
+# -- what the pages show ----------------------------------------------------------------
+
+
+def _policies(app: App, history: v.WatermarkHistory) -> tuple[list[dict[str, Any]], str | None]:
+    """The status view of every policy, with its watermark's level and trend."""
+    try:
+        policies = status_view.policies(app)
+    except ExpiryError as exc:
+        return [], str(exc)
+    now = app.engine.now()
+    config = {p.name: p for p in (app.cleanup.policies if app.cleanup else [])}
+    for row in policies:
+        history.record(row["name"], now, row["watermark_seconds"])
+        series = history.series(row["name"])
+        policy = config.get(row["name"])
+        row.update(
+            level=v.level(policy, row["watermark_seconds"]),
+            warn=policy.watermark_warn if policy else None,
+            alert=policy.watermark_alert if policy else None,
+            trend=v.trend(series),
+            spark=v.sparkline(series),
+            samples=len(series),
+        )
+    return policies, None
+
+
+def _queue_charts(app: App) -> dict[str, Any]:
+    view = status_view.queue(app)
+    now = app.engine.now()
+    states = [s.value for s in JobState]
+    due_ages: list[float] = []
+    for state in (JobState.AVAILABLE, JobState.RETRYABLE, JobState.SCHEDULED):
+        for job in app.engine.job_list(state, None, v.SCAN_LIMIT):
+            age = (now - job.run_at).total_seconds()
+            if age >= 0:
+                due_ages.append(age)
+    oldest = v.bars(
+        [(q, age, v.short_duration(age)) for q, age in sorted(view["oldest_due_seconds"].items())]
+    )
+    running = sorted(view["running"], key=lambda r: -r["held_seconds"])[:20]
+    return {
+        "states": states,
+        "by_queue": v.stacked(view["jobs_by_queue_and_state"], states),
+        "oldest": oldest,
+        "due_ages": v.age_histogram(due_ages),
+        "due_count": len(due_ages),
+        "running": v.bars(
+            [(r["job"], r["held_seconds"], v.short_duration(r["held_seconds"])) for r in running]
+        ),
+        "running_total": len(view["running"]),
+        "retries": v.bars(
+            [
+                (k, n, str(n))
+                for k, n in sorted(view["retries_by_kind"].items(), key=lambda i: -i[1])
+            ]
+        ),
+        "dead": view["dead"],
+    }
+
+
+def _jobs(app: App, state: JobState, dlq: bool, filters: dict[str, str]) -> dict[str, Any]:
+    """A page of jobs in ``state`` matching the filters (``dlq``: shown as the
+    dead-letter queue)."""
+    jobs, truncated = v.find_jobs(
+        app,
+        state,
+        queue=filters["queue"] or None,
+        policy=filters["policy"] or None,
+        run_id=filters.get("run") or None,
+    )
+    listed = v.page_of(jobs, page_number(filters["page"]), total=len(jobs), truncated=truncated)
+    return {
+        "dlq": dlq,
+        "state": state.value,
+        "page": listed,
+        "filters": filters,
+        "queues": sorted(app.queue.stats().by_state),
+        "policy_names": policy_names(app),
+        "job_policy": v.job_policy,
+    }

@@ -1,0 +1,133 @@
+"""Runs, read side: a run's summary, the newest runs, what is left of a run,
+and waiting for a run to finish.
+
+A run is ``policy:cutoff``: one planning job, then the window jobs it emits.
+Its summary is what `expiry runs show`, `trigger --wait`, ``GET /v1/runs`` and
+the dashboard print, as a plain dict so every one of them shows the same keys.
+
+Opening and finishing runs still live in cleanup.py (``Cleanup.open_run``,
+``Cleanup.finish_runs``); they move here next. Until then the one place this
+module finishes a run (a wait that finds nothing left) calls the engine's
+``run_finish`` itself, through ``Runs.finish``: the seam they move into.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from .cleanup import WINDOW
+from .engines.base import Engine
+from .times import format_time
+from .types import JobState, Run, RunJobs, RunTotals
+
+log = logging.getLogger("expiry.runs")
+
+PENDING = frozenset({JobState.SCHEDULED, JobState.AVAILABLE, JobState.RETRYABLE, JobState.RUNNING})
+"""The states of a job not yet completed, dead or cancelled."""
+
+POLL_SECONDS = 0.2
+"""How long a wait blocks between looks at the run when no hint arrives
+(PostgreSQL hints as a run finishes; SQLite has no hints and polls at this pace)."""
+
+Progress = Callable[[int, int], None]
+"""Told (jobs done or dead, jobs in all) at every look of a wait."""
+
+
+class Runs:
+    """The runs of one database: read them, count what is left, wait for them."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def summary(self, run_id: str) -> dict[str, Any] | None:
+        """The run's counts and times, read in one transaction; None: no such run."""
+        engine = self.engine
+        with engine.transaction() as conn:
+            run = engine.run_get(run_id, conn=conn)
+            if run is None:
+                return None
+            jobs = engine.run_jobs(run_id, conn=conn)
+            ledger = engine.run_ledger(run_id, conn=conn)
+            duplicates = engine.run_duplicates(run_id, conn=conn)
+        return summarize(run, jobs, ledger, duplicates)
+
+    def recent(self, policy: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
+        """The summaries of the newest ``limit`` runs (of one policy when given)."""
+        found = self.engine.run_list(policy, limit)
+        return [s for r in found if (s := self.summary(r.id)) is not None]
+
+    def pending(self, run_id: str) -> int:
+        """The run's jobs (planning and windows) not yet completed, dead or cancelled."""
+        return sum(j.n for j in self.engine.run_jobs(run_id) if j.state in PENDING)
+
+    def finish(self, run_id: str) -> bool:
+        """Finish the run if it is planned and nothing of it is pending; True if it
+        finished now. (``Cleanup.finish_runs`` does the same for a worker's batch.)"""
+        finished = self.engine.run_finish(run_id)
+        if finished:
+            log.info("run finished", extra={"run": run_id})
+        return finished
+
+    def wait(
+        self, run_id: str, *, progress: Progress | None = None, poll: float = POLL_SECONDS
+    ) -> dict[str, Any]:
+        """Block until the run is finished, or nothing of it is left to do; its
+        summary then. Unbounded by design: the caller (`trigger --wait`) stops it
+        with Ctrl-C. Raises LookupError for an unknown run."""
+        while True:
+            summary = self._summary_of(run_id)
+            if progress is not None:
+                progress(summary["jobs_done"] + summary["jobs_dead"], summary["jobs_total"])
+            if summary["state"] == "finished":
+                return summary
+            if not self.pending(run_id):
+                # Nothing of the run is left to do, yet it is not finished: its last
+                # job died (workers finish a run only after a success), or its
+                # planning job did. Finish it if it was planned; either way, stop.
+                self.finish(run_id)
+                return self.summary(run_id) or summary
+            self.engine.wait_for_runs(poll)
+
+    def _summary_of(self, run_id: str) -> dict[str, Any]:
+        summary = self.summary(run_id)
+        if summary is None:
+            raise LookupError(f"no run {run_id!r}")
+        return summary
+
+
+def summarize(run: Run, jobs: list[RunJobs], ledger: RunTotals, duplicates: int) -> dict[str, Any]:
+    """A run's summary from its row, its jobs by state, its ledger totals and the
+    duplicates its windows absorbed. Counts are of window jobs only."""
+    windows = [j for j in jobs if j.handler == WINDOW]
+    by_state = {j.state: j.n for j in windows}
+    return {
+        "id": run.id,
+        "policy": run.policy,
+        "cutoff": format_time(run.cutoff),
+        "opened_by": run.opened_by,
+        "state": run.state,
+        "windows_planned": run.windows_planned,
+        "jobs_total": sum(by_state.values()),
+        "jobs_done": by_state.get(JobState.COMPLETED, 0),
+        "jobs_dead": by_state.get(JobState.DEAD, 0),
+        "jobs_by_state": by_state,
+        "windows_applied": ledger.windows,
+        "rows_affected": ledger.rows,
+        "duplicates_skipped": duplicates,
+        "retries": sum(j.failures for j in windows),
+        # Deliveries beyond one per job and its recorded failures: the same window
+        # delivered again (after a lost lease or acknowledgement).
+        "redelivered": sum(
+            j.attempts - j.n - j.failures for j in windows if j.state == JobState.COMPLETED
+        ),
+        "opened_at": _time(run.opened_at),
+        "planned_at": _time(run.planned_at),
+        "finished_at": _time(run.finished_at),
+    }
+
+
+def _time(value: datetime | None) -> str | None:
+    return None if value is None else format_time(value)
