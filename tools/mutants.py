@@ -49,7 +49,7 @@ RETRY = "tests/queue/test_retry_schedule.py"
 TIMESTAMPS = "tests/cleanup/test_timestamps.py"
 
 UNBOOKED = 'UNBOOKED = WINDOW + " and not exists (select 1 from {ledger} where key = {p_key})"'
-WINDOW_APPLY = "src/expiry/engines/postgres/migrations/0005_window_turn.sql"
+WINDOW_APPLY = "src/expiry/engines/postgres/migrations/0006_job_complete.sql"
 LEDGER_INSERT = "values (window_apply.key, policy, run_id, lo, hi, action, worker, taken);\n"
 LEDGER_INSERT_LAX = (
     "values (window_apply.key, policy, run_id, lo, hi, action, worker, taken)\n"

@@ -85,18 +85,16 @@ where id = %(id)s and lease_token = %(token)s and state = 'running'
 returning id;
 
 -- name: job_complete
--- Mark a job completed, only while the caller still holds an unexpired lease.
-update expiry.jobs
-set state = 'completed', finished_at = now(), updated_at = now(),
-    lease_owner = null, lease_token = null, lease_expires_at = null
-where id = %(id)s and lease_token = %(token)s and state = 'running'
-  and lease_expires_at > now()
-returning id;
+-- Mark a job completed, only while the caller still holds an unexpired lease:
+-- the rule of expiry.job_complete (migration 0006), which window_apply shares.
+select id from (select expiry.job_complete(%(id)s, %(token)s) as id) as done
+where id is not null;
 
 -- name: job_complete_many
 -- Complete a group of jobs run in one transaction (group commit), each only
--- while the caller still holds its unexpired lease. Lease tokens are unique, so
--- matching ids and tokens as sets matches each pair.
+-- while the caller still holds its unexpired lease: expiry.job_complete's rule
+-- as one set-based UPDATE (a call per job would cost a call per job). Lease
+-- tokens are unique, so matching ids and tokens as sets matches each pair.
 update expiry.jobs
 set state = 'completed', finished_at = now(), updated_at = now(),
     lease_owner = null, lease_token = null, lease_expires_at = null

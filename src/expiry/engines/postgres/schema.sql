@@ -7,6 +7,22 @@ begin
     raise exception 'expiry.audit is append-only';
 end $$;
 
+CREATE FUNCTION expiry.job_complete(job_id bigint, token text) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
+declare
+    done bigint;
+begin
+    update expiry.jobs j
+    set state = 'completed', finished_at = now(), updated_at = now(),
+        lease_owner = null, lease_token = null, lease_expires_at = null
+    where j.id = job_id and j.lease_token = token and j.state = 'running'
+      and j.lease_expires_at > now()
+    returning j.id into done;
+    return done;
+end
+$$;
+
 CREATE FUNCTION expiry.window_apply(statement text, lo bigint, hi bigint, cutoff timestamp with time zone, key text, policy text, run_id text, action text, worker text, job_id bigint, lease_token text) RETURNS bigint
     LANGUAGE plpgsql
     AS $$
@@ -20,16 +36,8 @@ begin
     execute statement using lo, hi, cutoff, key;
     get diagnostics taken = row_count;
 
-    if job_id is not null then
-        -- As queries.sql's job_complete: only while the lease is still held.
-        update expiry.jobs j
-        set state = 'completed', finished_at = now(), updated_at = now(),
-            lease_owner = null, lease_token = null, lease_expires_at = null
-        where j.id = job_id and j.lease_token = window_apply.lease_token
-          and j.state = 'running' and j.lease_expires_at > now();
-        if not found then
-            raise exception 'job %: lease lost before completion', key using errcode = 'EX001';
-        end if;
+    if job_id is not null and expiry.job_complete(job_id, lease_token) is null then
+        raise exception 'job %: lease lost before completion', key using errcode = 'EX001';
     end if;
 
     if taken > 0 then
