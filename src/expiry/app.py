@@ -28,6 +28,7 @@ from .errors import AlreadyApplied, ConfigError
 from .handlers import Handler, HandlerFn
 from .keys import Keys
 from .queue import Queue
+from .runs import Runs
 from .scheduler import Scheduler
 from .types import Job
 from .worker import Hooks, Worker
@@ -83,6 +84,7 @@ class App:
         self._cleanup: Cleanup | None = None
         self._crons: Crons | None = None
         self._keys: Keys | None = None
+        self._runs: Runs | None = None
         self._register_builtins()
 
     def _register_builtins(self) -> None:
@@ -132,7 +134,7 @@ class App:
     def cleanup(self) -> Cleanup | None:
         """The policies' cleanup; None for an App without a config."""
         if self._cleanup is None and self.config is not None:
-            self._cleanup = Cleanup(self.engine, self.config)
+            self._cleanup = Cleanup(self.engine, self.config, self.runs)
         return self._cleanup
 
     def _need_cleanup(self) -> Cleanup:
@@ -147,6 +149,13 @@ class App:
             hosts = list(self.config.http.allowed_hosts) if self.config else []
             self._crons = Crons(self.engine, hosts)
         return self._crons
+
+    @property
+    def runs(self) -> Runs:
+        """Runs: finishing them, their summaries, waiting for them."""
+        if self._runs is None:
+            self._runs = Runs(self.engine)
+        return self._runs
 
     @property
     def keys(self) -> Keys:
@@ -229,3 +238,4 @@ class App:
             self._cleanup = None
             self._crons = None
             self._keys = None
+            self._runs = None

@@ -35,6 +35,7 @@ from .errors import CutoffRefused, PermanentError, SchemaError, Snooze
 from .handlers import Handler
 from .metrics import WINDOW_ROWS
 from .queue import new_job
+from .runs import PLAN, WINDOW, Runs
 from .target import Target
 from .times import format_time, parse_time
 from .timestamps import Storage
@@ -42,8 +43,6 @@ from .types import AuditAction, Job, NewJob
 
 log = logging.getLogger("expiry.cleanup")
 
-PLAN = "expiry.plan"
-WINDOW = "expiry.window"
 MIN_CHUNK = 100
 MAX_REST_SECONDS = 2.0  # a nice_ratio rest never outlasts this (a stop waits for it)
 OVERLAP_WAIT_SECONDS = 5.0
@@ -101,9 +100,10 @@ class _Pace:
 
 
 class Cleanup:
-    def __init__(self, engine: Engine, config: Config) -> None:
+    def __init__(self, engine: Engine, config: Config, runs: Runs | None = None) -> None:
         self.engine = engine
         self.config = config
+        self.runs = runs or Runs(engine)
         self._targets: dict[str, Target] = {}
         self._paces: dict[str, _Pace] = {}
         self._lock = threading.Lock()
@@ -209,18 +209,13 @@ class Cleanup:
         return cutoff
 
     def finish_runs(self, run_ids: set[str]) -> None:
+        """Finish each run that is planned and has nothing pending (runs.py's rule)."""
         for rid in run_ids:
-            if self.engine.run_finish(rid):
-                log.info("run finished", extra={"run": rid})
+            self.runs.finish(rid)
 
     def finish_idle_runs(self) -> int:
-        """Finish every run with nothing pending (the rescuer's sweep): a worker that
-        died after its run's last commit, or a last job that ended dead, leaves the
-        run open otherwise."""
-        finished = self.engine.run_finish_idle()
-        for rid in finished:
-            log.info("run finished", extra={"run": rid})
-        return len(finished)
+        """The rescuer's sweep (Runs.finish_idle): how many runs it finished."""
+        return len(self.runs.finish_idle())
 
     # -- the planning job -------------------------------------------------------
 

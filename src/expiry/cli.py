@@ -57,7 +57,6 @@ from .cli_output import (
 from .config import config_path
 from .demo import run_demo
 from .errors import ConfigError, ExpiryError, MigrationError, SchemaError
-from .runs import Runs
 from .times import format_time, parse_time
 
 if TYPE_CHECKING:
@@ -379,7 +378,7 @@ def cmd_trigger(args: argparse.Namespace) -> int:
 def wait_for_run(args: argparse.Namespace, app: App, run_id: str) -> int:
     """`trigger --wait`: the run's summary once it ends; exit 1 unless it finished
     with no dead window."""
-    summary = wait_with_progress(Runs(app.engine), run_id, show=not args.json)
+    summary = wait_with_progress(app.runs, run_id, show=not args.json)
     emit(args, summary, lambda: print_run(summary))
     return 0 if summary["state"] == "finished" and not summary["jobs_dead"] else 1
 
@@ -412,7 +411,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    runs = Runs(migrated(args).engine)
+    runs = migrated(args).runs
     if args.args[:1] == ["show"]:
         if len(args.args) != 2:
             raise ConfigError("usage: expiry runs show RUN_ID")

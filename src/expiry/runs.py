@@ -1,14 +1,13 @@
-"""Runs, read side: a run's summary, the newest runs, what is left of a run,
-and waiting for a run to finish.
+"""Runs: finishing them, a run's summary, the newest runs, what is left of a
+run, and waiting for a run to finish.
 
-A run is ``policy:cutoff``: one planning job, then the window jobs it emits.
-Its summary is what `expiry runs show`, `trigger --wait`, ``GET /v1/runs`` and
-the dashboard print, as a plain dict so every one of them shows the same keys.
-
-Opening and finishing runs still live in cleanup.py (``Cleanup.open_run``,
-``Cleanup.finish_runs``); they move here next. Until then the one place this
-module finishes a run (a wait that finds nothing left) calls the engine's
-``run_finish`` itself, through ``Runs.finish``: the seam they move into.
+A run is ``policy:cutoff``: one planning job (PLAN), then the window jobs
+(WINDOW) it emits. A run is opened by the planner's side, cleanup.py's
+``Cleanup.open_run``, because opening checks the policy's table and queues the
+first planning page in the same transaction; everything after is here. A
+run's summary is what `expiry runs show`, `trigger --wait`, ``GET /v1/runs``
+and the dashboard print, as a plain dict so every one of them shows the same
+keys.
 """
 
 from __future__ import annotations
@@ -18,12 +17,17 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from .cleanup import WINDOW
 from .engines.base import Engine
 from .times import format_time
 from .types import JobState, Run, RunJobs, RunTotals
 
 log = logging.getLogger("expiry.runs")
+
+PLAN = "expiry.plan"
+"""The handler of a run's planning jobs (cleanup.py's planner)."""
+
+WINDOW = "expiry.window"
+"""The handler of a run's window jobs."""
 
 PENDING = frozenset({JobState.SCHEDULED, JobState.AVAILABLE, JobState.RETRYABLE, JobState.RUNNING})
 """The states of a job not yet completed, dead or cancelled."""
@@ -65,9 +69,18 @@ class Runs:
 
     def finish(self, run_id: str) -> bool:
         """Finish the run if it is planned and nothing of it is pending; True if it
-        finished now. (``Cleanup.finish_runs`` does the same for a worker's batch.)"""
+        finished now (a worker's batch, a wait that finds nothing left)."""
         finished = self.engine.run_finish(run_id)
         if finished:
+            log.info("run finished", extra={"run": run_id})
+        return finished
+
+    def finish_idle(self) -> list[str]:
+        """Finish every run with nothing pending (the rescuer's sweep): a worker
+        that died after its run's last commit, or a last job that ended dead,
+        leaves the run open otherwise. The ids it finished."""
+        finished = self.engine.run_finish_idle()
+        for run_id in finished:
             log.info("run finished", extra={"run": run_id})
         return finished
 

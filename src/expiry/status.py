@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 
 from .cron import next_fire
 from .durations import format_duration
-from .runs import Runs
 from .times import format_time
 
 if TYPE_CHECKING:
@@ -19,11 +18,11 @@ if TYPE_CHECKING:
 
 
 def run_summary(app: App, run_id: str) -> dict[str, Any] | None:
-    return Runs(app.engine).summary(run_id)
+    return app.runs.summary(run_id)
 
 
 def runs(app: App, policy: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
-    return Runs(app.engine).recent(policy, limit)
+    return app.runs.recent(policy, limit)
 
 
 def policies(app: App) -> list[dict[str, Any]]:
@@ -31,7 +30,7 @@ def policies(app: App) -> list[dict[str, Any]]:
     cleanup = app.cleanup
     if cleanup is None:
         return []
-    recent = Runs(app.engine).recent
+    recent = app.runs.recent
     schedules = {s.policy: s for s in app.engine.schedule_list()}
     now = app.engine.now()
     out = []
