@@ -114,8 +114,8 @@ MUTANTS = [
     Mutant(
         "watermark-retain-sign",
         "src/expiry/cleanup.py",
-        "cutoff = self.app.engine.now(conn) - timedelta(seconds=policy.retain)",
-        "cutoff = self.app.engine.now(conn) + timedelta(seconds=policy.retain)",
+        "cutoff = self.engine.now(conn) - timedelta(seconds=policy.retain)",
+        "cutoff = self.engine.now(conn) + timedelta(seconds=policy.retain)",
         (f"{SAFETY}::test_retain_keeps_rows_expired_less_than_retain_ago[postgres]",),
         "the watermark measures from now + retain",
     ),
@@ -266,7 +266,7 @@ MUTANTS = [
         "UNBOOKED = WINDOW",
         (f"{SAFETY}::test_a_redelivered_window_takes_nothing_that_expired_since[sqlite]",),
         "SQLite: no ledger guard, and the ledger insert after a delete is not strict",
-        also=(("src/expiry/target.py", "strict=rows > 0,", "strict=False,"),),
+        also=(("src/expiry/engines/sqlite/tables.py", "strict=rows > 0,", "strict=False,"),),
     ),
     Mutant(
         "ledger-guard+strict-pg",
@@ -279,7 +279,7 @@ MUTANTS = [
     ),
     Mutant(
         "iso-guard",
-        "src/expiry/target.py",
+        "src/expiry/engines/sqlite/tables.py",
         " and typeof({ts}) = 'text' and julianday({ts}) < julianday({p_exact})",
         " and typeof({ts}) = 'text'",
         (
@@ -290,7 +290,7 @@ MUTANTS = [
     ),
     Mutant(
         "numeric-guard",
-        "src/expiry/target.py",
+        "src/expiry/engines/sqlite/tables.py",
         "f\" and typeof({{ts}}) in ('integer', 'real') and {{ts}} >= {low:.0f}\"",
         '""',
         (
