@@ -220,8 +220,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     worker = app.worker(
         concurrency=args.concurrency or (settings.concurrency if settings else 1),
         queues=tuple(args.queue or worked_queues(app)),
-        lease=settings.lease if settings else 60.0,
-        batch=settings.claim_batch if settings else 16,
+        lease=settings.lease if settings else defaults.LEASE_SECONDS,
+        batch=settings.claim_batch if settings else defaults.CLAIM_BATCH,
+        prune_after=settings.prune_after if settings else defaults.PRUNE_AFTER_SECONDS,
         until_idle=args.until_idle,
     )
     return worker.run()

@@ -432,7 +432,14 @@ class Target:
                 'on PostgreSQL write timestamp_format = "epoch" or "epoch_ms"',
             )
         row = conn.execute(self.text(STORAGE_RANGE), {}).fetchone()
-        return self._numeric(row["lo"], row["hi"], None)
+        storage = self._numeric(row["lo"], row["hi"], None)
+        if storage.format not in ("epoch", "epoch_ms"):  # julianday is SQLite's (a real)
+            raise self._refuse(
+                f"holds integers from {row['lo']!r} to {row['hi']!r}, which are neither "
+                "epoch seconds (1e8..1e11) nor epoch milliseconds (1e11..1e14)",
+                "convert the column to timestamptz, or to epoch seconds or milliseconds",
+            )
+        return storage
 
     def _numeric(self, lo: Any, hi: Any, counts: str | None) -> Storage:
         """The numeric format of values from ``lo`` to ``hi`` (None: no values)."""

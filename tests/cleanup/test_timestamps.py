@@ -276,6 +276,20 @@ def test_a_postgres_date_expires_at_its_midnight_utc(pg_db: Db, apps: Apps) -> N
     assert pg_db.ids() == {3}
 
 
+def test_postgres_integers_in_the_julianday_range_are_refused(pg_db: Db, apps: Apps) -> None:
+    pg_db.execute(
+        "create table sessions (id bigint primary key, expires_at bigint, revoked_at timestamptz)"
+    )
+    pg_db.execute("insert into sessions values (1, 2461000, null), (2, 2461010, null)")
+    app = apps(pg_db.url)
+    assert app.cleanup is not None
+    with pytest.raises(SchemaError, match="neither epoch seconds"):
+        app.cleanup.check()
+    with pytest.raises(SchemaError):
+        app.cleanup.open_run(POLICY)
+    assert pg_db.ids() == {1, 2}
+
+
 def test_a_postgres_epoch_column_out_of_every_range_is_refused(pg_db: Db, apps: Apps) -> None:
     pg_db.execute(
         "create table sessions (id bigint primary key, expires_at bigint, revoked_at timestamptz)"

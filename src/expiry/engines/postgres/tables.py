@@ -2,7 +2,7 @@
 as one statement.
 
 Identifiers are quoted by psycopg.sql. A window is one call of the function
-expiry.window_apply (migrations 0004 and 0005), given the window's statement
+expiry.window_apply (migrations 0004 to 0006), given the window's statement
 with positional parameters: it takes the window's turn, runs the statement,
 completes the job and books the ledger. Outside a transaction (the worker's
 statement mode) the call is its own transaction: one round trip.
