@@ -49,12 +49,15 @@ RETRY = "tests/queue/test_retry_schedule.py"
 TIMESTAMPS = "tests/cleanup/test_timestamps.py"
 
 UNBOOKED = 'UNBOOKED = WINDOW + " and not exists (select 1 from {ledger} where key = {p_key})"'
-WINDOW_APPLY = "src/expiry/engines/postgres/migrations/0006_job_complete.sql"
-LEDGER_INSERT = "values (window_apply.key, policy, run_id, lo, hi, action, worker, taken);\n"
+WINDOW_APPLY = "src/expiry/engines/postgres/migrations/0007_time_windows.sql"
+LEDGER_INSERT = (
+    "values (window_apply.key, policy, run_id, lo, hi, bounds, action, worker, taken);\n"
+)
 LEDGER_INSERT_LAX = (
-    "values (window_apply.key, policy, run_id, lo, hi, action, worker, taken)\n"
+    "values (window_apply.key, policy, run_id, lo, hi, bounds, action, worker, taken)\n"
     "        on conflict on constraint ledger_pkey do nothing;\n"
 )
+ORACLE = "tests/cleanup/test_oracle.py"
 
 
 @dataclass(frozen=True)
@@ -328,6 +331,25 @@ MUTANTS = [
             "test_a_cutoff_later_than_now_minus_retain_is_refused_unless_forced",
         ),
         "a cutoff later than now - retain is accepted without force",
+    ),
+    Mutant(
+        "time-upper-open",
+        "src/expiry/target.py",
+        '" and {ts} <= {p_hi_ts} and ({ts}, {tie}) <= ({p_hi_ts}, {p_hi_tie})",',
+        '" and {ts} <= {p_hi_ts} and ({ts}, {tie}) < ({p_hi_ts}, {p_hi_tie})",',
+        (
+            f"{ORACLE}::test_sqlite_deletes_exactly_what_the_oracle_expires",
+            f"{ORACLE}::test_postgres_deletes_exactly_what_the_oracle_expires",
+        ),
+        "time windows exclude their upper position: the row at each bound is never deleted",
+    ),
+    Mutant(
+        "time-position-seconds",
+        "src/expiry/target.py",
+        "        return value.isoformat()\n",
+        '        return value.isoformat(timespec="seconds")\n',
+        (f"{ORACLE}::test_postgres_deletes_exactly_what_the_oracle_expires",),
+        "PostgreSQL positions lose their microseconds: windows miss or repeat rows",
     ),
     Mutant(
         "sample-check",

@@ -31,21 +31,23 @@ from . import defaults
 from .config import Config, Policy
 from .durations import format_duration
 from .engines import Engine
-from .errors import CutoffRefused, PermanentError, SchemaError, Snooze
+from .errors import CutoffRefused, ForeignKeyBlocked, PermanentError, SchemaError, Snooze
 from .handlers import Handler
 from .metrics import WINDOW_ROWS
 from .queue import new_job
-from .runs import PLAN, WINDOW, Runs
+from .runs import PARTITION, PENDING, PLAN, WINDOW, Runs
 from .target import Target
 from .times import format_time, parse_time
 from .timestamps import Storage
-from .types import AuditAction, Job, NewJob
+from .types import AuditAction, Job, NewJob, Partition
+from .windows import KEY, TIME, Position, Span, position_name
 
 log = logging.getLogger("expiry.cleanup")
 
 MIN_CHUNK = 100
 MAX_REST_SECONDS = 2.0  # a nice_ratio rest never outlasts this (a stop waits for it)
 OVERLAP_WAIT_SECONDS = 5.0
+PARTITION_WAIT_SECONDS = 0.2  # partition jobs are quick: the windows' page looks again soon
 
 
 def run_id(policy: str, cutoff: datetime) -> str:
@@ -85,9 +87,15 @@ class PlanPreview:
     cutoff: datetime
     candidates: int
     windows: int
-    first_windows: list[tuple[int, int]]
+    first_windows: list[Span]
+    """The first windows."""
     storage: str = ""
     """How the timestamp column stores time, as this preview read it."""
+    strategy: str = ""
+    """The windows a run would use now, and why."""
+    partitions: list[dict[str, Any]] = field(default_factory=list)
+    """Whole partitions a run would drop or detach now, with their row estimates
+    (their rows are counted among the candidates and windows too)."""
 
 
 @dataclass
@@ -149,6 +157,9 @@ class Cleanup:
             target = Target(self.engine, policy)
             with self.engine.transaction() as conn:
                 warnings += target.check(conn)
+                if target.fixed is None:  # the data decides: as a run would now
+                    latest = self.engine.now(conn) - timedelta(seconds=policy.retain)
+                    target.notes.insert(0, target.choose(conn, latest).describe() + " (now)")
             with self._lock:
                 self._targets[policy.name] = target
         return warnings
@@ -177,7 +188,7 @@ class Cleanup:
             rid = run_id(name, cutoff)
             created = engine.run_insert(rid, name, cutoff, opened_by, conn=tx)
             if created:
-                engine.job_insert_many([_plan_job(policy, rid, cutoff)], tx)
+                engine.job_insert_many([_first_plan_job(policy, rid, cutoff)], tx)
                 engine.audit_append(
                     tx,
                     AuditAction.RUN_OPENED,
@@ -220,67 +231,148 @@ class Cleanup:
     # -- the planning job -------------------------------------------------------
 
     def plan_page(self, job: Job, tx: Any) -> int:
-        """Emit one page of windows and, unless it was the last, the next page."""
+        """Emit one page of windows and, unless it was the last, the next page.
+        A run's first planning job reads the column's storage and queues the
+        expired partitions (if any, ahead of the windows); the windows' first
+        page then chooses the run's windows and checks a sample."""
         p = job.payload
         policy, target = self.policy(p["policy"]), self.target(p["policy"], tx)
         cutoff = parse_time(p["cutoff"])
-        after: int | None = p.get("after")
-        max_key: int = p.get("max") or 0
-        page = defaults.PLAN_PAGE
-        first_page = after is None
-        if after is None:
-            page = min(defaults.FIRST_PLAN_PAGE, page)
-            start = self._start_run(policy, target, p, cutoff, tx)
-            if start is None:
-                return 0
-            p, (after, max_key) = start
+        first_page = "windows" not in p
+        try:
+            if "storage" not in p:
+                opened = self._start_run(policy, target, p, cutoff, tx)
+                if opened is None:
+                    return 0
+                p = opened
+            if first_page:
+                begun = self._begin_windows(policy, target, p, cutoff, tx)
+                if begun is None:
+                    return 0
+                p = begun
+        except SchemaError as exc:
+            raise PermanentError(str(exc)) from exc
         storage = _storage(p, target)
-        los = target.plan_page(tx, cutoff, after, max_key, page, storage)
-        jobs = [_window_job(policy, p, lo, storage) for lo in los]
-        last_page = len(los) < page
-        if not last_page:
-            cursor = los[-1] + policy.window
+        if p["windows"] == TIME:
+            spans, cursor = self._time_page(target, p, cutoff, first_page, tx, storage)
+        else:
+            spans, cursor = self._key_page(target, p, cutoff, first_page, tx, storage)
+        jobs = [_window_job(policy, p, span) for span in spans]
+        if cursor is not None:
             # Planning keeps ahead of the deletes: the next page's job is queued
             # (claimed) before this page's second half, or before all of a run's
             # short first page, so one worker plans it while the others delete
             # instead of every worker waiting for it after the last window.
-            jobs.insert(
-                0 if first_page else len(jobs) // 2,
-                new_job(
-                    PLAN,
-                    {**p, "after": cursor, "max": max_key},
-                    key=f"{p['run_id']}:plan:{cursor}",
-                    max_attempts=policy.max_attempts,
-                    priority=policy.priority,
-                ),
-            )
+            jobs.insert(0 if first_page else len(jobs) // 2, _plan_job(policy, p, cursor))
         self.engine.job_insert_many(jobs, tx)
-        self.engine.run_add_windows(p["run_id"], len(los), done=last_page, conn=tx)
-        return len(los)
+        self.engine.run_add_windows(p["run_id"], len(spans), done=cursor is None, conn=tx)
+        return len(spans)
+
+    @staticmethod
+    def _page_size(policy: Policy, windows: str, first_page: bool) -> int:
+        """Windows per planning page: time pages also read at most TIME_PAGE_ROWS."""
+        page = defaults.PLAN_PAGE
+        if windows == TIME:
+            page = max(1, min(page, defaults.TIME_PAGE_ROWS // policy.window))
+        return min(defaults.FIRST_PLAN_PAGE, page) if first_page else page
+
+    def _key_page(
+        self,
+        target: Target,
+        p: dict[str, Any],
+        cutoff: datetime,
+        first: bool,
+        tx: Any,
+        storage: Storage,
+    ) -> tuple[list[Span], dict[str, Any] | None]:
+        window, page = target.policy.window, self._page_size(target.policy, KEY, first)
+        los = target.plan_page(tx, cutoff, p["after"], p["max"], page, storage)
+        spans = [Span.keys(lo, lo + window) for lo in los]
+        more = len(los) == page
+        return spans, ({"after": los[-1] + window, "max": p["max"]} if more else None)
+
+    def _time_page(
+        self,
+        target: Target,
+        p: dict[str, Any],
+        cutoff: datetime,
+        first: bool,
+        tx: Any,
+        storage: Storage,
+    ) -> tuple[list[Span], dict[str, Any] | None]:
+        page = self._page_size(target.policy, TIME, first)
+        after = None if p.get("after") is None else tuple(p["after"])
+        uppers = target.time_page(tx, cutoff, after, page, storage)
+        spans, lower = [], after
+        for upper in uppers:
+            spans.append(Span.positions(lower, upper))
+            lower = upper
+        more = len(uppers) == page
+        return spans, ({"after": list(uppers[-1])} if more else None)
 
     def _start_run(
         self, policy: Policy, target: Target, p: dict[str, Any], cutoff: datetime, tx: Any
-    ) -> tuple[dict[str, Any], tuple[int, int]] | None:
-        """A run's first page: wait for an earlier run of the policy, read the
-        column's storage and the candidates' key range, and check a sample before
-        any window exists. Returns the payload (with the storage) and the planner's
-        start, or None when nothing is expired (the run is then done)."""
+    ) -> dict[str, Any] | None:
+        """A run's first planning job: wait for an earlier run of the policy and
+        read the column's storage, once, from the data as it is now (every job of
+        the run compares in that domain). Whole expired partitions are queued
+        first, with the windows' first page after them; returns None then, else
+        the payload that plans the windows now."""
         pending = self.engine.run_pending_elsewhere(policy.name, p["run_id"], conn=tx)
         if pending:
             raise Snooze(OVERLAP_WAIT_SECONDS, f"{pending} jobs of an earlier run are pending")
-        try:
-            # The run reads the column's storage once, from the data as it is
-            # now, and every window of the run compares in that domain.
-            storage = target.detect(tx)
+        storage = target.detect(tx)
+        p = {**p, "storage": storage.token}
+        parts = target.expired_partitions(tx, cutoff, storage)
+        if not parts:
+            return p
+        mode = target.partition_mode()
+        jobs = [_partition_job(policy, p, part, mode) for part in parts]
+        jobs.append(
+            new_job(
+                PLAN,
+                {**p, "stage": "after-partitions"},
+                key=f"{p['run_id']}:plan:windows",
+                max_attempts=policy.max_attempts,
+                priority=policy.priority,
+            )
+        )
+        self.engine.job_insert_many(jobs, tx)
+        self.engine.run_add_windows(p["run_id"], len(parts), done=False, conn=tx)
+        return None
+
+    def _begin_windows(
+        self, policy: Policy, target: Target, p: dict[str, Any], cutoff: datetime, tx: Any
+    ) -> dict[str, Any] | None:
+        """The windows' first page: after the run's partitions are gone, choose
+        the run's windows and check a sample of candidates before any window
+        exists. Returns the payload that plans them, or None when nothing is
+        expired (the run is then planned)."""
+        rid = p["run_id"]
+        if p.get("stage") == "after-partitions":
+            waiting = sum(
+                j.n
+                for j in self.engine.run_jobs(rid, conn=tx)
+                if j.handler == PARTITION and j.state in PENDING
+            )
+            if waiting:
+                raise Snooze(PARTITION_WAIT_SECONDS, f"{waiting} partitions are being removed")
+        storage = _storage(p, target)
+        strategy = target.choose(tx, cutoff, storage)
+        start: dict[str, Any] | None = None
+        if strategy.name == KEY:
             bounds = target.bounds(tx, cutoff, storage)
             if bounds is not None:
-                target.sample_check(tx, cutoff, storage)
-        except SchemaError as exc:
-            raise PermanentError(str(exc)) from exc
-        if bounds is None:
-            self.engine.run_add_windows(p["run_id"], 0, done=True, conn=tx)
+                start = {"after": bounds[0] - 1, "max": bounds[1]}
+        elif target.oldest(tx, cutoff, storage) is not None:
+            start = {"after": None}
+        if start is None:
+            self.engine.run_add_windows(rid, 0, done=True, conn=tx)
             return None
-        return {**p, "storage": storage.token}, (bounds[0] - 1, bounds[1])
+        target.sample_check(tx, cutoff, storage)
+        log.info(strategy.describe(), extra={"policy": policy.name, "run": rid})
+        p = {k: v for k, v in p.items() if k != "stage"}
+        return {**p, "windows": strategy.name, **start}
 
     def after_plan(self, job: Job, windows: int, seconds: float) -> None:
         log.info(
@@ -301,37 +393,143 @@ class Cleanup:
         job: on PostgreSQL one statement, its own transaction (the worker's
         statement mode). A window cut short by pacing enqueues its rest in the
         same transaction, opened for the two. The ledger row is the window's
-        record (range, rows, worker, time); only a duplicate delivery is audited."""
+        record (range, rows, worker, time); only a duplicate delivery is audited.
+        A window a foreign key refuses is split (_blocked)."""
         p = job.payload
         policy, target = self.policy(p["policy"]), self.target(p["policy"], tx)
-        lo, hi = int(p["lo"]), int(p["hi"])
-        upto = min(hi, lo + self._pace(policy).chunk)
+        cutoff, storage, span = parse_time(p["cutoff"]), _storage(p, target), Span.of(p)
         try:
-            with self.engine.atomic(tx) if upto < hi else nullcontext():
+            now, rest = self._paced(target, span, cutoff, tx, storage)
+            with self.engine.atomic(tx) if rest is not None else nullcontext():
                 taken = target.apply(
                     tx,
-                    parse_time(p["cutoff"]),
-                    lo,
-                    upto,
+                    cutoff,
+                    now,
                     key=job.key,
                     run_id=p["run_id"],
                     worker=job.lease_owner,
                     job=job,  # completed in the same statement (PostgreSQL) or transaction
-                    storage=_storage(p, target),
+                    storage=storage,
                 )
                 # The delivery that booked the window's first part enqueues the rest.
-                if upto < hi and taken is not None:
-                    rest = new_job(
-                        WINDOW,
-                        {**p, "lo": upto, "hi": hi},
-                        key=f"{p['run_id']}:{upto}",
-                        max_attempts=policy.max_attempts,
-                        priority=policy.priority,
-                    )
-                    self.engine.job_insert_many([rest], tx)
+                if rest is not None and taken is not None:
+                    self.engine.job_insert_many([_span_job(policy, p, rest, rest.job_key)], tx)
+        except ForeignKeyBlocked as exc:
+            return self._blocked(job, tx, span, cutoff, storage, exc)
         except SchemaError as exc:
             raise PermanentError(str(exc)) from exc
         return WindowResult(policy.name, taken)
+
+    def _paced(
+        self, target: Target, span: Span, cutoff: datetime, tx: Any, storage: Storage
+    ) -> tuple[Span, Span | None]:
+        """The part of ``span`` this transaction takes, and the rest (None: all),
+        by the policy's current keys (or rows) per transaction."""
+        chunk = self._pace(target.policy).chunk
+        if chunk >= target.policy.window:
+            return span, None
+        if span.strategy == KEY:
+            upto = min(span.hi, span.lo + chunk)
+            return (span, None) if upto >= span.hi else span.split(upto)
+        middle = target.nth(tx, cutoff, span, chunk - 1, storage)
+        if middle is None or middle == span.hi:
+            return span, None
+        return span.split(middle)
+
+    def _blocked(
+        self,
+        job: Job,
+        tx: Any,
+        span: Span,
+        cutoff: datetime,
+        storage: Storage,
+        exc: ForeignKeyBlocked,
+    ) -> WindowResult:
+        """A foreign key refused the window's delete, which took nothing. Its
+        good rows are not thrown away: the window is split in two halves of its
+        candidates, queued in the same transaction as its booking and its
+        job's completion, until a referenced row stands alone; that row is then
+        kept and booked as blocked, with the reason."""
+        p = job.payload
+        policy, target, engine = self.policy(p["policy"]), self.target(p["policy"]), self.engine
+        reason = str(exc).splitlines()[0]
+        with engine.atomic(tx):
+            n = target.count_span(tx, cutoff, span, storage)
+            middle = target.nth(tx, cutoff, span, (n + 1) // 2 - 1, storage) if n > 1 else None
+            halves = span.split(middle) if middle is not None and middle != span.hi else None
+            common = {"policy": policy.name, "run_id": p["run_id"], "worker": job.lease_owner}
+            if halves is not None:
+                booked = engine.ledger_insert(
+                    tx, job.key, action="split", bounds=span.describe(), **common
+                )
+                if booked:
+                    jobs = [_span_job(policy, p, half, half.part_key) for half in halves]
+                    engine.job_insert_many(jobs, tx)
+                    engine.run_add_windows(p["run_id"], 1, done=False, conn=tx)
+            else:
+                row = target.nth(tx, cutoff, span, 0, storage) if n else None
+                shown = f"{policy.key} {row}" if span.strategy == KEY else f"row at {row}"
+                booked = engine.ledger_insert(
+                    tx,
+                    job.key,
+                    action=policy.action,
+                    bounds=span.describe(),
+                    blocked=f"{shown}: {reason}",
+                    **common,
+                )
+            engine.job_complete(job, tx)
+        log.warning(
+            "window split around a referenced row" if halves else "referenced row kept",
+            extra={
+                "policy": policy.name,
+                "run": p["run_id"],
+                "job": job.key,
+                "attempt": job.attempt,
+                "reason": reason,
+            },
+        )
+        return WindowResult(policy.name, 0 if booked else None)
+
+    # -- the partition job ----------------------------------------------------------
+
+    def apply_partition(self, job: Job, tx: Any) -> WindowResult:
+        """Detach (and drop) one whole expired partition, booked in the ledger in
+        the same transaction, under the policy's lock_timeout. The partition is
+        read again from the catalog first: one no longer attached, or whose range
+        no longer ends by the cutoff, is booked with nothing taken."""
+        p = job.payload
+        policy, target = self.policy(p["policy"]), self.target(p["policy"], tx)
+        cutoff, storage = parse_time(p["cutoff"]), _storage(p, target)
+        part = p["partition"]
+        name = f"{part['schema']}.{part['name']}"
+        current = {
+            (x.schema, x.name): x for x in target.expired_partitions(tx, cutoff, storage)
+        }.get((part["schema"], part["name"]))
+        booked = self.engine.ledger_insert(
+            tx,
+            job.key,
+            policy=policy.name,
+            run_id=p["run_id"],
+            action=p["mode"],
+            worker=job.lease_owner,
+            bounds=f"partition {name}"
+            + (" (rows estimated)" if current is not None else ": no longer an expired partition"),
+            rows=current.rows if current is not None else 0,
+        )
+        if not booked:
+            return WindowResult(policy.name, None)
+        if current is not None:
+            try:
+                self.engine.partition_remove(
+                    tx,
+                    policy.table,
+                    current,
+                    drop=p["mode"] == "drop",
+                    lock_timeout_ms=int(policy.lock_timeout * 1000),
+                )
+            except SchemaError as exc:
+                raise PermanentError(str(exc)) from exc
+        return WindowResult(policy.name, current.rows if current is not None else 0)
 
     def _pace(self, policy: Policy) -> _Pace:
         with self._lock:
@@ -410,28 +608,55 @@ class Cleanup:
                 cutoff = engine.now(conn).replace(microsecond=0) - timedelta(seconds=policy.retain)
             target.storage = storage = target.detect(conn)  # as a run would read it now
             candidates = target.count(conn, cutoff)
-            windows: list[int] = []
-            bounds = target.bounds(conn, cutoff, storage)
-            if bounds:
-                after = bounds[0] - 1
-                while page := target.plan_page(
-                    conn, cutoff, after, bounds[1], defaults.PLAN_PAGE, storage
-                ):
-                    windows += page
-                    after = page[-1] + policy.window
-                    if len(page) < defaults.PLAN_PAGE:
-                        break
+            parts = target.expired_partitions(conn, cutoff, storage)
+            strategy = target.choose(conn, cutoff, storage)
+            spans = self._preview_spans(target, strategy.name, conn, cutoff, storage)
         return PlanPreview(
             name,
             cutoff,
             candidates,
-            len(windows),
-            [(lo, lo + policy.window) for lo in windows[:limit]],
+            len(spans),
+            spans[:limit],
             storage.describe(),
+            strategy=strategy.describe(),
+            partitions=[
+                {
+                    "partition": f"{x.schema}.{x.name}",
+                    "rows_estimated": x.rows,
+                    "action": target.partition_mode(),
+                }
+                for x in parts
+            ],
         )
 
+    def _preview_spans(
+        self, target: Target, strategy: str, conn: Any, cutoff: datetime, storage: Storage
+    ) -> list[Span]:
+        """Every window a run would plan now (rows in whole expired partitions
+        included: the preview drops nothing)."""
+        spans: list[Span] = []
+        page = defaults.PLAN_PAGE
+        if strategy == TIME:
+            after: Position | None = None
+            while uppers := target.time_page(conn, cutoff, after, page, storage):
+                for upper in uppers:
+                    spans.append(Span.positions(after, upper))
+                    after = upper
+                if len(uppers) < page:
+                    break
+            return spans
+        bounds = target.bounds(conn, cutoff, storage)
+        if bounds:
+            window, lo = target.policy.window, bounds[0] - 1
+            while los := target.plan_page(conn, cutoff, lo, bounds[1], page, storage):
+                spans += [Span.keys(x, x + window) for x in los]
+                lo = los[-1] + window
+                if len(los) < page:
+                    break
+        return spans
 
-def _plan_job(policy: Policy, rid: str, cutoff: datetime) -> NewJob:
+
+def _first_plan_job(policy: Policy, rid: str, cutoff: datetime) -> NewJob:
     """A run's first planning job, keyed by the run."""
     return new_job(
         PLAN,
@@ -442,14 +667,45 @@ def _plan_job(policy: Policy, rid: str, cutoff: datetime) -> NewJob:
     )
 
 
-def _window_job(policy: Policy, run: dict[str, Any], lo: int, storage: Storage) -> NewJob:
-    """The window (lo, lo + window] of a run, keyed policy:cutoff:lo, with the
-    storage its planner read."""
-    fields = {k: run[k] for k in ("policy", "run_id", "cutoff")}
+def _plan_job(policy: Policy, run: dict[str, Any], cursor: dict[str, Any]) -> NewJob:
+    """A run's next planning page, keyed by where it starts."""
+    after = cursor["after"]
+    named = position_name(tuple(after)) if isinstance(after, list) else after
+    return new_job(
+        PLAN,
+        {**run, **cursor},
+        key=f"{run['run_id']}:plan:{named}",
+        max_attempts=policy.max_attempts,
+        priority=policy.priority,
+    )
+
+
+def _window_job(policy: Policy, run: dict[str, Any], span: Span) -> NewJob:
+    """A planned window, keyed policy:cutoff:<lower bound>."""
+    return _span_job(policy, run, span, span.job_key)
+
+
+def _span_job(policy: Policy, run: dict[str, Any], span: Span, key: Callable[[str], str]) -> NewJob:
+    """A window job for ``span`` of the run (with the storage its planner read),
+    keyed by ``key`` of the run id: a planned window, the rest of a paced one,
+    or a half of one split around a referenced row."""
+    fields = {k: run[k] for k in ("policy", "run_id", "cutoff", "storage")}
     return new_job(
         WINDOW,
-        {**fields, "lo": lo, "hi": lo + policy.window, "storage": storage.token},
-        key=f"{run['run_id']}:{lo}",
+        {**fields, **span.payload()},
+        key=key(run["run_id"]),
+        max_attempts=policy.max_attempts,
+        priority=policy.priority,
+    )
+
+
+def _partition_job(policy: Policy, run: dict[str, Any], part: Partition, mode: str) -> NewJob:
+    """A whole expired partition of the run, keyed policy:cutoff:partition:<name>."""
+    fields = {k: run[k] for k in ("policy", "run_id", "cutoff", "storage")}
+    return new_job(
+        PARTITION,
+        {**fields, "mode": mode, "partition": {"schema": part.schema, "name": part.name}},
+        key=f"{run['run_id']}:partition:{part.schema}.{part.name}",
         max_attempts=policy.max_attempts,
         priority=policy.priority,
     )
@@ -471,6 +727,12 @@ def handlers(cleanup: Callable[[], Cleanup]) -> list[Handler]:
             PLAN,
             lambda job, tx: cleanup().plan_page(job, tx),
             after=lambda job, windows, seconds: cleanup().after_plan(job, windows, seconds),
+            after_batch=lambda jobs: cleanup().finish_batch(jobs),
+        ),
+        Handler(
+            PARTITION,
+            lambda job, tx: cleanup().apply_partition(job, tx),
+            after=lambda job, result, seconds: cleanup().after_window(job, result, seconds),
             after_batch=lambda jobs: cleanup().finish_batch(jobs),
         ),
         Handler(

@@ -197,10 +197,17 @@ def cmd_check(args: argparse.Namespace) -> int:
         p.name: f"{p.timestamp} read as {cleanup.target(p.name).storage.describe()}"
         for p in cleanup.policies
     }
+    notes = {p.name: cleanup.target(p.name).notes for p in cleanup.policies}
     emit(
         args,
-        {"ok": True, "policies": names, "warnings": warnings, "timestamps": timestamps},
-        lambda: print_check(warnings, timestamps, len(names)),
+        {
+            "ok": True,
+            "policies": names,
+            "warnings": warnings,
+            "timestamps": timestamps,
+            "notes": notes,
+        },
+        lambda: print_check(warnings, timestamps, notes, len(names)),
     )
     return 0
 
@@ -396,7 +403,11 @@ def show_preview(args: argparse.Namespace, preview: PlanPreview) -> int:
         "cutoff": cutoff,
         "candidates": preview.candidates,
         "windows": preview.windows,
-        "first_windows": [{"lo": lo, "hi": hi} for lo, hi in preview.first_windows],
+        "first_windows": [
+            {**s.payload(windows=False), "range": s.describe()} for s in preview.first_windows
+        ],
+        "strategy": preview.strategy,
+        "partitions": preview.partitions,
         "timestamp_storage": preview.storage,
         "dry_run": True,
     }

@@ -86,11 +86,14 @@ def wait_with_progress(runs: Runs, run_id: str, *, show: bool) -> dict[str, Any]
 # -- check, plan and status -----------------------------------------------------------
 
 
-def print_check(warnings: list[str], timestamps: dict[str, str], policies: int) -> None:
+def print_check(
+    warnings: list[str], timestamps: dict[str, str], notes: dict[str, list[str]], policies: int
+) -> None:
     out.print(
         "\n".join(
             [f"warning: {w}" for w in warnings]
             + [f"policy {name}: {text}" for name, text in timestamps.items()]
+            + [f"policy {name}: {text}" for name, texts in notes.items() for text in texts]
             + [f"ok: {policies} policies"]
         )
     )
@@ -102,8 +105,14 @@ def print_preview(preview: PlanPreview, cutoff: str) -> None:
         f"rows in {preview.windows} windows (dry run: nothing changed); timestamps "
         f"read as {preview.storage}"
     )
-    for lo, hi in preview.first_windows:
-        out.print(f"  window ({lo}, {hi}]")
+    out.print(f"  {preview.strategy}")
+    for part in preview.partitions:
+        out.print(
+            f"  partition {part['partition']}: {part['action']} "
+            f"(about {part['rows_estimated']:,} rows)"
+        )
+    for span in preview.first_windows:
+        out.print(f"  window {span.describe()}")
 
 
 def print_status(data: dict[str, Any]) -> None:

@@ -101,6 +101,14 @@ class Policy(Strict):
     action: Literal["delete", "archive"] = "delete"
     archive_table: str | None = None
     window: int = Field(defaults.WINDOW, ge=1, le=10_000_000)
+    windows: Literal["auto", "key", "time"] = "auto"
+    """How a run splits the expired rows: key windows (lo, hi] over an integer
+    key, or time windows of ``window`` rows in the timestamp's order; "auto"
+    picks by the key's type and how densely the expired keys fill their range."""
+    partitions: Literal["auto", "drop", "detach", "rows"] = "auto"
+    """On a partitioned table (PostgreSQL): partitions wholly before the cutoff
+    are dropped ("drop", the default for a delete policy without where),
+    detached and kept ("detach"), or cleaned row by row like the rest ("rows")."""
     schedule: str | None = None
     timezone: str = "UTC"
     catch_up: Literal["latest", "all", "none"] = "latest"
@@ -166,6 +174,16 @@ class Policy(Strict):
             raise ValueError('action = "archive" needs archive_table = "<table to move rows into>"')
         if self.action == "delete" and self.archive_table:
             raise ValueError('archive_table is set but action is "delete": set action = "archive"')
+        if self.partitions in ("drop", "detach") and self.where:
+            raise ValueError(
+                f'partitions = "{self.partitions}" removes whole partitions, which would take '
+                'rows that where keeps: remove where, or write partitions = "rows"'
+            )
+        if self.partitions in ("drop", "detach") and self.action == "archive":
+            raise ValueError(
+                f'partitions = "{self.partitions}" with action = "archive" would take rows '
+                'without archiving them: write partitions = "rows" (or "auto")'
+            )
         return self
 
 

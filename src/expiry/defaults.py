@@ -46,6 +46,10 @@ WINDOW = 10_000
 PLAN_PAGE = 500
 """Windows a planning job emits per page before it re-enqueues itself."""
 
+TIME_PAGE_ROWS = 200_000
+"""Candidates a time-window planning page reads at most (window x windows):
+a page's scan of the timestamp index stays well under a second."""
+
 FIRST_PLAN_PAGE = 16
 """Windows of a run's first page (at most PLAN_PAGE): a short scan, so that the
 workers start deleting within milliseconds of the run's opening."""

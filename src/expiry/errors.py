@@ -4,6 +4,7 @@
     ├── ConfigError            bad expiry.toml or bad usage; the CLI exits 2
     │   └── CutoffRefused      a cutoff later than now - retain, without force
     ├── SchemaError            a policy does not match the live database schema
+    ├── ForeignKeyBlocked      a window's delete would break a foreign key; nothing was taken
     ├── MigrationError         the database was migrated by a newer expiry
     ├── PayloadTooLarge        a job payload over the limit
     ├── LeaseLost              the caller no longer holds the job's lease
@@ -37,6 +38,14 @@ class CutoffRefused(ConfigError):
 
 class SchemaError(ExpiryError):
     """A policy does not match the database schema."""
+
+
+class ForeignKeyBlocked(ExpiryError):
+    """A row of the window is referenced under ON DELETE RESTRICT or NO ACTION.
+
+    Raised by Engine.window_apply after undoing the window's statements, with the
+    caller's transaction still usable: the window is then split until the
+    referenced rows stand alone (cleanup.py)."""
 
 
 class MigrationError(ExpiryError):

@@ -29,6 +29,10 @@ PLAN = "expiry.plan"
 WINDOW = "expiry.window"
 """The handler of a run's window jobs."""
 
+PARTITION = "expiry.partition"
+"""The handler of a run's partition jobs: a whole expired partition detached
+(and dropped), booked in the ledger like a window."""
+
 PENDING = frozenset({JobState.SCHEDULED, JobState.AVAILABLE, JobState.RETRYABLE, JobState.RUNNING})
 """The states of a job not yet completed, dead or cancelled."""
 
@@ -113,8 +117,8 @@ class Runs:
 
 def summarize(run: Run, jobs: list[RunJobs], ledger: RunTotals, duplicates: int) -> dict[str, Any]:
     """A run's summary from its row, its jobs by state, its ledger totals and the
-    duplicates its windows absorbed. Counts are of window jobs only."""
-    windows = [j for j in jobs if j.handler == WINDOW]
+    duplicates its windows absorbed. Counts are of window (and partition) jobs only."""
+    windows = [j for j in jobs if j.handler in (WINDOW, PARTITION)]
     by_state = {j.state: j.n for j in windows}
     return {
         "id": run.id,
@@ -129,6 +133,7 @@ def summarize(run: Run, jobs: list[RunJobs], ledger: RunTotals, duplicates: int)
         "jobs_by_state": by_state,
         "windows_applied": ledger.windows,
         "rows_affected": ledger.rows,
+        "rows_blocked": ledger.blocked,
         "duplicates_skipped": duplicates,
         "retries": sum(j.failures for j in windows),
         # Deliveries beyond one per job and its recorded failures: the same window

@@ -18,14 +18,16 @@ ledger, then the ledger row is inserted with the count of rows it affected.
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+import math
+from datetime import date, datetime
 from typing import Any
 
 from .config import Policy
 from .engines.base import Engine
 from .errors import SchemaError
 from .timestamps import UTC_ZONES, Storage, instant, numeric_format
-from .types import Job, WindowApply
+from .types import Column, Index, Job, Partition, Relation, WindowApply
+from .windows import DENSE_ENOUGH, KEY, TIME, Position, Span, Strategy
 
 log = logging.getLogger("expiry.target")
 
@@ -58,7 +60,20 @@ with recursive w(lo, n) as (
 select lo from w where lo is not null order by lo
 """
 
-WINDOW = "{key} > {p_lo} and {key} <= {p_hi} and {pred}"
+# A window's range ({span} below): two integer keys, or two positions in the
+# timestamp's order, (timestamp, tie), compared as row values. The plain
+# timestamp bounds beside them let any index on the timestamp serve the scan.
+SPANS = {
+    "key": "{key} > {p_lo} and {key} <= {p_hi}",
+    "time": "{ts} >= {p_lo_ts} and ({ts}, {tie}) > ({p_lo_ts}, {p_lo_tie})"
+    " and {ts} <= {p_hi_ts} and ({ts}, {tie}) <= ({p_hi_ts}, {p_hi_tie})",
+    # a run's first time window, and the planner's first page: no lower bound
+    "time-first": "{ts} <= {p_hi_ts} and ({ts}, {tie}) <= ({p_hi_ts}, {p_hi_tie})",
+    "time-after": "{ts} >= {p_lo_ts} and ({ts}, {tie}) > ({p_lo_ts}, {p_lo_tie})",
+    "all": "1 = 1",
+}
+
+WINDOW = "{span} and {pred}"
 
 # The ledger guard: a window whose job key is booked deletes nothing. Read in
 # the statement's snapshot, it sees every ledger row committed before the
@@ -89,6 +104,39 @@ insert into {archive} ({columns}) select {columns} from moved
 ARCHIVE_COPY = "insert into {archive} ({columns}) select {columns} from {table} where " + UNBOOKED
 
 COUNT = "select count(*) as n from {table} where {pred}"
+
+# Time windows: one planning page reads the next ``page`` candidates in the
+# (timestamp, tie) order after the page's start and returns every window-th
+# position (and the last), each the upper bound of a window. Its cost follows
+# the candidates, never the key range.
+TIME_PAGE = """
+select t, k from (
+    select t, k, row_number() over (order by t, k) as n, count(*) over () as total
+    from (select {ts} as t, {tie} as k from {table} where {span} and {pred}
+          order by {ts}, {tie} limit {p_page}) as c
+) as r
+where n - n / {p_window} * {p_window} = 0 or n = total  -- every window-th, and the last
+order by t, k
+"""
+
+# The candidate at a given place of a window, in the window's order: where a
+# paced window stops, or where a window blocked by a foreign key is halved.
+NTH_KEY = (
+    "select {key} as k from {table} where {span} and {pred} order by {key} limit 1 offset {p_skip}"
+)
+NTH_TIME = (
+    "select {ts} as t, {tie} as k from {table} where {span} and {pred}"
+    " order by {ts}, {tie} limit 1 offset {p_skip}"
+)
+COUNT_SPAN = "select count(*) as n from {table} where {span} and {pred}"
+
+# How densely the expired rows fill their key range: candidates, counted up to
+# a cap (the share of the range that key windows need to be worth it).
+DENSITY = "select count(*) as n from (select 1 from {table} where {pred} limit {p_page}) as c"
+
+# A partition's range ends no later than the cutoff: every row it can hold is
+# expired. Compared by the database, in the column's type.
+PARTITION_EXPIRED = "select {p_upper} <= {p_cutoff} as expired"
 
 OLDEST = "select min({ts}) as oldest from {table} where {pred}"
 
@@ -155,45 +203,76 @@ class Target:
         """How the timestamp column stores time, as the last check read it. A run
         reads it again when it plans and carries it in its jobs' payloads."""
         self.checked = False
+        self.types: dict[str, str] = {}
+        """Each column's declared type, as the catalog writes it."""
+        self.tie = policy.key
+        """What orders rows of one timestamp in time windows: the key, or the
+        row id every index ends with (Relation.rowid)."""
+        self.fixed: Strategy | None = None
+        """The windows the schema or the policy decides; None: the data decides
+        (choose), run by run."""
+        self.notes: list[str] = []
+        """What the check found that is not a warning: the strategy, the ties,
+        the partitions, the tables that reference this one."""
+        self.relation: Relation | None = None
         self._declared = ""
-        self._texts: dict[tuple[str, str], str] = {}
+        self._texts: dict[tuple[str, str, str], str] = {}
 
     # -- building statements -----------------------------------------------------
 
-    def statement(self, template: str, *, storage: Storage | None = None) -> str:
-        """The statement of ``template`` for this policy and ``storage`` (default:
-        the checked one), in the engine's quoting and parameter style."""
+    def statement(self, template: str, *, storage: Storage | None = None, span: str = "key") -> str:
+        """The statement of ``template`` for this policy, ``storage`` (default:
+        the checked one) and a window ``span`` (SPANS), in the engine's quoting
+        and parameter style."""
         p, engine = self.policy, self.engine
         bound, guard = engine.time_predicate(storage or self.storage)
         pred = PREDICATE.format(ts="{ts}", bound=bound, guard=guard)
         pred += " and ({where})" if p.where else ""
-        names = ["cutoff", "exact", "after", "max", "window", "page", "lo", "hi", "key"]
-        return template.replace("{pred}", pred).format(
+        names = ["cutoff", "exact", "after", "max", "window", "page", "lo", "hi", "key", "skip"]
+        ts_type, tie_type = self.types.get(p.timestamp, ""), self.types.get(self.tie, "")
+        typed = {
+            "p_lo_ts": engine.placeholder_as("lo_ts", ts_type),
+            "p_hi_ts": engine.placeholder_as("hi_ts", ts_type),
+            "p_upper": engine.placeholder_as("upper", ts_type),
+            "p_lo_tie": engine.placeholder_as("lo_tie", tie_type),
+            "p_hi_tie": engine.placeholder_as("hi_tie", tie_type),
+        }
+        text = template.replace("{span}", SPANS[span]).replace("{pred}", pred)
+        return text.format(
             table=engine.quote(p.table),
             archive=engine.quote(p.archive_table or "_"),
             ledger=engine.ledger_table,
             key=engine.quote(p.key),
             ts=engine.quote(p.timestamp),
+            tie=engine.quote(self.tie),
             columns=", ".join(engine.quote(c) for c in self.columns),
             where=engine.escape(p.where) if p.where else "1 = 1",
             **{f"p_{n}": engine.placeholder(n) for n in names},
+            **typed,
         )
 
-    def text(self, template: str, storage: Storage | None = None) -> str:
-        """The statement, built once per template and storage (the schema check
-        builds them afresh, as the columns may have changed)."""
+    def text(self, template: str, storage: Storage | None = None, span: str = "key") -> str:
+        """The statement, built once per template, storage and span (the schema
+        check builds them afresh, as the columns may have changed)."""
         storage = storage or self.storage
-        cache = (template, storage.token if "{pred}" in template else "")
+        cache = (template, storage.token if "{pred}" in template else "", span)
         text = self._texts.get(cache)
         if text is None:
-            text = self._texts[cache] = self.statement(template, storage=storage)
+            text = self._texts[cache] = self.statement(template, storage=storage, span=span)
         return text
 
-    def run(self, conn: Any, template: str, storage: Storage | None = None, **params: Any) -> Any:
+    def run(
+        self,
+        conn: Any,
+        template: str,
+        storage: Storage | None = None,
+        span: str = "key",
+        **params: Any,
+    ) -> Any:
         storage = storage or self.storage
         if "cutoff" in params:
             params.update(self.engine.cutoff_params(storage, params["cutoff"]))
-        return conn.execute(self.text(template, storage), params)
+        return conn.execute(self.text(template, storage, span), params)
 
     # -- the operations ----------------------------------------------------------
 
@@ -227,12 +306,50 @@ class Target:
         ).fetchall()
         return [int(row["lo"]) for row in rows]
 
+    def time_page(
+        self,
+        conn: Any,
+        cutoff: datetime,
+        after: Position | None,
+        windows: int,
+        storage: Storage | None = None,
+    ) -> list[Position]:
+        """Upper bounds of up to ``windows`` time windows after ``after`` (None:
+        from the first candidate), each holding ``window`` candidates (the last
+        may hold fewer)."""
+        window = self.policy.window
+        params: dict[str, Any] = {"cutoff": cutoff, "page": windows * window, "window": window}
+        if after is not None:
+            params.update(lo_ts=after[0], lo_tie=after[1])
+        span = "all" if after is None else "time-after"
+        rows = self.run(conn, TIME_PAGE, storage, span, **params).fetchall()
+        return [self._position(row["t"], row["k"]) for row in rows]
+
+    def nth(
+        self, conn: Any, cutoff: datetime, span: Span, skip: int, storage: Storage | None = None
+    ) -> Any:
+        """The key (key windows) or position (time windows) of the candidate
+        after ``skip`` others in ``span``'s order; None when it holds no more."""
+        if span.strategy == KEY:
+            params = self._span_params(span) | {"cutoff": cutoff, "skip": skip}
+            row = self.run(conn, NTH_KEY, storage, "key", **params).fetchone()
+            return None if row is None else int(row["k"])
+        params = self._span_params(span) | {"cutoff": cutoff, "skip": skip}
+        row = self.run(conn, NTH_TIME, storage, _span_name(span), **params).fetchone()
+        return None if row is None else self._position(row["t"], row["k"])
+
+    def count_span(
+        self, conn: Any, cutoff: datetime, span: Span, storage: Storage | None = None
+    ) -> int:
+        """Candidates in ``span`` now."""
+        params = self._span_params(span) | {"cutoff": cutoff}
+        return int(self.run(conn, COUNT_SPAN, storage, _span_name(span), **params).fetchone()["n"])
+
     def apply(
         self,
         conn: Any,
         cutoff: datetime,
-        lo: int,
-        hi: int,
+        span: Span,
         *,
         key: str,
         run_id: str,
@@ -247,16 +364,16 @@ class Target:
         ``job``, complete it there too. Returns the rows taken, or None when the
         key was booked before (nothing changed). Raises AlreadyApplied when rows
         were taken but the key was booked meanwhile: the transaction must roll
-        back."""
+        back; ForeignKeyBlocked when a foreign key refused the delete (nothing
+        was taken, the transaction is usable)."""
         storage = storage or self.storage
-        window = self._window(cutoff, lo, hi, key, run_id, worker, job, storage)
+        window = self._window(cutoff, span, key, run_id, worker, job, storage)
         return self.engine.window_apply(conn, window)
 
     def _window(
         self,
         cutoff: datetime,
-        lo: int,
-        hi: int,
+        span: Span,
         key: str,
         run_id: str,
         worker: str | None,
@@ -265,30 +382,169 @@ class Target:
     ) -> WindowApply:
         p = self.policy
         archive = p.action == "archive"
+        name = _span_name(span)
+        params = self._span_params(span)
+        timed = span.strategy == TIME
         return WindowApply(
-            delete=self.text(DELETE, storage),
-            move=self.text(ARCHIVE_MOVE, storage) if archive else None,
-            copy=self.text(ARCHIVE_COPY, storage) if archive else None,
+            delete=self.text(DELETE, storage, name),
+            move=self.text(ARCHIVE_MOVE, storage, name) if archive else None,
+            copy=self.text(ARCHIVE_COPY, storage, name) if archive else None,
             label=f"expiry window: delete from {p.table}"
             + (f", archive into {p.archive_table}" if archive else ""),
-            params={"lo": lo, "hi": hi, "key": key} | self.engine.cutoff_params(storage, cutoff),
+            params=params | {"key": key} | self.engine.cutoff_params(storage, cutoff),
             key=key,
             policy=p.name,
             run_id=run_id,
             action=p.action,
             worker=worker,
-            lo=lo,
-            hi=hi,
+            lo=None if timed else span.lo,
+            hi=None if timed else span.hi,
+            positions=[params.get(n) for n in ("lo_ts", "lo_tie", "hi_ts", "hi_tie")]
+            if timed
+            else None,
+            bounds=span.describe() if timed else None,
             job=job,
             lock_timeout_ms=int(p.lock_timeout * 1000),
             statement_timeout_ms=int(p.statement_timeout * 1000),
         )
 
+    @staticmethod
+    def _span_params(span: Span) -> dict[str, Any]:
+        if span.strategy == KEY:
+            return {"lo": span.lo, "hi": span.hi}
+        params = {"hi_ts": span.hi[0], "hi_tie": span.hi[1]}
+        if span.lo is not None:
+            params.update(lo_ts=span.lo[0], lo_tie=span.lo[1])
+        return params
+
+    def _position(self, ts: Any, tie: Any) -> Position:
+        """A position as the run's jobs carry it (JSON) and the statements bind it
+        back: on a typed engine, text the column's type reads back exactly
+        (placeholder_as casts it); elsewhere the value itself, storage class and all."""
+        if not self.engine.typed_columns:
+            if isinstance(ts, bytes) or isinstance(tie, bytes):
+                raise SchemaError(
+                    f"policy {self.policy.name!r}: a blob in {self.policy.timestamp!r} or "
+                    f"{self.tie!r} cannot bound a time window (fix: key the policy by a "
+                    "column that holds numbers or text)"
+                )
+            return (ts, tie)
+        return (_text(ts), _text(tie))
+
+    # -- choosing the windows ------------------------------------------------------
+
+    def choose(self, conn: Any, cutoff: datetime, storage: Storage | None = None) -> Strategy:
+        """The run's windows: those the schema or the policy fixed, else key
+        windows where the expired keys fill their range densely enough
+        (DENSE_ENOUGH), measured from the data, and time windows where they do
+        not (random or hash ids, ids not in time order, a few rows newly expired
+        among many live ones)."""
+        if self.fixed is not None:
+            return self.fixed
+        bounds = self.bounds(conn, cutoff, storage)
+        if bounds is None:
+            return Strategy(KEY, "nothing is expired now")
+        lo, hi = bounds
+        keys = hi - lo + 1
+        cap = max(1, math.ceil(keys * DENSE_ENOUGH))
+        n = int(self.run(conn, DENSITY, storage, cutoff=cutoff, page=cap).fetchone()["n"])
+        k = self.policy.key
+        if n >= cap:
+            return Strategy(
+                KEY,
+                f"expired keys are dense: {n:,}+ of the {keys:,} {k} values {lo}..{hi} "
+                f"are candidates (at least {DENSE_ENOUGH:.0%})",
+            )
+        return Strategy(
+            TIME,
+            f"expired keys are sparse: {n:,} candidates over the {keys:,} {k} values "
+            f"{lo}..{hi} ({n / keys:.2%}); key windows would hold "
+            f"{n * self.policy.window / keys:,.1f} rows each",
+        )
+
+    def _fixed(self, by_name: dict[str, Column], warnings: list[str]) -> Strategy | None:
+        """The windows decided by the policy or the schema; None: by the data."""
+        p = self.policy
+        key, declared = by_name[p.key], by_name[p.key].type
+        integer = self.engine.column_kind(declared) == "integer"
+        if p.windows == "key":
+            if not integer:
+                raise SchemaError(
+                    f'policy {p.name!r}: windows = "key" needs an integer key, and '
+                    f"{p.key!r} is {declared} (fix: remove windows, or write "
+                    'windows = "time": time windows take any key)'
+                )
+            if not key.indexed:
+                warnings.append(
+                    f"policy {p.name!r}: no index leads with key column {p.key!r}: every key "
+                    f"window scans the table (fix: create index on {p.table} ({p.key}), "
+                    'or remove windows = "key")'
+                )
+            return Strategy(KEY, 'windows = "key" in the policy')
+        if p.windows == "time":
+            return Strategy(TIME, 'windows = "time" in the policy')
+        if not integer:
+            return Strategy(TIME, f"key column {p.key!r} is {declared}, not an integer")
+        if not key.indexed:
+            return Strategy(TIME, f"no index leads with key column {p.key!r}")
+        return None
+
+    def _ties(self, indexes: list[Index]) -> str:
+        """What orders rows sharing one timestamp in time windows, and its cost."""
+        p = self.policy
+        if self.tie != p.key:
+            return (
+                f"rows sharing one {p.timestamp} are ordered by the table's {self.tie}, "
+                f"which every index on {p.timestamp} ends with"
+            )
+        pair = (p.timestamp, p.key)
+        for index in indexes:
+            if index.columns[:2] == pair:
+                return f"rows sharing one {p.timestamp} are ordered by {p.key} (index {index.name})"
+        return (
+            f"rows sharing one {p.timestamp} are ordered by {p.key}, sorted per timestamp "
+            f"value (no index on ({p.timestamp}, {p.key}); create index on {p.table} "
+            f"({p.timestamp}, {p.key}) to read them in order)"
+        )
+
+    # -- partitions ------------------------------------------------------------------
+
+    def partition_mode(self) -> str:
+        """ "drop", "detach" or "rows": how whole expired partitions go."""
+        p = self.policy
+        if p.partitions != "auto":
+            return p.partitions
+        partitioned = self.relation is not None and self.relation.partitioned
+        plain = p.action == "delete" and not p.where
+        return "drop" if partitioned and plain else "rows"
+
+    def expired_partitions(
+        self, conn: Any, cutoff: datetime, storage: Storage | None = None
+    ) -> list[Partition]:
+        """The partitions whose whole range lies before ``cutoff`` (every row they
+        can hold is expired), when the policy removes whole partitions: ranges on
+        the timestamp column alone, in a native time type, compared by the
+        database. Others, and the default partition, are cleaned by windows."""
+        storage = storage or self.storage
+        if self.partition_mode() == "rows" or storage.format != "native":
+            return []
+        found = []
+        for part in self.engine.table_partitions(conn, self.policy.table):
+            if part.key != self.policy.timestamp or part.upper is None:
+                continue
+            row = self.run(conn, PARTITION_EXPIRED, storage, cutoff=cutoff, upper=part.upper)
+            if row.fetchone()["expired"]:
+                found.append(part)
+        return found
+
     def count(self, conn: Any, cutoff: datetime) -> int:
         return int(self.run(conn, COUNT, cutoff=cutoff).fetchone()["n"])
 
-    def oldest(self, conn: Any, cutoff: datetime) -> datetime | None:
-        return self.storage.read(self.run(conn, OLDEST, cutoff=cutoff).fetchone()["oldest"])
+    def oldest(
+        self, conn: Any, cutoff: datetime, storage: Storage | None = None
+    ) -> datetime | None:
+        storage = storage or self.storage
+        return storage.read(self.run(conn, OLDEST, storage, cutoff=cutoff).fetchone()["oldest"])
 
     def sample_check(self, conn: Any, cutoff: datetime, storage: Storage) -> None:
         """Belt and braces before a run's first window: read candidates by the
@@ -316,7 +572,7 @@ class Target:
         raises SchemaError."""
         p = self.policy
         self._texts.clear()
-        self._check_relation(conn, p.table, "table")
+        self.relation = relation = self._check_relation(conn, p.table, "table")
         columns = self.engine.table_columns(conn, p.table)
         by_name = {c.name: c for c in columns}
         for field, column in (("key", p.key), ("timestamp", p.timestamp)):
@@ -325,18 +581,25 @@ class Target:
                     f"policy {p.name!r}: {field} column {column!r} is not in table {p.table!r} "
                     f"(columns: {', '.join(by_name)})"
                 )
-        if self.engine.column_kind(by_name[p.key].type) != "integer":
-            raise SchemaError(
-                f"policy {p.name!r}: key column {p.key!r} is {by_name[p.key].type}, "
-                "not an integer type; windows need a monotonic integer key"
-            )
         self._declared = by_name[p.timestamp].type
-        warnings = []
+        self.types = {c.name: c.type for c in columns}
+        self.tie = relation.rowid if relation.rowid not in (None, p.key) else p.key
+        warnings: list[str] = []
         if not by_name[p.timestamp].indexed:
             warnings.append(
-                f"policy {p.name!r}: timestamp column {p.timestamp!r} has no index; "
-                "planning and the watermark will scan the table"
+                f"policy {p.name!r}: no index leads with timestamp column {p.timestamp!r}: "
+                "planning, time windows and the watermark scan the table (fix: create index "
+                f"on {p.table} ({p.timestamp}))"
             )
+        self.fixed = self._fixed(by_name, warnings)
+        self.notes = []
+        if self.fixed is not None:
+            self.notes.append(self.fixed.describe())
+        if self.fixed is None or self.fixed.name == TIME:
+            self.notes.append(self._ties(self.engine.table_indexes(conn, p.table)))
+        if relation.partitioned:
+            self.notes.append(self._partitions_note())
+        self.notes += self._references(conn, warnings)
         self.columns = [c.name for c in columns]
         if p.action == "archive":
             self._check_archive(conn)
@@ -358,7 +621,49 @@ class Target:
                 f"columns {', '.join(missing)}"
             )
 
-    def _check_relation(self, conn: Any, table: str, field: str) -> None:
+    def _partitions_note(self) -> str:
+        p, mode = self.policy, self.partition_mode()
+        if mode == "rows":
+            why = (
+                'partitions = "rows"'
+                if p.partitions == "rows"
+                else "the policy has a where or archives"
+            )
+            return f"partitioned table: rows are deleted by windows in every partition ({why})"
+        verb = "detached and dropped" if mode == "drop" else "detached and kept"
+        return (
+            f"partitioned table: a partition whose range on {p.timestamp} ends by the cutoff is "
+            f'{verb} whole (partitions = "{mode}"); the others are cleaned by windows'
+        )
+
+    def _references(self, conn: Any, warnings: list[str]) -> list[str]:
+        """Tables whose foreign keys reference this one: RESTRICT and NO ACTION
+        ones are warnings with the where that avoids them; CASCADE and SET
+        NULL ones are notes."""
+        p, notes = self.policy, []
+        for ref in self.engine.table_references(conn, p.table):
+            cols, refd = ", ".join(ref.columns), ", ".join(ref.referenced)
+            named = f"{ref.table} ({cols}) references {p.table} ({refd}) on delete {ref.on_delete}"
+            if ref.on_delete in ("restrict", "no action"):
+                match = " and ".join(
+                    f"r.{c} = {p.table.split('.')[-1]}.{r}"
+                    for c, r in zip(ref.columns, ref.referenced, strict=True)
+                )
+                warnings.append(
+                    f"policy {p.name!r}: {named}: a window that meets a referenced row is split "
+                    "until that row stands alone, which is kept and booked as blocked (fix, to "
+                    f'skip such rows: where = "not exists (select 1 from {ref.table} r where '
+                    f'{match})")'
+                )
+            elif ref.on_delete == "cascade":
+                notes.append(f"{named}: its rows that reference a deleted row are deleted too")
+            else:
+                notes.append(
+                    f"{named}: its references to a deleted row are set to {ref.on_delete[4:]}"
+                )
+        return notes
+
+    def _check_relation(self, conn: Any, table: str, field: str) -> Relation:
         """The table exists, is one expiry may delete from (or insert into), and is
         not one of expiry's own."""
         p = self.policy
@@ -391,6 +696,8 @@ class Target:
                 f"policy {p.name!r}: {field} {table!r} is a {kind}, which expiry cannot "
                 f"{verb} (fix: point {field!r} at the table that holds the rows)"
             )
+        assert relation is not None
+        return relation
 
     # -- how the timestamp column stores time ----------------------------------------
 
@@ -544,3 +851,17 @@ def _spellings(rows: list[Any]) -> tuple[dict[str, int], dict[str, int]]:
         separators[separator] = separators.get(separator, 0) + row["n"]
         zones[zone] = zones.get(zone, 0) + row["n"]
     return separators, zones
+
+
+def _span_name(span: Span) -> str:
+    """The SPANS entry that bounds ``span``."""
+    if span.strategy == KEY:
+        return "key"
+    return "time-first" if span.lo is None else "time"
+
+
+def _text(value: Any) -> str:
+    """A value as text its column's type reads back exactly (ISO 8601 for times)."""
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    return str(value)

@@ -130,6 +130,8 @@ class RunTotals:
     """ledger rows: windows, or parts of windows, applied"""
     rows: int
     """rows those windows deleted or archived"""
+    blocked: int = 0
+    """rows a foreign key kept from being deleted (each booked alone)"""
 
 
 @dataclass(frozen=True)
@@ -218,6 +220,11 @@ class LedgerEntry:
     rows_affected: int
     worker: str | None
     applied_at: datetime
+    bounds: str | None = None
+    """A range that is not two integer keys: a time window's (timestamp, key)
+    positions, or a dropped or detached partition's name."""
+    blocked: str | None = None
+    """The row a foreign key kept this window from deleting, and the reason."""
 
 
 class AuditAction(enum.StrEnum):
@@ -287,6 +294,51 @@ class Relation:
     deletable: bool
     """Rows can be deleted from it (a table, or an automatically updatable view)."""
     insertable: bool
+    partitioned: bool = False
+    """Declaratively partitioned (PostgreSQL): its rows live in partitions."""
+    rowid: str | None = None
+    """The hidden row id every index of the table ends with, where there is one
+    and it is not the key itself (SQLite's rowid): time windows break ties of
+    a timestamp with it, so that any index on the timestamp orders them."""
+
+
+@dataclass(frozen=True)
+class Index:
+    """An index of a policy's table: its columns in order."""
+
+    name: str
+    columns: tuple[str, ...]
+    unique: bool
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A foreign key from another table to a policy's table."""
+
+    table: str
+    """The referencing table."""
+    columns: tuple[str, ...]
+    """Its referencing columns."""
+    referenced: tuple[str, ...]
+    """The policy table's columns they reference."""
+    on_delete: str
+    """"cascade", "set null", "set default", "restrict" or "no action"."""
+
+
+@dataclass(frozen=True)
+class Partition:
+    """A partition of a partitioned table, with its range on the partition key."""
+
+    schema: str
+    name: str
+    key: str | None
+    """The partition key's one column, or None (several, an expression, a list
+    or hash partitioning: never dropped whole)."""
+    upper: str | None
+    """The range's exclusive upper bound as the catalog writes it (a literal of
+    the key's type), or None (MAXVALUE, or the default partition)."""
+    rows: int
+    """The planner's estimate of its rows (0 before an ANALYZE)."""
 
 
 @dataclass(frozen=True)
@@ -304,14 +356,21 @@ class WindowApply:
     label: str
     """A comment naming the table, for whoever reads the server's activity."""
     params: dict[str, Any]
-    """lo, hi, key and the cutoff as the engine binds them."""
+    """lo, hi (or the positions), key and the cutoff as the engine binds them."""
     key: str
     policy: str
     run_id: str
     action: str
     worker: str | None
-    lo: int
-    hi: int
+    lo: int | None
+    hi: int | None
+    """A key window's bounds; None for a time window (``positions``)."""
+    positions: list[Any] | None
+    """A time window's bounds as the statement reads them: lower timestamp,
+    lower tie, upper timestamp, upper tie (the lower two None for a run's first
+    window); None for a key window."""
+    bounds: str | None
+    """A time window's range as the ledger records it."""
     job: Job | None
     """Completed in the same statement or transaction, when given."""
     lock_timeout_ms: int

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import math
 import subprocess
 import threading
 import time
@@ -116,7 +117,7 @@ def test_dry_run_reports_and_mutates_nothing(db: Db, apps: Apps, tmp_path: Path)
     preview = app.cleanup.preview(POLICY, limit=1000)
     assert preview.candidates == len(gone)
     assert preview.windows == len(windows)
-    assert preview.first_windows == windows
+    assert [(s.lo, s.hi) for s in preview.first_windows] == windows
 
     config = write_config(tmp_path / "expiry.toml", db.url)
     for command in (["plan", POLICY], ["trigger", POLICY, "--dry-run"]):
@@ -236,24 +237,34 @@ def test_a_where_predicate_with_a_percent_sign_is_applied_as_written(
     assert_run_clean(db, opened.run_id)
 
 
-def test_sparse_keys_cost_one_job_per_nonempty_window(db: Db, apps: Apps) -> None:
+@pytest.mark.parametrize("windows", ["key", "auto"])
+def test_sparse_keys_cost_one_job_per_nonempty_window(db: Db, apps: Apps, windows: str) -> None:
+    """Key windows skip empty stretches of the key space: one job per non-empty
+    window, not one per window of the range. Chosen by the data ("auto"), such
+    sparse keys get time windows: one job per ``window`` expired rows."""
     db.create_sessions()
     clusters = [1, 250, 251, 10_000, 10_099, 10_100, 10_101, 5_000_000, 2**40, 2**40 + 7]
     rows = [(k + d, -3600.0, False) for k in clusters for d in (0, 3)]
     rows += [(k + 50, LIVE, False) for k in clusters]  # live rows between the expired ones
     db.insert_sessions(rows)
     gone = doomed(rows)
-    windows = expected_windows(gone, 100)
-    assert len(windows) == 6  # {1,4,251,254}: 2; {10000..10104}: 2; 5e6: 1; 2**40: 1
+    spans = expected_windows(gone, 100)
+    assert len(spans) == 6  # {1,4,251,254}: 2; {10000..10104}: 2; 5e6: 1; 2**40: 1
 
-    app = apps(db.url)
+    app = apps(db.url, {"windows": windows, "window": 15})
     assert app.cleanup is not None
+    if windows == "key":
+        spans = expected_windows(gone, 15)
     opened = app.cleanup.open_run(POLICY)
     run_worker(app)
 
     jobs = db.windows(opened.run_id)
-    assert sorted((j["payload"]["lo"], j["payload"]["hi"]) for j in jobs) == windows
-    assert len(jobs) == len(windows)  # not (2**40 / 100) jobs
+    if windows == "key":
+        assert sorted((j["payload"]["lo"], j["payload"]["hi"]) for j in jobs) == spans
+        assert len(jobs) == len(spans)  # not (2**40 / 15) jobs
+    else:
+        assert all(j["payload"]["windows"] == "time" for j in jobs)
+        assert len(jobs) == math.ceil(len(gone) / 15) == 2
     assert all(row["rows"] > 0 for row in db.ledger(opened.run_id))  # none was empty
     assert db.ids() == {i for i, _, _ in rows} - gone
     assert_run_clean(db, opened.run_id)
@@ -269,10 +280,11 @@ def test_planning_in_pages_gives_the_same_windows(
     rows = [(k, -3600.0, False) for k in keys] + [(k + 1, LIVE, False) for k in keys]
     db.insert_sessions(rows)
     gone = doomed(rows)
-    app = apps(db.url, {"window": 10})
+    # Key windows by the policy: these keys are sparse, so the data would choose time windows.
+    app = apps(db.url, {"window": 10, "windows": "key"})
     assert app.cleanup is not None
     one_page = app.cleanup.preview(POLICY, limit=1000)
-    assert one_page.first_windows == expected_windows(gone, 10)
+    assert [(s.lo, s.hi) for s in one_page.first_windows] == expected_windows(gone, 10)
 
     monkeypatch.setattr(expiry.cleanup.defaults, "PLAN_PAGE", 3)
     assert app.cleanup.preview(POLICY, limit=1000).first_windows == one_page.first_windows
@@ -282,7 +294,7 @@ def test_planning_in_pages_gives_the_same_windows(
     plans = db.jobs(expiry.cleanup.PLAN, opened.run_id)
     assert len(plans) == len(one_page.first_windows) // 3 + 1
     jobs = sorted((j["payload"]["lo"], j["payload"]["hi"]) for j in db.windows(opened.run_id))
-    assert jobs == one_page.first_windows  # no gaps, no duplicates, same bounds
+    assert jobs == [(s.lo, s.hi) for s in one_page.first_windows]  # no gaps, duplicates
     assert all(a[1] <= b[0] for a, b in zip(jobs, jobs[1:], strict=False))
     for key in gone:
         assert sum(lo < key <= hi for lo, hi in jobs) == 1

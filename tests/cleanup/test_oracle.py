@@ -6,7 +6,10 @@ SQLite TIMESTAMP, DATETIME, DATE, TEXT, REAL, INTEGER or untyped columns holding
 ISO-8601 text in every spelling, epoch seconds, epoch milliseconds or
 julianday), instants around the cutoff (equal, a microsecond, millisecond or
 second either side, minutes, hours, days, the cutoff's midnight), a random
-``where`` over extra columns, sparse keys and small windows. It then runs a
+``where`` over extra columns, sparse keys and small windows, key or time
+windows (the policy's ``windows``, or chosen by the data), and an integer,
+text or (PostgreSQL) UUID key, whose time windows split rows sharing one
+instant by the key. It then runs a
 real cleanup (App, planner, queue, worker), redelivers some completed windows
 after putting their deleted rows back, and drains again. Two grid tests run
 every storage in every declared type with fixed edge instants, so that each
@@ -24,7 +27,8 @@ oracle's rows. A column mixing storages or ISO spellings may instead be refused
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
@@ -351,6 +355,8 @@ class Case:
     index: bool
     concurrency: int
     redeliver: tuple[int, ...]  # picks among the completed windows
+    windows: str = "auto"  # the policy's windows: "auto", "key" or "time"
+    key_kind: str = "int"  # the policy's key: "int" (id), "text" or "uuid" (code)
     where_sql: str | None = field(init=False, default=None)
 
     @property
@@ -367,7 +373,8 @@ class Case:
             f"Case(column={self.column!r}, storages={list(self.storages)}, "
             f"where={self.where_sql!r}, window={self.window}, cutoff={self.cutoff}, "
             f"state_format={self.state_format}, index={self.index}, "
-            f"concurrency={self.concurrency}, redeliver={list(self.redeliver)},\n"
+            f"concurrency={self.concurrency}, redeliver={list(self.redeliver)}, "
+            f"windows={self.windows}, key={self.key_kind},\n"
             f"  rows=[\n    {rows}])"
         )
 
@@ -426,6 +433,9 @@ def cases(draw: st.DrawFn, dialect: str) -> Case:
         index=draw(st.booleans()),
         concurrency=draw(st.sampled_from([1, 2])),
         redeliver=tuple(draw(st.lists(st.integers(0, 50), max_size=3))),
+        windows=draw(st.sampled_from(["auto", "key", "time"])),
+        # Text and UUID keys: time windows, ties between equal instants split by the key.
+        key_kind=draw(st.sampled_from(["int", "int", "text"] + ["uuid"] * (dialect == "postgres"))),
     )
 
 
@@ -468,24 +478,43 @@ def build(case: Case, cutoff: datetime) -> Built:
 # -- running a case ----------------------------------------------------------------
 
 
+def code(case: Case, key: int) -> str | None:
+    """The row's text or UUID key, in no relation to ``id``'s order; None for int keys."""
+    if case.key_kind == "int":
+        return None
+    text = str(uuid.uuid5(uuid.NAMESPACE_OID, str(key)))
+    return text if case.key_kind == "uuid" else text[:13]
+
+
 def create(db: Db, table: str, case: Case) -> None:
     key_type = "bigint" if db.dialect == "postgres" else "integer"
     column = "bigint" if case.column == "bigint" else case.column
+    # id stays first (the oracle's handle on a row); a text or UUID key is code.
+    if case.key_kind == "int":
+        keys = f"id {key_type} primary key"
+    else:
+        keys = f"id {key_type} not null, code {'uuid' if case.key_kind == 'uuid' else 'text'} primary key"
     db.execute(
-        f"create table {table} (id {key_type} primary key, expires_at {column},"
+        f"create table {table} ({keys}, expires_at {column},"
         f" user_id integer not null, revoked_at {key_type}, note text)"
     )
     if case.index:
         db.execute(f"create index {table}_expires_at on {table} (expires_at)")
 
 
-def insert(db: Db, table: str, rows: Sequence[Row], values: dict[int, Any]) -> None:
+def insert(db: Db, table: str, case: Case, values: dict[int, Any]) -> None:
+    rows = case.rows
     if not rows:
         return
     statement = db.sql(
-        f"insert into {table} (id, expires_at, user_id, revoked_at, note) values (%s, %s, %s, %s, %s)"
+        f"insert into {table} (id, expires_at, user_id, revoked_at, note{', code' * (case.key_kind != 'int')})"
+        f" values (%s, %s, %s, %s, %s{', %s' * (case.key_kind != 'int')})"
     )
-    params = [(r.key, values[r.key], r.user_id, r.revoked_at, r.note) for r in rows]
+    params = [
+        (r.key, values[r.key], r.user_id, r.revoked_at, r.note)
+        + ((code(case, r.key),) if case.key_kind != "int" else ())
+        for r in rows
+    ]
     if db.dialect == "postgres":
         with db.conn.cursor() as cur:
             cur.executemany(statement, params)
@@ -500,10 +529,11 @@ def policy_for(case: Case, built: Built, name: str, table: str) -> dict[str, Any
     policy: dict[str, Any] = {
         "name": name,
         "table": table,
-        "key": "id",
+        "key": "id" if case.key_kind == "int" else "code",
         "timestamp": "expires_at",
         "where": case.where_sql,
         "window": case.window,
+        "windows": case.windows if case.key_kind == "int" else "auto",
         "nice_ratio": 0,  # no rest between windows: the test has no live traffic
         "max_attempts": 3,
     }
@@ -534,7 +564,7 @@ def run_case(db: Db, case: Case) -> None:
             # A note is printed with a failure even where a plugin (schemathesis's)
             # blanks the arguments of Hypothesis's "Failing test case".
             note(f"{case!r}\ncutoff={cutoff.isoformat()} expected={sorted(built.expected)}")
-        insert(db, table, case.rows, built.values)
+        insert(db, table, case, built.values)
         before = {row[0]: row for row in db.table(table)}
         policy = policy_for(case, built, name, table)
         app = make_app(db.url, policy, pool_size=2)
@@ -655,8 +685,11 @@ def redeliver(
     if not windows or not case.redeliver:
         return
     picked = list({windows[i % len(windows)]["key"]: None for i in case.redeliver})
-    ranges = [(w["payload"]["lo"], w["payload"]["hi"]) for w in windows if w["key"] in picked]
-    back = sorted(k for k in deleted if any(lo < k <= hi for lo, hi in ranges))
+    if all("lo" in w["payload"] for w in windows):  # key windows: their own rows back
+        ranges = [(w["payload"]["lo"], w["payload"]["hi"]) for w in windows if w["key"] in picked]
+        back = sorted(k for k in deleted if any(lo < k <= hi for lo, hi in ranges))
+    else:  # time windows: every deleted row back, whichever window took it
+        back = sorted(deleted)
     placeholders = ", ".join(["%s"] * len(before[next(iter(before))]))
     for key in back:
         db.execute(f"insert into {table} values ({placeholders})", list(before[key]))

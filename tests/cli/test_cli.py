@@ -234,11 +234,11 @@ def test_check_refuses_a_config_with_a_bad_cron_expression(ws: Workspace) -> Non
 def test_plan_shows_candidates_and_windows_and_mutates_nothing(ws: Workspace) -> None:
     human = ws.ok("plan", POLICY).out
     assert f"{EXPIRED} candidate rows in 5 windows (dry run: nothing changed)" in human
-    assert "window (0, 100]" in human and "window (400, 500]" in human
+    assert "window keys (0, 100]" in human and "window keys (400, 500]" in human
 
     data = ws.json("plan", POLICY, "--cutoff", cutoff_now())
     assert data["candidates"] == EXPIRED and data["windows"] == 5 and data["dry_run"] is True
-    assert data["first_windows"][0] == {"lo": 0, "hi": 100}
+    assert data["first_windows"][0] == {"lo": 0, "hi": 100, "range": "keys (0, 100]"}
     assert ISO_Z.match(data["cutoff"])
     assert ws.sessions_left() == EXPIRED + LIVE
     assert ws.runs() == 0

@@ -32,7 +32,7 @@ def test_trigger_dry_run_then_real_run(live: Live) -> None:
     assert preview["dry_run"] is True and preview["run_id"] is None
     assert preview["candidates"] == 250
     assert preview["windows"] == 3
-    assert preview["first_windows"] == [
+    assert [{"lo": w["lo"], "hi": w["hi"]} for w in preview["first_windows"]] == [
         {"lo": 0, "hi": 100},
         {"lo": 100, "hi": 200},
         {"lo": 200, "hi": 300},

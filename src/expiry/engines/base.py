@@ -46,12 +46,15 @@ from ..types import (
     CronTarget,
     EnqueueResult,
     IdempotencyRecord,
+    Index,
     Job,
     JobState,
     LedgerEntry,
     NewJob,
+    Partition,
     PolicyTotals,
     QueueStats,
+    Reference,
     Relation,
     Run,
     RunJobs,
@@ -101,7 +104,7 @@ def check_payload(payload: dict[str, Any]) -> str:
 
 def ledger_params(key: str, **fields: Any) -> dict[str, Any]:
     """The ledger_insert query's parameters: ``key`` and whichever fields are known."""
-    named = ("policy", "run_id", "lo", "hi", "action", "worker")
+    named = ("policy", "run_id", "lo", "hi", "bounds", "blocked", "action", "worker")
     return {"key": key, **{f: fields.get(f) for f in named}, "rows": fields.get("rows", 0)}
 
 
@@ -286,6 +289,31 @@ class Engine(abc.ABC):
         """What ``table`` is, or None when it does not exist."""
 
     @abc.abstractmethod
+    def placeholder_as(self, name: str, declared: str) -> str:
+        """A named parameter read as a column of type ``declared`` (its type as
+        table_columns gave it): where the driver binds text (a time window's
+        positions on PostgreSQL), cast in the statement."""
+
+    @abc.abstractmethod
+    def table_indexes(self, conn: Any, table: str) -> list[Index]:
+        """The table's indexes, each with its columns in order (expressions left out)."""
+
+    @abc.abstractmethod
+    def table_references(self, conn: Any, table: str) -> list[Reference]:
+        """The foreign keys of other tables (or of ``table`` itself) that reference ``table``."""
+
+    @abc.abstractmethod
+    def table_partitions(self, conn: Any, table: str) -> list[Partition]:
+        """A partitioned table's partitions with their ranges ([] for any other table)."""
+
+    @abc.abstractmethod
+    def partition_remove(
+        self, conn: Any, table: str, partition: Partition, *, drop: bool, lock_timeout_ms: int
+    ) -> None:
+        """Detach ``partition`` from ``table`` and, with ``drop``, drop it, in
+        ``conn``'s transaction, waiting at most ``lock_timeout_ms`` for locks."""
+
+    @abc.abstractmethod
     def explain(self, conn: Any, statement: str) -> None:
         """Plan ``statement`` without running it; raise the driver's error when it
         is not valid SQL, leaving the caller's transaction usable."""
@@ -463,6 +491,8 @@ class Engine(abc.ABC):
         run_id: str | None = None,
         lo: int | None = None,
         hi: int | None = None,
+        bounds: str | None = None,
+        blocked: str | None = None,
         action: str | None = None,
         worker: str | None = None,
         rows: int = 0,
@@ -470,9 +500,21 @@ class Engine(abc.ABC):
         """True if this transaction now owns ``key``; False if it committed before.
         ``rows``: how many rows the operation affected, when that is known already.
         ``strict``: the caller has acted already and must own ``key``; should it
-        not, AlreadyApplied is raised, so that its transaction rolls back."""
+        not, AlreadyApplied is raised, so that its transaction rolls back.
+        ``bounds``: a range that is not two integer keys (a time window's
+        positions, a partition's name); ``blocked``: what a foreign key kept
+        the operation from deleting, and why."""
         params = ledger_params(
-            key, policy=policy, run_id=run_id, lo=lo, hi=hi, action=action, worker=worker, rows=rows
+            key,
+            policy=policy,
+            run_id=run_id,
+            lo=lo,
+            hi=hi,
+            bounds=bounds,
+            blocked=blocked,
+            action=action,
+            worker=worker,
+            rows=rows,
         )
         booked = bool(self._rows(conn, "ledger_insert", params))
         if strict and not booked:
@@ -490,6 +532,8 @@ class Engine(abc.ABC):
             run_id=row["run_id"],
             lo=row["lo"],
             hi=row["hi"],
+            bounds=row["bounds"],
+            blocked=row["blocked"],
             action=row["action"],
             rows_affected=int(row["rows_affected"]),
             worker=row["worker"],
@@ -623,7 +667,9 @@ class Engine(abc.ABC):
     def run_ledger(self, run_id: str, *, conn: Any | None = None) -> RunTotals:
         """What a run has applied, from the ledger (zeros before its first window)."""
         row = self._one(conn, "run_ledger", {"id": run_id}) or {"windows": 0, "rows": 0}
-        return RunTotals(windows=int(row["windows"]), rows=int(row["rows"]))
+        return RunTotals(
+            windows=int(row["windows"]), rows=int(row["rows"]), blocked=int(row.get("blocked") or 0)
+        )
 
     def run_duplicates(self, run_id: str, *, conn: Any | None = None) -> int:
         """Duplicate deliveries a run's windows absorbed (audited window.duplicate)."""

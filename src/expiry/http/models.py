@@ -230,8 +230,14 @@ class TriggerRequest(Request):
 
 
 class Window(Body):
-    lo: int
-    hi: int
+    """A window of a dry run: keys (lo, hi], or positions (after, upto] in the
+    (timestamp, key) order for time windows; range as the ledger writes it."""
+
+    range: str
+    lo: int | None = None
+    hi: int | None = None
+    after: list[Any] | None = None
+    upto: list[Any] | None = None
 
 
 class Triggered(Body):
@@ -243,6 +249,10 @@ class Triggered(Body):
     candidates: int | None = None
     windows: int | None = None
     first_windows: list[Window] | None = None
+    strategy: str | None = Field(None, description="the windows a run would use now, and why")
+    partitions: list[dict[str, Any]] | None = Field(
+        None, description="whole partitions a run would drop or detach now, with row estimates"
+    )
 
 
 class RedriveRequest(Request):

@@ -221,8 +221,10 @@ where (state = 'running'
 -- known: a window books itself after its guarded delete, in the same
 -- transaction (target.py). No row back means it already committed before: the
 -- caller must do nothing else.
-insert into expiry.ledger (key, policy, run_id, lo, hi, action, worker, rows_affected)
-values (%(key)s, %(policy)s, %(run_id)s, %(lo)s, %(hi)s, %(action)s, %(worker)s, %(rows)s)
+insert into expiry.ledger
+    (key, policy, run_id, lo, hi, bounds, blocked, action, worker, rows_affected)
+values (%(key)s, %(policy)s, %(run_id)s, %(lo)s, %(hi)s, %(bounds)s, %(blocked)s, %(action)s,
+        %(worker)s, %(rows)s)
 on conflict (key) do nothing
 returning key;
 
@@ -306,8 +308,8 @@ select handler, state, count(*) as n, coalesce(sum(attempt), 0) as attempts,
 from expiry.jobs where run_id = %(id)s group by handler, state;
 
 -- name: run_ledger
--- What a run has applied: windows and rows.
-select count(*) as windows, coalesce(sum(rows_affected), 0) as rows
+-- What a run has applied: windows, rows, and rows a foreign key kept.
+select count(*) as windows, coalesce(sum(rows_affected), 0) as rows, count(blocked) as blocked
 from expiry.ledger where run_id = %(id)s;
 
 -- name: run_duplicates

@@ -23,7 +23,7 @@ begin
 end
 $$;
 
-CREATE FUNCTION expiry.window_apply(statement text, lo bigint, hi bigint, cutoff timestamp with time zone, key text, policy text, run_id text, action text, worker text, job_id bigint, lease_token text) RETURNS bigint
+CREATE FUNCTION expiry.window_apply(statement text, lo bigint, hi bigint, cutoff timestamp with time zone, key text, policy text, run_id text, action text, worker text, job_id bigint, lease_token text, positions text[], bounds text) RETURNS bigint
     LANGUAGE plpgsql
     AS $$
 declare
@@ -33,7 +33,7 @@ begin
     -- lock_timeout): the delete below, a statement of its own with its own
     -- snapshot, then sees an earlier delivery's ledger row and takes nothing.
     perform pg_advisory_xact_lock(hashtextextended(key, 0));
-    execute statement using lo, hi, cutoff, key;
+    execute statement using lo, hi, cutoff, key, positions;
     get diagnostics taken = row_count;
 
     if job_id is not null and expiry.job_complete(job_id, lease_token) is null then
@@ -42,12 +42,13 @@ begin
 
     if taken > 0 then
         -- This delivery must own the key: a conflict fails the transaction.
-        insert into expiry.ledger (key, policy, run_id, lo, hi, action, worker, rows_affected)
-        values (window_apply.key, policy, run_id, lo, hi, action, worker, taken);
+        insert into expiry.ledger
+            (key, policy, run_id, lo, hi, bounds, action, worker, rows_affected)
+        values (window_apply.key, policy, run_id, lo, hi, bounds, action, worker, taken);
         return taken;
     end if;
-    insert into expiry.ledger (key, policy, run_id, lo, hi, action, worker, rows_affected)
-    values (window_apply.key, policy, run_id, lo, hi, action, worker, 0)
+    insert into expiry.ledger (key, policy, run_id, lo, hi, bounds, action, worker, rows_affected)
+    values (window_apply.key, policy, run_id, lo, hi, bounds, action, worker, 0)
     on conflict on constraint ledger_pkey do nothing;
     if found then
         return 0;
@@ -172,7 +173,9 @@ CREATE TABLE expiry.ledger (
     action text,
     rows_affected bigint DEFAULT 0 NOT NULL,
     worker text,
-    applied_at timestamp with time zone DEFAULT now() NOT NULL
+    applied_at timestamp with time zone DEFAULT now() NOT NULL,
+    bounds text,
+    blocked text
 );
 
 CREATE TABLE expiry.runs (

@@ -10,22 +10,35 @@ statement mode) the call is its own transaction: one round trip.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any
 
-from psycopg import sql
+from psycopg import errors, sql
+from psycopg.pq import TransactionStatus
 
+from ...errors import ForeignKeyBlocked
 from ...timestamps import NUMERIC_RANGES, Storage
-from ...types import Column, Relation, WindowApply
+from ...types import Column, Index, Partition, Reference, Relation, WindowApply
 from ..base import Engine
 
-# The window statement's named parameters as window_apply passes them ($1..$4);
-# any other named parameter becomes null.
-_POSITIONS = {"lo": "$1", "hi": "$2", "cutoff": "$3", "key": "$4"}
+# The window statement's named parameters as window_apply passes them ($1..$5,
+# $5 a time window's positions as text); any other named parameter becomes null.
+_POSITIONS = {
+    "lo": "$1",
+    "hi": "$2",
+    "cutoff": "$3",
+    "key": "$4",
+    "lo_ts": "$5[1]",
+    "lo_tie": "$5[2]",
+    "hi_ts": "$5[3]",
+    "hi_tie": "$5[4]",
+}
 
 _APPLY = """
 select expiry.window_apply(%(statement)s, %(lo)s, %(hi)s, %(cutoff)s, %(key)s, %(policy)s,
-                           %(run_id)s, %(action)s, %(worker)s, %(job_id)s, %(lease_token)s) as rows
+                           %(run_id)s, %(action)s, %(worker)s, %(job_id)s, %(lease_token)s,
+                           %(positions)s, %(bounds)s) as rows
 """
 
 _COLUMNS = """
@@ -43,6 +56,53 @@ select c.relkind as kind, n.nspname as schema,
 from pg_class c join pg_namespace n on n.oid = c.relnamespace
 where c.oid = to_regclass(%s)
 """
+
+# Key columns in order (INCLUDE columns left out); an expression reads as null.
+# Partial indexes are left out: they serve only queries that imply their predicate.
+_INDEXES = """
+select ic.relname as name, i.indisunique as unique,
+       array(select a.attname
+             from unnest(i.indkey[0:i.indnkeyatts - 1]) with ordinality as k(attnum, n)
+             left join pg_attribute a on a.attrelid = i.indrelid and a.attnum = k.attnum
+             order by k.n) as columns
+from pg_index i join pg_class ic on ic.oid = i.indexrelid
+where i.indrelid = to_regclass(%s) and i.indpred is null
+order by ic.relname
+"""
+
+_REFERENCES = """
+select n.nspname as schema, r.relname as name, c.confdeltype as action,
+       array(select a.attname from unnest(c.conkey) with ordinality as k(attnum, i)
+             join pg_attribute a on a.attrelid = c.conrelid and a.attnum = k.attnum
+             order by k.i) as columns,
+       array(select a.attname from unnest(c.confkey) with ordinality as k(attnum, i)
+             join pg_attribute a on a.attrelid = c.confrelid and a.attnum = k.attnum
+             order by k.i) as referenced
+from pg_constraint c
+join pg_class r on r.oid = c.conrelid join pg_namespace n on n.oid = r.relnamespace
+where c.contype = 'f' and c.confrelid = to_regclass(%s) and c.conparentid = 0
+order by n.nspname, r.relname, c.conname
+"""
+
+_PARTITIONS = """
+select n.nspname as schema, c.relname as name, pg_get_expr(c.relpartbound, c.oid) as bound,
+       greatest(c.reltuples, 0)::bigint as rows,
+       pg_get_partkeydef(to_regclass(%(table)s)) as partkey
+from pg_inherits i join pg_class c on c.oid = i.inhrelid
+join pg_namespace n on n.oid = c.relnamespace
+where i.inhparent = to_regclass(%(table)s)
+order by n.nspname, c.relname
+"""
+
+_ON_DELETE = {
+    "a": "no action",
+    "r": "restrict",
+    "c": "cascade",
+    "n": "set null",
+    "d": "set default",
+}
+_RANGE_KEY = re.compile(r'^RANGE \(("(?:[^"]|"")+"|[a-z_][a-z0-9_$]*)\)$')
+_UPPER = re.compile(r" TO \((.*)\)$")
 
 _KINDS = {"r": "table", "p": "table", "v": "view", "m": "materialized view", "f": "foreign table"}
 
@@ -100,7 +160,65 @@ class PostgresTables(Engine):
             own=row["schema"] == "expiry",
             deletable=bool(row["updatable"] & 16),
             insertable=bool(row["updatable"] & 8),
+            partitioned=row["kind"] == "p",
         )
+
+    def placeholder_as(self, name: str, declared: str) -> str:
+        # The type as format_type wrote it: a catalog's name, quoted where needed.
+        return f"cast(%({name})s as {declared})"
+
+    def table_indexes(self, conn: Any, table: str) -> list[Index]:
+        rows = conn.execute(_INDEXES, (self.quote(table),)).fetchall()
+        found = []
+        for row in rows:
+            columns = row["columns"]
+            if None in columns:  # an expression: the columns before it still order
+                columns = columns[: columns.index(None)]
+            found.append(Index(row["name"], tuple(columns), bool(row["unique"])))
+        return found
+
+    def table_references(self, conn: Any, table: str) -> list[Reference]:
+        rows = conn.execute(_REFERENCES, (self.quote(table),)).fetchall()
+        return [
+            Reference(
+                table=_qualified(row["schema"], row["name"]),
+                columns=tuple(row["columns"]),
+                referenced=tuple(row["referenced"]),
+                on_delete=_ON_DELETE.get(row["action"], row["action"]),
+            )
+            for row in rows
+        ]
+
+    def table_partitions(self, conn: Any, table: str) -> list[Partition]:
+        rows = conn.execute(_PARTITIONS, {"table": self.quote(table)}).fetchall()
+        found = []
+        for row in rows:
+            match = _RANGE_KEY.match(row["partkey"] or "")
+            key = None
+            if match:
+                key = match.group(1)
+                key = key[1:-1].replace('""', '"') if key.startswith('"') else key
+            found.append(
+                Partition(
+                    schema=row["schema"],
+                    name=row["name"],
+                    key=key,
+                    upper=_upper(row["bound"]) if key else None,
+                    rows=int(row["rows"]),
+                )
+            )
+        return found
+
+    def partition_remove(
+        self, conn: Any, table: str, partition: Partition, *, drop: bool, lock_timeout_ms: int
+    ) -> None:
+        # DETACH takes the parent's ACCESS EXCLUSIVE lock: lock_timeout bounds
+        # the wait behind live traffic (and the queue of statements behind it).
+        conn.execute("select set_config('lock_timeout', %s, true)", (f"{lock_timeout_ms}ms",))
+        name = sql.Identifier(partition.schema, partition.name).as_string(None)
+        conn.execute(f"alter table {self.quote(table)} detach partition {name}")
+        if drop:
+            conn.execute(f"drop table {name}")
 
     def explain(self, conn: Any, statement: str) -> None:
         # In a savepoint, so that a failed plan leaves the transaction usable.
@@ -114,8 +232,27 @@ class PostgresTables(Engine):
 
     def window_apply(self, conn: Any, window: WindowApply) -> int | None:
         self.session_limits(conn, f"{window.lock_timeout_ms}ms", f"{window.statement_timeout_ms}ms")
+        if conn.info.transaction_status == TransactionStatus.IDLE:
+            # One statement, its own transaction: a failure leaves nothing behind.
+            return self._apply(conn, window)
+        try:
+            with conn.transaction():  # a savepoint: the caller's transaction survives
+                return self._apply(conn, window)
+        except errors.ForeignKeyViolation as exc:
+            raise ForeignKeyBlocked(str(exc).splitlines()[0]) from exc
+
+    def _apply(self, conn: Any, window: WindowApply) -> int | None:
         statement = _positional(window.move if window.move is not None else window.delete)
-        row = conn.execute(
+        try:
+            row = self._call(conn, window, statement)
+        except errors.ForeignKeyViolation as exc:
+            if conn.info.transaction_status != TransactionStatus.IDLE:
+                raise  # undone by the savepoint above, then translated
+            raise ForeignKeyBlocked(str(exc).splitlines()[0]) from exc
+        return None if row["rows"] is None else int(row["rows"])
+
+    def _call(self, conn: Any, window: WindowApply, statement: str) -> Any:
+        return conn.execute(
             self._apply_text(window.label),
             {
                 "statement": statement,
@@ -129,10 +266,11 @@ class PostgresTables(Engine):
                 "worker": window.worker,
                 "job_id": window.job.id if window.job is not None else None,
                 "lease_token": window.job.lease_token if window.job is not None else None,
+                "positions": window.positions,
+                "bounds": window.bounds,
             },
             prepare=True,
         ).fetchone()
-        return None if row["rows"] is None else int(row["rows"])
 
     def _apply_text(self, label: str) -> str:
         """The call, prefixed with the comment that names the table to whoever
@@ -158,3 +296,22 @@ def _positional(statement: str) -> str:
             text = text.replace(f"%({name})s", "null")
         _STATEMENTS[statement] = text = text.replace("%%", "%")
     return text
+
+
+def _qualified(schema: str, name: str) -> str:
+    """A table's name as a user writes it: the schema only outside public."""
+    return name if schema == "public" else f"{schema}.{name}"
+
+
+def _upper(bound: str | None) -> str | None:
+    """The upper bound of a one-column range partition, as the literal's text
+    (None: MAXVALUE, DEFAULT or another form)."""
+    match = _UPPER.search(bound or "")
+    if match is None:
+        return None
+    text = match.group(1)
+    if text.startswith("'") and text.endswith("'") and len(text) >= 2:
+        return text[1:-1].replace("''", "'")
+    if text.upper() == "MAXVALUE" or "," in text:
+        return None
+    return text  # a number

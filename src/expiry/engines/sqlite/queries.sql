@@ -196,8 +196,9 @@ where (state = 'running'
 -- known: a window books itself after its guarded delete, in the same
 -- IMMEDIATE transaction (target.py). No row back means it already committed
 -- before: the caller must do nothing else.
-insert into expiry_ledger (key, policy, run_id, lo, hi, action, worker, rows_affected, applied_at)
-values (:key, :policy, :run_id, :lo, :hi, :action, :worker, :rows, $now)
+insert into expiry_ledger
+    (key, policy, run_id, lo, hi, bounds, blocked, action, worker, rows_affected, applied_at)
+values (:key, :policy, :run_id, :lo, :hi, :bounds, :blocked, :action, :worker, :rows, $now)
 on conflict (key) do nothing
 returning key;
 
@@ -273,8 +274,8 @@ select handler, state, count(*) as n, coalesce(sum(attempt), 0) as attempts,
 from expiry_jobs where run_id = :id group by handler, state;
 
 -- name: run_ledger
--- What a run has applied: windows and rows.
-select count(*) as windows, coalesce(sum(rows_affected), 0) as rows
+-- What a run has applied: windows, rows, and rows a foreign key kept.
+select count(*) as windows, coalesce(sum(rows_affected), 0) as rows, count(blocked) as blocked
 from expiry_ledger where run_id = :id;
 
 -- name: run_duplicates

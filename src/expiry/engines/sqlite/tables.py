@@ -12,12 +12,13 @@ data (target.py), and the predicate binds values Python computed.
 
 from __future__ import annotations
 
+import sqlite3
 from datetime import datetime
 from typing import Any
 
-from ...errors import SchemaError
+from ...errors import ForeignKeyBlocked, SchemaError
 from ...timestamps import NUMERIC_RANGES, Storage
-from ...types import AuditAction, Column, Relation, WindowApply
+from ...types import AuditAction, Column, Index, Partition, Reference, Relation, WindowApply
 from ..base import Engine
 
 
@@ -83,19 +84,82 @@ class SQLiteTables(Engine):
             own=name.lower().startswith("expiry_"),
             deletable=table_kind,
             insertable=table_kind,
+            rowid=_rowid(conn, name) if table_kind else None,
         )
+
+    def placeholder_as(self, name: str, declared: str) -> str:
+        return f":{name}"  # values are bound as they were read, storage class and all
+
+    def table_indexes(self, conn: Any, table: str) -> list[Index]:
+        name = table.split(".")[-1]
+        found = []
+        for index in conn.execute(f"pragma index_list({quote(name)})").fetchall():
+            if index["partial"]:
+                continue
+            columns = []
+            for column in conn.execute(f"pragma index_info({quote(index['name'])})").fetchall():
+                if column["name"] is None:  # an expression (or the rowid): stop there
+                    break
+                columns.append(column["name"])
+            found.append(Index(index["name"], tuple(columns), bool(index["unique"])))
+        return found
+
+    def table_references(self, conn: Any, table: str) -> list[Reference]:
+        name = table.split(".")[-1].lower()
+        tables = conn.execute(
+            "select name from sqlite_master where type = 'table' order by name"
+        ).fetchall()
+        primary = [
+            r["name"]
+            for r in sorted(
+                conn.execute(f"pragma table_info({quote(name)})").fetchall(),
+                key=lambda r: r["pk"],
+            )
+            if r["pk"]
+        ]
+        found: list[Reference] = []
+        for other in tables:
+            keys: dict[int, list[Any]] = {}
+            for fk in conn.execute(f"pragma foreign_key_list({quote(other['name'])})").fetchall():
+                if fk["table"].lower() == name:
+                    keys.setdefault(fk["id"], []).append(fk)
+            for parts in keys.values():
+                parts.sort(key=lambda fk: fk["seq"])
+                referenced = [fk["to"] for fk in parts]
+                found.append(
+                    Reference(
+                        table=other["name"],
+                        columns=tuple(fk["from"] for fk in parts),
+                        referenced=tuple(primary if None in referenced else referenced),
+                        on_delete=parts[0]["on_delete"].lower(),
+                    )
+                )
+        return found
+
+    def table_partitions(self, conn: Any, table: str) -> list[Partition]:
+        return []  # SQLite has no partitions
+
+    def partition_remove(
+        self, conn: Any, table: str, partition: Partition, *, drop: bool, lock_timeout_ms: int
+    ) -> None:
+        raise SchemaError("SQLite has no partitions")
 
     def explain(self, conn: Any, statement: str) -> None:
         conn.execute("explain " + statement, {})
 
     def window_apply(self, conn: Any, window: WindowApply) -> int | None:
-        if window.copy is None:
-            rows = int(conn.execute(window.delete, window.params).rowcount)
-        else:
-            copied = int(conn.execute(window.copy, window.params).rowcount)
-            rows = int(conn.execute(window.delete, window.params).rowcount)
-            if copied != rows:
-                raise SchemaError(f"archive copied {copied} rows but deleted {rows}; rolled back")
+        # A savepoint: a foreign key that refuses the delete undoes the archive's
+        # copy too, and leaves the worker's transaction usable for the split.
+        conn.execute("savepoint expiry_window")
+        try:
+            rows = self._take(conn, window)
+        except sqlite3.IntegrityError as exc:
+            conn.execute("rollback to savepoint expiry_window")
+            conn.execute("release savepoint expiry_window")
+            if "FOREIGN KEY" in str(exc).upper():
+                raise ForeignKeyBlocked(str(exc)) from exc
+            raise
+        conn.execute("release savepoint expiry_window")
         if window.job is not None:
             self.job_complete(window.job, conn)
         # Rows taken: the ledger row must be this delivery's (strict), else
@@ -108,6 +172,7 @@ class SQLiteTables(Engine):
             run_id=window.run_id,
             lo=window.lo,
             hi=window.hi,
+            bounds=window.bounds,
             action=window.action,
             worker=window.worker,
             rows=rows,
@@ -123,3 +188,28 @@ class SQLiteTables(Engine):
             job_key=window.key,
         )
         return None
+
+    @staticmethod
+    def _take(conn: Any, window: WindowApply) -> int:
+        """Delete the window's rows (an archive copies them first); the rows taken."""
+        if window.copy is None:
+            return int(conn.execute(window.delete, window.params).rowcount)
+        copied = int(conn.execute(window.copy, window.params).rowcount)
+        rows = int(conn.execute(window.delete, window.params).rowcount)
+        if copied != rows:
+            raise SchemaError(f"archive copied {copied} rows but deleted {rows}; rolled back")
+        return rows
+
+
+def _rowid(conn: Any, table: str) -> str | None:
+    """The column that is the table's row id: its INTEGER PRIMARY KEY, else the
+    hidden rowid; None for a WITHOUT ROWID table."""
+    try:
+        conn.execute(f"select rowid from {quote(table)} limit 0")  # noqa: S608 (quoted)
+    except sqlite3.OperationalError:  # no such column: a WITHOUT ROWID table
+        return None
+    columns = conn.execute(f"pragma table_info({quote(table)})").fetchall()
+    keys = [c for c in columns if c["pk"]]
+    if len(keys) == 1 and (keys[0]["type"] or "").upper() == "INTEGER":
+        return str(keys[0]["name"])
+    return "rowid"

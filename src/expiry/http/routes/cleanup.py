@@ -51,7 +51,12 @@ def trigger(body: m.TriggerRequest, name: Key, app: ExpiryApp) -> m.Triggered:
             dry_run=True,
             candidates=preview.candidates,
             windows=preview.windows,
-            first_windows=[m.Window(lo=lo, hi=hi) for lo, hi in preview.first_windows],
+            first_windows=[
+                m.Window(range=s.describe(), **s.payload(windows=False))
+                for s in preview.first_windows
+            ],
+            strategy=preview.strategy,
+            partitions=preview.partitions,
         )
     opened = cleanup.open_run(
         body.policy, body.cutoff, opened_by="api", actor=f"api:{name}", force=body.force

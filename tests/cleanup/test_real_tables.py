@@ -1,0 +1,363 @@
+"""Tables real applications have: Django's sessions (a varchar key), UUID and
+composite keys, random 62-bit ids, partitioned tables (PostgreSQL only: SQLite
+has no partitions), and tables referenced under RESTRICT or CASCADE.
+
+Each test counts the rows with SQL after the run, against the rows it inserted
+as expired or live (its own oracle, never asking expiry); the Django test also
+kills a worker process mid-run and redelivers completed windows.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import signal
+import subprocess
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from expiry.app import App
+from expiry.runs import PARTITION
+
+from .support import Db, assert_run_clean, cli, cli_env, drain, expiry_cmd, wait_for, write_config
+
+Apps = Callable[..., App]
+POLICY = "expired-sessions"
+
+DJANGO_DDL = {
+    # django.contrib.sessions' migration 0001 as Django 4.2 writes it on each database.
+    "postgres": [
+        'CREATE TABLE "django_session" ("session_key" varchar(40) NOT NULL PRIMARY KEY,'
+        ' "session_data" text NOT NULL, "expire_date" timestamp with time zone NOT NULL)',
+        'CREATE INDEX "django_session_expire_date_a5c62663" ON "django_session" ("expire_date")',
+        'CREATE INDEX "django_session_session_key_c0390e0f_like" ON "django_session"'
+        ' ("session_key" varchar_pattern_ops)',
+    ],
+    "sqlite": [
+        'CREATE TABLE "django_session" ("session_key" varchar(40) NOT NULL PRIMARY KEY,'
+        ' "session_data" text NOT NULL, "expire_date" datetime NOT NULL)',
+        'CREATE INDEX "django_session_expire_date_a5c62663" ON "django_session" ("expire_date")',
+    ],
+}
+DJANGO = {
+    "table": "django_session",
+    "key": "session_key",
+    "timestamp": "expire_date",
+    "where": None,
+    "window": 7,
+    "nice_ratio": 0,
+}
+
+
+def stamp(db: Db, when: datetime) -> Any:
+    """A time as Django stores it: timestamptz on PostgreSQL, UTC text on SQLite."""
+    return (
+        when if db.dialect == "postgres" else when.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+    )
+
+
+def now_of(db: Db) -> datetime:
+    if db.dialect == "postgres":
+        value: datetime = db.scalar("select now()")
+        return value
+    return datetime.fromtimestamp(float(db.scalar("select {now}")), UTC)
+
+
+def session_rows(db: Db, n: int, seed: int) -> tuple[list[tuple[str, str, Any]], set[str]]:
+    """``n`` sessions, 40% expired an hour ago; timestamps repeat (sessions
+    created in one request share one), so ties cross window bounds."""
+    rng = random.Random(seed)
+    now = now_of(db)
+    rows, expired = [], set()
+    for i in range(n):
+        key = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(32))
+        if i % 5 < 2:
+            when = now - timedelta(hours=1, seconds=rng.choice([0, 1, 2, 3]))
+            expired.add(key)
+        else:
+            when = now + timedelta(days=1, seconds=rng.choice([0, 1]))
+        rows.append((key, f"data {i}", stamp(db, when)))
+    return rows, expired
+
+
+def insert(db: Db, table: str, columns: str, rows: list[tuple[Any, ...]]) -> None:
+    marks = ", ".join(["%s"] * len(rows[0]))
+    statement = db.sql(f"insert into {table} ({columns}) values ({marks})")
+    if db.dialect == "postgres":
+        with db.conn.cursor() as cur:
+            cur.executemany(statement, rows)
+    else:
+        db.conn.execute("begin")
+        db.conn.executemany(statement, rows)
+        db.conn.execute("commit")
+
+
+def keys_of(db: Db, table: str, key: str) -> set[str]:
+    return {str(r[0]) for r in db.rows(f"select {key} from {table}")}
+
+
+def window_jobs(db: Db, run_id: str) -> list[dict[str, Any]]:
+    return db.windows(run_id)
+
+
+def test_django_sessions_with_a_worker_killed_and_redeliveries(
+    db: Db, apps: Apps, tmp_path: Path
+) -> None:
+    for statement in DJANGO_DDL[db.dialect]:
+        db.execute(statement)
+    rows, expired = session_rows(db, 400, seed=7)
+    insert(db, "django_session", "session_key, session_data, expire_date", rows)
+    everything = {r[0] for r in rows}
+
+    # check says which windows and why, without a schema change.
+    config = write_config(tmp_path / "expiry.toml", db.url, DJANGO, worker={"lease": "2s"})
+    checked = cli("--config", str(config), "--json", "check", cwd=tmp_path)
+    assert checked.returncode == 0, checked.stderr
+    notes = json.loads(checked.stdout)["notes"][POLICY]
+    assert notes[0].startswith("time windows: key column 'session_key' is varchar(40)") or (
+        notes[0].startswith("time windows: key column 'session_key' is character varying(40)")
+    ), notes
+
+    # A worker process cleans part of the run, resting between windows, and is killed.
+    app = apps(db.url, {**DJANGO, "nice_ratio": 0})
+    assert app.cleanup is not None
+    opened = app.cleanup.open_run(POLICY)
+    slow = write_config(
+        tmp_path / "slow.toml",
+        db.url,
+        {**DJANGO, "max_rows_per_second": 40},
+        worker={"lease": "2s"},
+    )
+    log = (tmp_path / "worker.log").open("wb")
+    worker = subprocess.Popen(
+        expiry_cmd("--config", str(slow), "worker"), env=cli_env(), stdout=log, stderr=log
+    )
+    try:
+        wait_for(lambda: len(db.ledger(opened.run_id)) >= 3, timeout=60, what="three windows")
+        worker.send_signal(signal.SIGKILL)
+        assert worker.wait(10) == -signal.SIGKILL
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+        log.close()
+    assert keys_of(db, "django_session", "session_key") != everything - expired  # mid-run
+
+    drain(app, lease=2)
+    assert keys_of(db, "django_session", "session_key") == everything - expired
+    jobs = window_jobs(db, opened.run_id)
+    assert all(j["payload"]["windows"] == "time" for j in jobs)
+    assert len(jobs) == math.ceil(len(expired) / 7)  # windows follow the expired rows
+    assert_run_clean(db, opened.run_id)
+
+    # Redeliveries after the deleted rows are put back (still expired): no effect.
+    insert(
+        db,
+        "django_session",
+        "session_key, session_data, expire_date",
+        [r for r in rows if r[0] in expired],
+    )
+    ledger = db.ledger(opened.run_id)
+    for job in jobs[:3]:
+        db.redeliver(job["key"])
+    drain(app)
+    assert keys_of(db, "django_session", "session_key") == everything
+    assert db.ledger(opened.run_id) == ledger
+
+
+def test_a_uuid_key_and_a_composite_key_get_time_windows(db: Db, apps: Apps) -> None:
+    uuid_type = "uuid" if db.dialect == "postgres" else "text"
+    db.execute(
+        f"create table tokens (tenant_id integer not null, id {uuid_type} not null,"
+        " expires_at timestamp not null, primary key (tenant_id, id))"
+    )
+    db.execute("create index tokens_expires_at on tokens (expires_at)")
+    now = now_of(db).replace(tzinfo=None)
+    rows, expired = [], set()
+    for i in range(150):
+        key = str(uuid.uuid5(uuid.NAMESPACE_DNS, str(i)))
+        late = i % 3 == 0
+        when = now - timedelta(minutes=5) if late else now + timedelta(hours=1)
+        rows.append((i % 4, key, when if db.dialect == "postgres" else when.isoformat(" ")))
+        if late:
+            expired.add(key)
+    insert(db, "tokens", "tenant_id, id, expires_at", rows)
+    app = apps(
+        db.url,
+        {"table": "tokens", "key": "id", "timestamp": "expires_at", "where": None, "window": 9},
+    )
+    assert app.cleanup is not None
+    app.cleanup.check()
+    assert app.cleanup.target(POLICY).fixed is not None
+    assert app.cleanup.target(POLICY).fixed.name == "time"  # type: ignore[union-attr]
+    opened = app.cleanup.open_run(POLICY)
+    drain(app, concurrency=2)
+    assert keys_of(db, "tokens", "id") == {r[1] for r in rows} - expired
+    assert len(window_jobs(db, opened.run_id)) == math.ceil(len(expired) / 9)
+    assert_run_clean(db, opened.run_id)
+
+
+def test_random_ids_plan_one_window_per_window_of_expired_rows(db: Db, apps: Apps) -> None:
+    db.create_sessions()
+    rng = random.Random(3)
+    ids = rng.sample(range(1, 2**62), 600)
+    rows = [(i, -3600.0 if n % 10 == 0 else 86_400.0, False) for n, i in enumerate(ids)]
+    db.insert_sessions(rows)
+    expired = {i for i, off, _ in rows if off < 0}
+    app = apps(db.url, {"where": None, "window": 25})
+    assert app.cleanup is not None
+    preview = app.cleanup.preview(POLICY)
+    assert preview.strategy.startswith("time windows: expired keys are sparse"), preview.strategy
+    opened = app.cleanup.open_run(POLICY)
+    drain(app)
+    assert db.ids() == set(ids) - expired
+    jobs = window_jobs(db, opened.run_id)
+    assert len(jobs) == math.ceil(len(expired) / 25) == 3  # not 60 one-row key windows
+    assert_run_clean(db, opened.run_id)
+
+
+# -- partitions (PostgreSQL) --------------------------------------------------------
+
+
+def create_events(db: Db, months: int = 12) -> tuple[datetime, list[str]]:
+    """``events`` partitioned by month on created_at, the last two months ahead
+    of now; 30 rows a partition. Returns the first month and the partitions."""
+    first = datetime(2026, 1, 1, tzinfo=UTC)
+    db.execute(
+        "create table events (id bigint not null, created_at timestamptz not null, note text)"
+        " partition by range (created_at)"
+    )
+    db.execute("create index events_created_at on events (created_at)")
+    names = []
+    for m in range(months):
+        lo, hi = (
+            first.replace(month=m + 1),
+            (first.replace(month=m + 2) if m < 11 else first.replace(year=2027)),
+        )
+        name = f"events_{lo:%Y_%m}"
+        db.execute(
+            f"create table {name} partition of events for values from ('{lo.isoformat()}') to ('{hi.isoformat()}')"
+        )
+        db.execute(
+            f"insert into {name} select g, %s::timestamptz + mod(g, 28) * interval '1 day', 'n'"
+            " from generate_series(1, 30) g",
+            [lo],
+        )
+        names.append(name)
+    db.execute("analyze events")
+    return first, names
+
+
+EVENTS = {"table": "events", "key": "id", "timestamp": "created_at", "where": None, "window": 8}
+
+
+@pytest.mark.parametrize("mode", ["auto", "detach", "rows"])
+def test_expired_partitions_are_removed_whole(pg_db: Db, apps: Apps, mode: str) -> None:
+    db = pg_db
+    first, names = create_events(db)
+    # The cutoff falls on 2026-11-10: ten partitions lie wholly before it.
+    cutoff = datetime(2026, 11, 10, tzinfo=UTC)
+    expected_left = int(db.scalar("select count(*) from events where created_at >= %s", [cutoff]))
+    app = apps(db.url, {**EVENTS, "partitions": mode})
+    assert app.cleanup is not None
+    preview = app.cleanup.preview(POLICY, cutoff)
+    dropped = [] if mode == "rows" else names[:10]
+    assert [p["partition"] for p in preview.partitions] == [f"public.{n}" for n in dropped]
+    opened = app.cleanup.open_run(POLICY, cutoff)
+    drain(app, concurrency=2)
+
+    assert int(db.scalar("select count(*) from events")) == expected_left
+    assert int(db.scalar("select count(*) from events where created_at < %s", [cutoff])) == 0
+    attached = {
+        r[0]
+        for r in db.rows(
+            "select c.relname from pg_inherits i join pg_class c on c.oid = i.inhrelid where i.inhparent = 'events'::regclass"
+        )
+    }
+    existing = {
+        r[0]
+        for r in db.rows(
+            "select relname from pg_class where relname like 'events_2026%%' and relkind = 'r'"
+        )
+    }
+    assert attached == set(names) - set(dropped)
+    assert existing == (set(names) - set(dropped) if mode == "auto" else set(names))
+    partition_jobs = db.jobs(PARTITION, opened.run_id)
+    assert sorted(j["key"].rsplit(":", 1)[1] for j in partition_jobs) == sorted(
+        f"public.{n}" for n in dropped
+    )
+    booked = [r for r in db.ledger(opened.run_id) if r["key"] in {j["key"] for j in partition_jobs}]
+    assert len(booked) == len(dropped)
+    assert db.run_state(opened.run_id) == "finished"
+    assert {j["state"] for j in db.jobs(run_id=opened.run_id)} == {"completed"}
+    if mode == "detach":
+        # Detached, not dropped: the rows are all still there for archiving.
+        assert sum(int(db.scalar(f"select count(*) from {n}")) for n in dropped) == 300
+
+
+def test_a_partition_that_ends_after_the_cutoff_is_cleaned_by_windows(
+    pg_db: Db, apps: Apps
+) -> None:
+    db = pg_db
+    create_events(db)
+    cutoff = datetime(2026, 11, 30, 23, 59, 59, tzinfo=UTC)  # the November partition ends at 12-01
+    app = apps(db.url, EVENTS)
+    assert app.cleanup is not None
+    opened = app.cleanup.open_run(POLICY, cutoff)
+    drain(app)
+    assert int(db.scalar("select count(*) from events where created_at < %s", [cutoff])) == 0
+    assert int(db.scalar("select count(*) from events_2026_11")) == 0  # emptied, not dropped
+    assert len(db.jobs(PARTITION, opened.run_id)) == 10
+
+
+# -- foreign keys -------------------------------------------------------------------
+
+
+def test_a_referenced_row_is_kept_alone_and_the_rest_deleted(
+    db: Db, apps: Apps, tmp_path: Path
+) -> None:
+    db.create_sessions()
+    db.insert_sessions([(i, -3600.0, False) for i in range(1, 101)])
+    db.execute(
+        "create table orders (id integer primary key, session_id bigint not null"
+        " references sessions (id) on delete restrict)"
+    )
+    db.execute(
+        "create table visits (id integer primary key, session_id bigint"
+        " references sessions (id) on delete cascade)"
+    )
+    db.execute("insert into orders values (1, 37)")
+    db.execute("insert into visits values (1, 12), (2, 12), (3, 99)")
+    app = apps(db.url, {"where": None, "window": 50})
+    assert app.cleanup is not None
+    warnings = app.cleanup.check()
+    [restrict] = [w for w in warnings if "orders" in w]
+    assert "not exists (select 1 from orders r where r.session_id = sessions.id)" in restrict
+    assert any("visits" in n and "deleted too" for n in app.cleanup.target(POLICY).notes)
+
+    opened = app.cleanup.open_run(POLICY)
+    drain(app)
+    assert db.ids() == {37}  # 99 of 100 deleted; the referenced row stands alone, kept
+    assert int(db.scalar("select count(*) from visits")) == 0  # cascaded
+    [blocked] = [r for r in db.rows("select blocked from expiry.ledger where blocked is not null")]
+    assert blocked[0].startswith("id 37: ")
+    summary = app.runs.summary(opened.run_id)
+    assert summary is not None and summary["rows_blocked"] == 1 and summary["rows_affected"] == 99
+    assert {j["state"] for j in db.jobs(run_id=opened.run_id)} == {"completed"}
+
+    # The where that check proposes skips the referenced row: nothing is blocked.
+    db.insert_sessions([(i, -3600.0, False) for i in range(200, 210)])
+    db.execute("insert into orders values (2, 205)")
+    where = "not exists (select 1 from orders r where r.session_id = sessions.id)"
+    filtered = apps(db.url, {"where": where, "window": 50})
+    assert filtered.cleanup is not None
+    later = filtered.cleanup.open_run(POLICY, now_of(db) - timedelta(seconds=1))
+    drain(filtered)
+    assert db.ids() == {37, 205}
+    summary = filtered.runs.summary(later.run_id)
+    assert summary is not None and summary["rows_blocked"] == 0 and summary["rows_affected"] == 9
