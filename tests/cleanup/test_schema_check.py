@@ -55,14 +55,22 @@ def test_missing_column(db: Db, apps: Apps, field: str) -> None:
 
 
 @pytest.mark.parametrize("key_type", ["text", "numeric", "real", "interval"])
-def test_non_integer_key(db: Db, apps: Apps, key_type: str) -> None:
+def test_a_non_integer_key_gets_time_windows_and_refuses_key_windows(
+    db: Db, apps: Apps, key_type: str
+) -> None:
     if key_type == "interval" and db.dialect == "sqlite":
         key_type = "blob"
     db.execute(f"create table sessions (id {key_type}, expires_at timestamp, revoked_at timestamp)")
-    message = check_fails(apps(db.url))
+    app = apps(db.url)
+    assert app.cleanup is not None
+    app.cleanup.check()
+    fixed = app.cleanup.target("expired-sessions").fixed
+    assert fixed is not None and fixed.name == "time"
+    assert f"key column 'id' is {key_type}, not an integer" in fixed.reason.lower()
+    message = check_fails(apps(db.url, {"windows": "key"}))
     assert "policy 'expired-sessions'" in message
-    assert "key column 'id'" in message
-    assert "not an integer type" in message
+    assert 'windows = "key" needs an integer key' in message
+    assert 'windows = "time"' in message  # the fix
 
 
 @pytest.mark.parametrize("key_type", ["smallint", "integer", "bigint"])
@@ -130,7 +138,8 @@ def test_timestamp_without_index_is_a_warning(db: Db, apps: Apps) -> None:
     warnings = app.cleanup.check()
     assert len(warnings) == 1
     assert "policy 'expired-sessions'" in warnings[0]
-    assert "timestamp column 'expires_at' has no index" in warnings[0]
+    assert "no index leads with timestamp column 'expires_at'" in warnings[0]
+    assert "create index on sessions (expires_at)" in warnings[0]
     db.execute("create index sessions_expires_at on sessions (expires_at)")
     assert app.cleanup.check() == []
 

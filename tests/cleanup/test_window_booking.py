@@ -20,6 +20,7 @@ from expiry.cleanup import WINDOW, Cleanup
 from expiry.errors import AlreadyApplied
 from expiry.target import Target
 from expiry.times import parse_time
+from expiry.windows import Span
 
 from .support import (
     Db,
@@ -152,8 +153,7 @@ def test_concurrent_deliveries_of_a_window_take_turns_and_the_later_takes_nothin
             results[name] = target.apply(
                 tx,
                 parse_time(p["cutoff"]),
-                p["lo"],
-                p["hi"],
+                Span.of(p),
                 key=job.key,
                 run_id=p["run_id"],
                 worker=name,
@@ -189,12 +189,12 @@ def test_each_statement_of_a_window_is_built_once(
     db: Db, apps: Apps, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seed(db)
-    built: list[str] = []
+    built: list[tuple[str, str]] = []
     statement = Target.statement
 
-    def spy(self: Target, template: str, *, storage: Any = None) -> Any:
-        built.append(template)
-        return statement(self, template, storage=storage)
+    def spy(self: Target, template: str, *, storage: Any = None, span: str = "key") -> Any:
+        built.append((template, span))
+        return statement(self, template, storage=storage, span=span)
 
     monkeypatch.setattr(Target, "statement", spy)
     app = apps(db.url)
@@ -204,7 +204,7 @@ def test_each_statement_of_a_window_is_built_once(
 
     assert_run_clean(db, opened.run_id)
     assert len(db.windows(opened.run_id)) > 2
-    assert max(built.count(template) for template in built) == 1
+    assert max(built.count(text) for text in built) == 1  # per template and span
 
 
 def test_the_run_is_finished_once_per_claimed_batch(

@@ -14,8 +14,9 @@ import pytest
 from _conformance import claim, enqueue, execute
 
 from expiry.engines import Engine
+from expiry.errors import ForeignKeyBlocked, SchemaError
 from expiry.timestamps import Storage
-from expiry.types import WindowApply
+from expiry.types import Reference, WindowApply
 
 CUTOFF = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -64,6 +65,8 @@ def window(engine: Engine, key: str, job: Any = None, **overrides: Any) -> Windo
         "worker": "w-1",
         "lo": 0,
         "hi": 100,
+        "positions": None,
+        "bounds": None,
         "job": job,
         "lock_timeout_ms": 2000,
         "statement_timeout_ms": 30000,
@@ -209,3 +212,135 @@ def test_window_apply_archives_into_the_archive_table(engine: Engine) -> None:
 def sql_time(engine: Engine) -> Any:
     at = CUTOFF - timedelta(hours=2)
     return at if engine.dialect == "postgres" else at.timestamp()
+
+
+def test_placeholder_as_binds_text_as_the_columns_type(engine: Engine) -> None:
+    make_sessions(engine)
+    with engine.transaction() as conn:
+        declared = {c.name: c.type for c in engine.table_columns(conn, "sessions")}
+        value = CUTOFF.isoformat() if engine.dialect == "postgres" else CUTOFF.timestamp()
+        mark = engine.placeholder_as("at", declared["expires_at"])
+        rows = conn.execute(
+            f"select id from sessions where expires_at < {mark} order by id", {"at": value}
+        ).fetchall()
+    assert [int(r["id"]) for r in rows] == [1, 2, 3, 4, 5, 6]
+    if engine.dialect == "postgres":
+        assert mark == "cast(%(at)s as timestamp with time zone)"
+
+
+def test_table_indexes_lists_each_indexs_columns_in_order(engine: Engine) -> None:
+    make_sessions(engine)
+    execute(engine, "create index sessions_pair on sessions (expires_at, id)")
+    execute(engine, "create index sessions_partial on sessions (note) where note is not null")
+    with engine.transaction() as conn:
+        indexes = {i.name: i for i in engine.table_indexes(conn, "sessions")}
+    assert indexes["sessions_pair"].columns == ("expires_at", "id")
+    assert indexes["sessions_expires_at"].columns == ("expires_at",)
+    assert "sessions_partial" not in indexes  # serves only what implies its predicate
+    assert not indexes["sessions_pair"].unique
+
+
+def test_table_references_lists_foreign_keys_with_their_on_delete(engine: Engine) -> None:
+    make_sessions(engine)
+    execute(engine, "create table orders (id int primary key, sid bigint references sessions (id))")
+    execute(
+        engine,
+        "create table visits (id int primary key, sid bigint references sessions (id)"
+        " on delete cascade)",
+    )
+    with engine.transaction() as conn:
+        found = sorted(engine.table_references(conn, "sessions"), key=lambda r: r.table)
+        none = engine.table_references(conn, "orders")
+    assert found == [
+        Reference("orders", ("sid",), ("id",), "no action"),
+        Reference("visits", ("sid",), ("id",), "cascade"),
+    ]
+    assert none == []
+
+
+def test_table_partitions_with_their_ranges_and_partition_remove(engine: Engine) -> None:
+    make_sessions(engine)
+    with engine.transaction() as conn:
+        assert engine.table_partitions(conn, "sessions") == []
+    if engine.dialect == "sqlite":
+        with engine.transaction() as conn, pytest.raises(SchemaError, match="no partitions"):
+            engine.partition_remove(conn, "sessions", None, drop=True, lock_timeout_ms=10)  # type: ignore[arg-type]
+        return
+    execute(engine, "create table ev (id int, at timestamptz not null) partition by range (at)")
+    execute(
+        engine, "create table ev_1 partition of ev for values from ('2026-01-01') to ('2026-02-01')"
+    )
+    execute(
+        engine, "create table ev_2 partition of ev for values from ('2026-02-01') to (maxvalue)"
+    )
+    execute(engine, "create table ev_d partition of ev default")
+    with engine.transaction() as conn:
+        parts = {p.name: p for p in engine.table_partitions(conn, "ev")}
+        relation = engine.table_relation(conn, "ev")
+    assert relation is not None and relation.partitioned and relation.kind == "table"
+    assert set(parts) == {"ev_1", "ev_2", "ev_d"}
+    assert parts["ev_1"].key == "at" and parts["ev_1"].upper is not None
+    assert parts["ev_1"].upper.startswith("2026-02-01")
+    assert parts["ev_2"].upper is None and parts["ev_d"].upper is None  # maxvalue, default
+    with engine.transaction() as conn:
+        engine.partition_remove(conn, "ev", parts["ev_1"], drop=False, lock_timeout_ms=1000)
+        engine.partition_remove(conn, "ev", parts["ev_2"], drop=True, lock_timeout_ms=1000)
+    with engine.transaction() as conn:
+        assert {p.name for p in engine.table_partitions(conn, "ev")} == {"ev_d"}
+    assert execute(engine, "select count(*) as n from ev_1")[0]["n"] == 0  # detached, kept
+    assert execute(engine, "select to_regclass('ev_2') as r")[0]["r"] is None  # dropped
+
+
+def time_delete(engine: Engine) -> str:
+    """A time window's delete: positions (expires_at, id) after lower, up to upper."""
+    q, cols = engine.quote, {"ts": engine.quote("expires_at"), "tie": engine.quote("id")}
+    ts_type = "timestamp with time zone" if engine.dialect == "postgres" else "real"
+    lo_ts, hi_ts = (engine.placeholder_as(n, ts_type) for n in ("lo_ts", "hi_ts"))
+    lo_tie, hi_tie = (engine.placeholder_as(n, "bigint") for n in ("lo_tie", "hi_tie"))
+    return (
+        f"delete from {q('sessions')} where ({cols['ts']}, {cols['tie']}) > ({lo_ts}, {lo_tie})"
+        f" and ({cols['ts']}, {cols['tie']}) <= ({hi_ts}, {hi_tie})"
+        f" and not exists (select 1 from {engine.ledger_table} where key = {engine.placeholder('key')})"
+    )
+
+
+def test_window_apply_takes_a_time_window_between_two_positions(engine: Engine) -> None:
+    make_sessions(engine)
+    at = CUTOFF - timedelta(hours=1)  # rows 1..6 share it: ties split by id
+    ts: Any = at.isoformat() if engine.dialect == "postgres" else at.timestamp()
+    lo: list[Any] = [ts, "2" if engine.dialect == "postgres" else 2]
+    hi: list[Any] = [ts, "5" if engine.dialect == "postgres" else 5]
+    params = {"lo_ts": lo[0], "lo_tie": lo[1], "hi_ts": hi[0], "hi_tie": hi[1], "key": "p:run:t"}
+    params |= engine.cutoff_params(storage(engine), CUTOFF)
+    timed = window(
+        engine,
+        "p:run:t",
+        delete=time_delete(engine),
+        params=params,
+        lo=None,
+        hi=None,
+        positions=[*lo, *hi],
+        bounds="positions (a) .. (b)]",
+    )
+    with engine.transaction() as conn:
+        assert engine.window_apply(conn, timed) == 3
+    assert ids(engine) == {1, 2, 6, 7, 8, 9, 10}
+    entry = engine.ledger_get("p:run:t")
+    assert entry is not None and entry.lo is None and entry.bounds == "positions (a) .. (b)]"
+
+
+def test_window_apply_refused_by_a_foreign_key_takes_nothing_and_keeps_the_transaction(
+    engine: Engine,
+) -> None:
+    make_sessions(engine, archive=True)
+    execute(engine, "create table orders (id int primary key, sid bigint references sessions (id))")
+    execute(engine, "insert into orders values (1, 3)")
+    with engine.transaction() as conn:
+        with pytest.raises(ForeignKeyBlocked):
+            engine.window_apply(conn, window(engine, "p:run:0"))
+        assert engine.now(conn) is not None  # still usable: the split runs here
+    assert ids(engine) == set(range(1, 11))
+    assert engine.ledger_get("p:run:0") is None
+    with engine.transaction(statement=True) as conn, pytest.raises(ForeignKeyBlocked):
+        engine.window_apply(conn, window(engine, "p:run:0"))
+    assert ids(engine) == set(range(1, 11))
