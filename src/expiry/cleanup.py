@@ -40,14 +40,24 @@ from .target import Target
 from .times import format_time, parse_time
 from .timestamps import Storage
 from .types import AuditAction, Job, NewJob, Partition
-from .windows import KEY, TIME, Position, Span, position_name
+from .windows import (
+    BLOCK,
+    BLOCKS,
+    KEY,
+    LAST_ADDRESS,
+    TIME,
+    Position,
+    Span,
+    address,
+    position_name,
+)
 
 log = logging.getLogger("expiry.cleanup")
 
 MIN_CHUNK = 100
 MAX_REST_SECONDS = 2.0  # a nice_ratio rest never outlasts this (a stop waits for it)
 OVERLAP_WAIT_SECONDS = 5.0
-PARTITION_WAIT_SECONDS = 0.2  # partition jobs are quick: the windows' page looks again soon
+PARTITION_WAIT_SECONDS = 2.0  # partition jobs are quick: the windows' page waits this long for them
 
 
 def run_id(policy: str, cutoff: datetime) -> str:
@@ -255,6 +265,8 @@ class Cleanup:
         storage = _storage(p, target)
         if p["windows"] == TIME:
             spans, cursor = self._time_page(target, p, cutoff, first_page, tx, storage)
+        elif p["windows"] == BLOCKS:
+            spans, cursor = self._blocks_page(target, p, first_page)
         else:
             spans, cursor = self._key_page(target, p, cutoff, first_page, tx, storage)
         jobs = [_window_job(policy, p, span) for span in spans]
@@ -290,6 +302,25 @@ class Cleanup:
         spans = [Span.keys(lo, lo + window) for lo in los]
         more = len(los) == page
         return spans, ({"after": los[-1] + window, "max": p["max"]} if more else None)
+
+    def _blocks_page(
+        self, target: Target, p: dict[str, Any], first: bool
+    ) -> tuple[list[Span], dict[str, Any] | None]:
+        """Block windows by arithmetic: ``step`` blocks each from ``after`` to the
+        table's pages when the run began; the last is open-ended (rows moved or
+        added past the end since)."""
+        page = self._page_size(target.policy, BLOCKS, first)
+        after, pages, step = p["after"], p["max"], p["step"]
+        spans = []
+        for block in range(after, max(pages, after + 1), step)[:page]:
+            upper = block + step
+            spans.append(
+                Span.blocks(block * BLOCK, LAST_ADDRESS if upper >= pages else upper * BLOCK)
+            )
+        last = spans[-1].hi == LAST_ADDRESS
+        return spans, (
+            None if last else {"after": after + len(spans) * step, "max": pages, "step": step}
+        )
 
     def _time_page(
         self,
@@ -350,13 +381,7 @@ class Cleanup:
         expired (the run is then planned)."""
         rid = p["run_id"]
         if p.get("stage") == "after-partitions":
-            waiting = sum(
-                j.n
-                for j in self.engine.run_jobs(rid, conn=tx)
-                if j.handler == PARTITION and j.state in PENDING
-            )
-            if waiting:
-                raise Snooze(PARTITION_WAIT_SECONDS, f"{waiting} partitions are being removed")
+            self._await_partitions(rid, tx)
         storage = _storage(p, target)
         strategy = target.choose(tx, cutoff, storage)
         start: dict[str, Any] | None = None
@@ -364,7 +389,12 @@ class Cleanup:
             bounds = target.bounds(tx, cutoff, storage)
             if bounds is not None:
                 start = {"after": bounds[0] - 1, "max": bounds[1]}
-        elif target.oldest(tx, cutoff, storage) is not None:
+        elif target.oldest(tx, cutoff, storage) is None:
+            pass
+        elif strategy.name == BLOCKS:
+            step = target.plan_blocks(tx, cutoff, storage)
+            start = {"after": 0, "max": target.table_pages(tx), "step": step}
+        else:
             start = {"after": None}
         if start is None:
             self.engine.run_add_windows(rid, 0, done=True, conn=tx)
@@ -373,6 +403,25 @@ class Cleanup:
         log.info(strategy.describe(), extra={"policy": policy.name, "run": rid})
         p = {k: v for k, v in p.items() if k != "stage"}
         return {**p, "windows": strategy.name, **start}
+
+    def _await_partitions(self, rid: str, tx: Any) -> None:
+        """Wait for the run's partition jobs: they take milliseconds each, so this
+        job looks again every few milliseconds (each statement of its
+        transaction sees what committed since: PostgreSQL's read committed,
+        the only engine with partitions) for up to PARTITION_WAIT_SECONDS, then
+        snoozes. A snooze alone would leave it to the idle workers' next poll."""
+        deadline = time.monotonic() + PARTITION_WAIT_SECONDS
+        while True:
+            waiting = sum(
+                j.n
+                for j in self.engine.run_jobs(rid, conn=tx)
+                if j.handler == PARTITION and j.state in PENDING
+            )
+            if not waiting:
+                return
+            if time.monotonic() >= deadline:
+                raise Snooze(PARTITION_WAIT_SECONDS, f"{waiting} partitions are being removed")
+            time.sleep(0.005)
 
     def after_plan(self, job: Job, windows: int, seconds: float) -> None:
         log.info(
@@ -468,7 +517,11 @@ class Cleanup:
                     engine.run_add_windows(p["run_id"], 1, done=False, conn=tx)
             else:
                 row = target.nth(tx, cutoff, span, 0, storage) if n else None
-                shown = f"{policy.key} {row}" if span.strategy == KEY else f"row at {row}"
+                shown = (
+                    f"{policy.key} {row}"
+                    if span.strategy == KEY
+                    else f"row at {address(row) if span.strategy == BLOCKS and row is not None else row}"
+                )
                 booked = engine.ledger_insert(
                     tx,
                     job.key,
@@ -502,9 +555,11 @@ class Cleanup:
         cutoff, storage = parse_time(p["cutoff"]), _storage(p, target)
         part = p["partition"]
         name = f"{part['schema']}.{part['name']}"
-        current = {
-            (x.schema, x.name): x for x in target.expired_partitions(tx, cutoff, storage)
-        }.get((part["schema"], part["name"]))
+        found = target.expired_partitions(tx, cutoff, storage, only=part["name"])
+        current = next((x for x in found if x.schema == part["schema"]), None)
+        rows = 0 if current is None else current.rows
+        if current is not None and rows < 0:  # never analyzed: no estimate to book
+            rows = target.partition_rows(tx, current)
         booked = self.engine.ledger_insert(
             tx,
             job.key,
@@ -513,8 +568,14 @@ class Cleanup:
             action=p["mode"],
             worker=job.lease_owner,
             bounds=f"partition {name}"
-            + (" (rows estimated)" if current is not None else ": no longer an expired partition"),
-            rows=current.rows if current is not None else 0,
+            + (
+                ": no longer an expired partition"
+                if current is None
+                else " (rows counted)"
+                if current.rows < 0
+                else " (rows estimated)"
+            ),
+            rows=rows,
         )
         if not booked:
             return WindowResult(policy.name, None)
@@ -529,7 +590,7 @@ class Cleanup:
                 )
             except SchemaError as exc:
                 raise PermanentError(str(exc)) from exc
-        return WindowResult(policy.name, current.rows if current is not None else 0)
+        return WindowResult(policy.name, rows)
 
     def _pace(self, policy: Policy) -> _Pace:
         with self._lock:
@@ -622,7 +683,7 @@ class Cleanup:
             partitions=[
                 {
                     "partition": f"{x.schema}.{x.name}",
-                    "rows_estimated": x.rows,
+                    "rows_estimated": x.rows if x.rows >= 0 else None,  # None: never analyzed
                     "action": target.partition_mode(),
                 }
                 for x in parts
@@ -636,6 +697,18 @@ class Cleanup:
         included: the preview drops nothing)."""
         spans: list[Span] = []
         page = defaults.PLAN_PAGE
+        if strategy == BLOCKS:
+            if target.oldest(conn, cutoff, storage) is None:
+                return spans
+            cursor: dict[str, Any] | None = {
+                "after": 0,
+                "max": target.table_pages(conn),
+                "step": target.plan_blocks(conn, cutoff, storage),
+            }
+            while cursor is not None:
+                more, cursor = self._blocks_page(target, cursor, False)
+                spans += more
+            return spans
         if strategy == TIME:
             after: Position | None = None
             while uppers := target.time_page(conn, cutoff, after, page, storage):

@@ -109,7 +109,11 @@ def print_preview(preview: PlanPreview, cutoff: str) -> None:
     for part in preview.partitions:
         out.print(
             f"  partition {part['partition']}: {part['action']} "
-            f"(about {part['rows_estimated']:,} rows)"
+            + (
+                f"(about {part['rows_estimated']:,} rows)"
+                if part["rows_estimated"] is not None
+                else "(rows unknown: never analyzed)"
+            )
         )
     for span in preview.first_windows:
         out.print(f"  window {span.describe()}")

@@ -101,10 +101,11 @@ class Policy(Strict):
     action: Literal["delete", "archive"] = "delete"
     archive_table: str | None = None
     window: int = Field(defaults.WINDOW, ge=1, le=10_000_000)
-    windows: Literal["auto", "key", "time"] = "auto"
+    windows: Literal["auto", "key", "time", "blocks"] = "auto"
     """How a run splits the expired rows: key windows (lo, hi] over an integer
-    key, or time windows of ``window`` rows in the timestamp's order; "auto"
-    picks by the key's type and how densely the expired keys fill their range."""
+    key, time windows of ``window`` rows in the timestamp's order, or block
+    windows over the heap (PostgreSQL); "auto" picks by the key's type, how
+    densely the expired keys fill their range and the planner's statistics."""
     partitions: Literal["auto", "drop", "detach", "rows"] = "auto"
     """On a partitioned table (PostgreSQL): partitions wholly before the cutoff
     are dropped ("drop", the default for a delete policy without where),

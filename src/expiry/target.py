@@ -27,7 +27,17 @@ from .engines.base import Engine
 from .errors import SchemaError
 from .timestamps import UTC_ZONES, Storage, instant, numeric_format
 from .types import Column, Index, Job, Partition, Relation, WindowApply
-from .windows import DENSE_ENOUGH, KEY, TIME, Position, Span, Strategy
+from .windows import (
+    BLOCKS,
+    BLOCKS_CORRELATION,
+    BLOCKS_SHARE,
+    DENSE_ENOUGH,
+    KEY,
+    TIME,
+    Position,
+    Span,
+    Strategy,
+)
 
 log = logging.getLogger("expiry.target")
 
@@ -128,7 +138,14 @@ NTH_TIME = (
     "select {ts} as t, {tie} as k from {table} where {span} and {pred}"
     " order by {ts}, {tie} limit 1 offset {p_skip}"
 )
+NTH_BLOCK = (
+    "select {block_of_row} as k from {table} where {span} and {pred}"
+    " order by ctid limit 1 offset {p_skip}"
+)
 COUNT_SPAN = "select count(*) as n from {table} where {span} and {pred}"
+
+# The candidates, as the planner estimates them (never run).
+CANDIDATES = "select 1 from {table} where {pred}"
 
 # How densely the expired rows fill their key range: candidates, counted up to
 # a cap (the share of the range that key windows need to be worth it).
@@ -137,6 +154,7 @@ DENSITY = "select count(*) as n from (select 1 from {table} where {pred} limit {
 # A partition's range ends no later than the cutoff: every row it can hold is
 # expired. Compared by the database, in the column's type.
 PARTITION_EXPIRED = "select {p_upper} <= {p_cutoff} as expired"
+PARTITION_COUNT = "select count(*) as n from {partition}"
 
 OLDEST = "select min({ts}) as oldest from {table} where {pred}"
 
@@ -215,6 +233,7 @@ class Target:
         """What the check found that is not a warning: the strategy, the ties,
         the partitions, the tables that reference this one."""
         self.relation: Relation | None = None
+        self._not_key: str | None = None
         self._declared = ""
         self._texts: dict[tuple[str, str, str], str] = {}
 
@@ -237,7 +256,9 @@ class Target:
             "p_lo_tie": engine.placeholder_as("lo_tie", tie_type),
             "p_hi_tie": engine.placeholder_as("hi_tie", tie_type),
         }
-        text = template.replace("{span}", SPANS[span]).replace("{pred}", pred)
+        spans = SPANS | {"blocks": engine.block_span or "0 = 1"}
+        text = template.replace("{span}", spans[span]).replace("{pred}", pred)
+        text = text.replace("{block_of_row}", engine.block_of_row or "null")
         return text.format(
             table=engine.quote(p.table),
             archive=engine.quote(p.archive_table or "_"),
@@ -330,9 +351,10 @@ class Target:
     ) -> Any:
         """The key (key windows) or position (time windows) of the candidate
         after ``skip`` others in ``span``'s order; None when it holds no more."""
-        if span.strategy == KEY:
+        if span.strategy in (KEY, BLOCKS):
             params = self._span_params(span) | {"cutoff": cutoff, "skip": skip}
-            row = self.run(conn, NTH_KEY, storage, "key", **params).fetchone()
+            nth = NTH_KEY if span.strategy == KEY else NTH_BLOCK
+            row = self.run(conn, nth, storage, _span_name(span), **params).fetchone()
             return None if row is None else int(row["k"])
         params = self._span_params(span) | {"cutoff": cutoff, "skip": skip}
         row = self.run(conn, NTH_TIME, storage, _span_name(span), **params).fetchone()
@@ -402,7 +424,7 @@ class Target:
             positions=[params.get(n) for n in ("lo_ts", "lo_tie", "hi_ts", "hi_tie")]
             if timed
             else None,
-            bounds=span.describe() if timed else None,
+            bounds=None if span.strategy == KEY else span.describe(),
             job=job,
             lock_timeout_ms=int(p.lock_timeout * 1000),
             statement_timeout_ms=int(p.statement_timeout * 1000),
@@ -410,7 +432,7 @@ class Target:
 
     @staticmethod
     def _span_params(span: Span) -> dict[str, Any]:
-        if span.strategy == KEY:
+        if span.strategy != TIME:
             return {"lo": span.lo, "hi": span.hi}
         params = {"hi_ts": span.hi[0], "hi_tie": span.hi[1]}
         if span.lo is not None:
@@ -434,39 +456,90 @@ class Target:
     # -- choosing the windows ------------------------------------------------------
 
     def choose(self, conn: Any, cutoff: datetime, storage: Storage | None = None) -> Strategy:
-        """The run's windows: those the schema or the policy fixed, else key
-        windows where the expired keys fill their range densely enough
-        (DENSE_ENOUGH), measured from the data, and time windows where they do
-        not (random or hash ids, ids not in time order, a few rows newly expired
-        among many live ones)."""
+        """The run's windows: those the policy fixed; else key windows where
+        the expired keys of an indexed integer key fill their range densely
+        enough (DENSE_ENOUGH), measured from the data; else block windows where
+        the planner's statistics say a large share of the table is expired and
+        the timestamp does not follow the heap (_blocks); else time windows
+        (random or hash ids, ids not in time order, text and UUID keys, a few
+        rows newly expired among many live ones)."""
         if self.fixed is not None:
             return self.fixed
-        bounds = self.bounds(conn, cutoff, storage)
-        if bounds is None:
-            return Strategy(KEY, "nothing is expired now")
-        lo, hi = bounds
-        keys = hi - lo + 1
-        cap = max(1, math.ceil(keys * DENSE_ENOUGH))
-        n = int(self.run(conn, DENSITY, storage, cutoff=cutoff, page=cap).fetchone()["n"])
-        k = self.policy.key
-        if n >= cap:
-            return Strategy(
-                KEY,
-                f"expired keys are dense: {n:,}+ of the {keys:,} {k} values {lo}..{hi} "
-                f"are candidates (at least {DENSE_ENOUGH:.0%})",
+        reason = self._not_key
+        if reason is None:
+            bounds = self.bounds(conn, cutoff, storage)
+            if bounds is None:
+                return Strategy(KEY, "nothing is expired now")
+            lo, hi = bounds
+            keys = hi - lo + 1
+            cap = max(1, math.ceil(keys * DENSE_ENOUGH))
+            n = int(self.run(conn, DENSITY, storage, cutoff=cutoff, page=cap).fetchone()["n"])
+            k = self.policy.key
+            if n >= cap:
+                return Strategy(
+                    KEY,
+                    f"expired keys are dense: {n:,}+ of the {keys:,} {k} values {lo}..{hi} "
+                    f"are candidates (at least {DENSE_ENOUGH:.0%})",
+                )
+            reason = (
+                f"expired keys are sparse: {n:,} candidates over the {keys:,} {k} values "
+                f"{lo}..{hi} ({n / keys:.2%}); key windows would hold "
+                f"{n * self.policy.window / keys:,.1f} rows each"
             )
-        return Strategy(
-            TIME,
-            f"expired keys are sparse: {n:,} candidates over the {keys:,} {k} values "
-            f"{lo}..{hi} ({n / keys:.2%}); key windows would hold "
-            f"{n * self.policy.window / keys:,.1f} rows each",
+        blocks = self._blocks(conn, cutoff, storage)
+        if blocks is not None:
+            return Strategy(BLOCKS, f"{reason}; {blocks}")
+        return Strategy(TIME, reason)
+
+    def _blocks(self, conn: Any, cutoff: datetime, storage: Storage | None) -> str | None:
+        """Why block windows fit, or None: where the engine has row addresses
+        (PostgreSQL), the table is not partitioned, at least BLOCKS_SHARE of its
+        rows are candidates and its timestamp's physical correlation is under
+        BLOCKS_CORRELATION, by the planner's statistics (none before an ANALYZE)."""
+        p, engine = self.policy, self.engine
+        if engine.block_span is None or (self.relation is not None and self.relation.partitioned):
+            return None
+        layout = engine.table_layout(conn, p.table, p.timestamp)
+        if layout is None or layout.rows <= 0 or layout.correlation is None:
+            return None
+        storage = storage or self.storage
+        params = engine.cutoff_params(storage, cutoff)
+        estimate = engine.estimate_rows(conn, self.text(CANDIDATES, storage), params) or 0
+        share = estimate / layout.rows
+        if share < BLOCKS_SHARE or abs(layout.correlation) >= BLOCKS_CORRELATION:
+            return None
+        return (
+            f"about {share:.0%} of the table's rows are expired and {p.timestamp} does not "
+            f"follow the heap (correlation {layout.correlation:+.2f}), so windows read "
+            "the table's blocks in order"
         )
 
+    def plan_blocks(self, conn: Any, cutoff: datetime, storage: Storage | None = None) -> int:
+        """Heap blocks per block window: about ``window`` candidates each, by
+        the planner's estimate of the candidates over the table's pages now."""
+        p, engine = self.policy, self.engine
+        layout = engine.table_layout(conn, p.table, p.timestamp)
+        storage = storage or self.storage
+        params = engine.cutoff_params(storage, cutoff)
+        estimate = engine.estimate_rows(conn, self.text(CANDIDATES, storage), params) or 0
+        pages = layout.pages if layout is not None else 0
+        return max(1, math.ceil(p.window * pages / max(estimate, 1)))
+
+    def table_pages(self, conn: Any) -> int:
+        layout = self.engine.table_layout(conn, self.policy.table, self.policy.timestamp)
+        return 0 if layout is None else layout.pages
+
     def _fixed(self, by_name: dict[str, Column], warnings: list[str]) -> Strategy | None:
-        """The windows decided by the policy or the schema; None: by the data."""
+        """The windows the policy fixes; None: the data decides (choose). Also
+        notes why key windows cannot be used, where the schema says so."""
         p = self.policy
         key, declared = by_name[p.key], by_name[p.key].type
         integer = self.engine.column_kind(declared) == "integer"
+        self._not_key = None
+        if not integer:
+            self._not_key = f"key column {p.key!r} is {declared}, not an integer"
+        elif not key.indexed:
+            self._not_key = f"no index leads with key column {p.key!r}"
         if p.windows == "key":
             if not integer:
                 raise SchemaError(
@@ -481,12 +554,17 @@ class Target:
                     'or remove windows = "key")'
                 )
             return Strategy(KEY, 'windows = "key" in the policy')
+        if p.windows == "blocks":
+            partitioned = self.relation is not None and self.relation.partitioned
+            if self.engine.block_span is None or partitioned:
+                where = "a partitioned table" if partitioned else f"{self.engine.dialect}"
+                raise SchemaError(
+                    f'policy {p.name!r}: windows = "blocks" reads row addresses, which '
+                    f'{where} does not offer (fix: remove windows, or write windows = "time")'
+                )
+            return Strategy(BLOCKS, 'windows = "blocks" in the policy')
         if p.windows == "time":
             return Strategy(TIME, 'windows = "time" in the policy')
-        if not integer:
-            return Strategy(TIME, f"key column {p.key!r} is {declared}, not an integer")
-        if not key.indexed:
-            return Strategy(TIME, f"no index leads with key column {p.key!r}")
         return None
 
     def _ties(self, indexes: list[Index]) -> str:
@@ -519,7 +597,12 @@ class Target:
         return "drop" if partitioned and plain else "rows"
 
     def expired_partitions(
-        self, conn: Any, cutoff: datetime, storage: Storage | None = None
+        self,
+        conn: Any,
+        cutoff: datetime,
+        storage: Storage | None = None,
+        *,
+        only: str | None = None,
     ) -> list[Partition]:
         """The partitions whose whole range lies before ``cutoff`` (every row they
         can hold is expired), when the policy removes whole partitions: ranges on
@@ -532,10 +615,17 @@ class Target:
         for part in self.engine.table_partitions(conn, self.policy.table):
             if part.key != self.policy.timestamp or part.upper is None:
                 continue
+            if only is not None and part.name != only:
+                continue
             row = self.run(conn, PARTITION_EXPIRED, storage, cutoff=cutoff, upper=part.upper)
             if row.fetchone()["expired"]:
                 found.append(part)
         return found
+
+    def partition_rows(self, conn: Any, part: Partition) -> int:
+        """The rows of a partition, counted (one never analyzed has no estimate)."""
+        name = self.engine.quote(f"{part.schema}.{part.name}")
+        return int(conn.execute(PARTITION_COUNT.format(partition=name), {}).fetchone()["n"])
 
     def count(self, conn: Any, cutoff: datetime) -> int:
         return int(self.run(conn, COUNT, cutoff=cutoff).fetchone()["n"])
@@ -855,8 +945,8 @@ def _spellings(rows: list[Any]) -> tuple[dict[str, int], dict[str, int]]:
 
 def _span_name(span: Span) -> str:
     """The SPANS entry that bounds ``span``."""
-    if span.strategy == KEY:
-        return "key"
+    if span.strategy != TIME:
+        return span.strategy  # "key", "blocks"
     return "time-first" if span.lo is None else "time"
 
 

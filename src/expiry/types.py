@@ -303,6 +303,18 @@ class Relation:
 
 
 @dataclass(frozen=True)
+class Layout:
+    """How a table lies on disk, from the planner's statistics (PostgreSQL)."""
+
+    pages: int
+    """Its heap's pages now."""
+    rows: int
+    """The planner's estimate of its rows (-1: never analyzed)."""
+    correlation: float | None
+    """pg_stats' correlation of a column's order with the heap's (None: no statistics)."""
+
+
+@dataclass(frozen=True)
 class Index:
     """An index of a policy's table: its columns in order."""
 
@@ -338,7 +350,7 @@ class Partition:
     """The range's exclusive upper bound as the catalog writes it (a literal of
     the key's type), or None (MAXVALUE, or the default partition)."""
     rows: int
-    """The planner's estimate of its rows (0 before an ANALYZE)."""
+    """The planner's estimate of its rows (-1 before an ANALYZE)."""
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ ISO-8601 text in every spelling, epoch seconds, epoch milliseconds or
 julianday), instants around the cutoff (equal, a microsecond, millisecond or
 second either side, minutes, hours, days, the cutoff's midnight), a random
 ``where`` over extra columns, sparse keys and small windows, key or time
-windows (the policy's ``windows``, or chosen by the data), and an integer,
+windows or (PostgreSQL) block windows (the policy's ``windows``, or chosen by
+the data), and an integer,
 text or (PostgreSQL) UUID key, whose time windows split rows sharing one
 instant by the key. It then runs a
 real cleanup (App, planner, queue, worker), redelivers some completed windows
@@ -355,7 +356,7 @@ class Case:
     index: bool
     concurrency: int
     redeliver: tuple[int, ...]  # picks among the completed windows
-    windows: str = "auto"  # the policy's windows: "auto", "key" or "time"
+    windows: str = "auto"  # the policy's windows: "auto", "key", "time" or "blocks" (PostgreSQL)
     key_kind: str = "int"  # the policy's key: "int" (id), "text" or "uuid" (code)
     where_sql: str | None = field(init=False, default=None)
 
@@ -433,7 +434,9 @@ def cases(draw: st.DrawFn, dialect: str) -> Case:
         index=draw(st.booleans()),
         concurrency=draw(st.sampled_from([1, 2])),
         redeliver=tuple(draw(st.lists(st.integers(0, 50), max_size=3))),
-        windows=draw(st.sampled_from(["auto", "key", "time"])),
+        windows=draw(
+            st.sampled_from(["auto", "key", "time"] + ["blocks"] * (dialect == "postgres"))
+        ),
         # Text and UUID keys: time windows, ties between equal instants split by the key.
         key_kind=draw(st.sampled_from(["int", "int", "text"] + ["uuid"] * (dialect == "postgres"))),
     )
@@ -533,7 +536,7 @@ def policy_for(case: Case, built: Built, name: str, table: str) -> dict[str, Any
         "timestamp": "expires_at",
         "where": case.where_sql,
         "window": case.window,
-        "windows": case.windows if case.key_kind == "int" else "auto",
+        "windows": case.windows if case.key_kind == "int" or case.windows == "blocks" else "auto",
         "nice_ratio": 0,  # no rest between windows: the test has no live traffic
         "max_attempts": 3,
     }
@@ -685,10 +688,10 @@ def redeliver(
     if not windows or not case.redeliver:
         return
     picked = list({windows[i % len(windows)]["key"]: None for i in case.redeliver})
-    if all("lo" in w["payload"] for w in windows):  # key windows: their own rows back
+    if all("windows" not in w["payload"] for w in windows):  # key windows: their own rows back
         ranges = [(w["payload"]["lo"], w["payload"]["hi"]) for w in windows if w["key"] in picked]
         back = sorted(k for k in deleted if any(lo < k <= hi for lo, hi in ranges))
-    else:  # time windows: every deleted row back, whichever window took it
+    else:  # time or block windows: every deleted row back, whichever window took it
         back = sorted(deleted)
     placeholders = ", ".join(["%s"] * len(before[next(iter(before))]))
     for key in back:

@@ -344,3 +344,22 @@ def test_window_apply_refused_by_a_foreign_key_takes_nothing_and_keeps_the_trans
     with engine.transaction(statement=True) as conn, pytest.raises(ForeignKeyBlocked):
         engine.window_apply(conn, window(engine, "p:run:0"))
     assert ids(engine) == set(range(1, 11))
+
+
+def test_table_layout_and_estimate_rows_read_the_planners_statistics(engine: Engine) -> None:
+    make_sessions(engine)
+    with engine.transaction() as conn:
+        before = engine.table_layout(conn, "sessions", "expires_at")
+    if engine.dialect == "sqlite":
+        assert before is None  # no statistics of that kind: no block windows
+        with engine.transaction() as conn:
+            assert engine.estimate_rows(conn, "select 1 from sessions", {}) is None
+        return
+    assert before is not None and before.pages == 1 and before.correlation is None
+    execute(engine, "analyze sessions")
+    with engine.transaction() as conn:
+        after = engine.table_layout(conn, "sessions", "expires_at")
+        estimate = engine.estimate_rows(conn, "select 1 from sessions where id <= %(n)s", {"n": 6})
+    assert after is not None and after.rows == 10 and after.correlation is not None
+    assert estimate == 6
+    assert engine.block_span is not None and engine.block_of_row is not None

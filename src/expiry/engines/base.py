@@ -49,6 +49,7 @@ from ..types import (
     Index,
     Job,
     JobState,
+    Layout,
     LedgerEntry,
     NewJob,
     Partition,
@@ -293,6 +294,23 @@ class Engine(abc.ABC):
         """A named parameter read as a column of type ``declared`` (its type as
         table_columns gave it): where the driver binds text (a time window's
         positions on PostgreSQL), cast in the statement."""
+
+    block_span: str | None = None
+    """A window's range over the heap's row addresses, encoded block * 65536 +
+    item in {p_lo} and {p_hi} (PostgreSQL's ctid); None where rows have no
+    address a window can scan in order (SQLite)."""
+
+    block_of_row: str | None = None
+    """The expression that encodes a row's address as block_span reads it."""
+
+    @abc.abstractmethod
+    def table_layout(self, conn: Any, table: str, column: str) -> Layout | None:
+        """The table's pages, rows and ``column``'s physical correlation from the
+        planner's statistics; None where the engine keeps none (SQLite)."""
+
+    @abc.abstractmethod
+    def estimate_rows(self, conn: Any, statement: str, params: dict[str, Any]) -> int | None:
+        """The planner's estimate of the rows ``statement`` returns (None: no planner estimates)."""
 
     @abc.abstractmethod
     def table_indexes(self, conn: Any, table: str) -> list[Index]:

@@ -19,7 +19,7 @@ from psycopg.pq import TransactionStatus
 
 from ...errors import ForeignKeyBlocked
 from ...timestamps import NUMERIC_RANGES, Storage
-from ...types import Column, Index, Partition, Reference, Relation, WindowApply
+from ...types import Column, Index, Layout, Partition, Reference, Relation, WindowApply
 from ..base import Engine
 
 # The window statement's named parameters as window_apply passes them ($1..$5,
@@ -86,12 +86,22 @@ order by n.nspname, r.relname, c.conname
 
 _PARTITIONS = """
 select n.nspname as schema, c.relname as name, pg_get_expr(c.relpartbound, c.oid) as bound,
-       greatest(c.reltuples, 0)::bigint as rows,
+       c.reltuples::bigint as rows,
        pg_get_partkeydef(to_regclass(%(table)s)) as partkey
 from pg_inherits i join pg_class c on c.oid = i.inhrelid
 join pg_namespace n on n.oid = c.relnamespace
 where i.inhparent = to_regclass(%(table)s)
 order by n.nspname, c.relname
+"""
+
+_LAYOUT = """
+select pg_relation_size(c.oid) / current_setting('block_size')::int as pages,
+       c.reltuples::bigint as rows,
+       (select s.correlation from pg_stats s
+        where s.schemaname = n.nspname and s.tablename = c.relname
+          and s.attname = %(column)s and not s.inherited) as correlation
+from pg_class c join pg_namespace n on n.oid = c.relnamespace
+where c.oid = to_regclass(%(table)s)
 """
 
 _ON_DELETE = {
@@ -162,6 +172,30 @@ class PostgresTables(Engine):
             insertable=bool(row["updatable"] & 8),
             partitioned=row["kind"] == "p",
         )
+
+    # Row addresses: block * 65536 + item, compared as tids (a TID Range Scan
+    # reads just the window's blocks).
+    block_span = (
+        "ctid > cast('(' || ({p_lo} / 65536) || ',' || mod({p_lo}, 65536) || ')' as tid)"
+        " and ctid <= cast('(' || ({p_hi} / 65536) || ',' || mod({p_hi}, 65536) || ')' as tid)"
+    )
+    block_of_row = "((ctid::text::point)[0]::bigint * 65536 + (ctid::text::point)[1]::bigint)"
+
+    def table_layout(self, conn: Any, table: str, column: str) -> Layout | None:
+        row = conn.execute(_LAYOUT, {"table": self.quote(table), "column": column}).fetchone()
+        if row is None or row["pages"] is None:
+            return None
+        correlation = row["correlation"]
+        return Layout(
+            int(row["pages"]),
+            int(row["rows"]),
+            None if correlation is None else float(correlation),
+        )
+
+    def estimate_rows(self, conn: Any, statement: str, params: dict[str, Any]) -> int | None:
+        row = conn.execute("explain (format json) " + statement, params).fetchone()
+        plan = next(iter(row.values()))
+        return int(plan[0]["Plan"]["Plan Rows"])
 
     def placeholder_as(self, name: str, declared: str) -> str:
         # The type as format_type wrote it: a catalog's name, quoted where needed.

@@ -18,7 +18,16 @@ from typing import Any
 
 from ...errors import ForeignKeyBlocked, SchemaError
 from ...timestamps import NUMERIC_RANGES, Storage
-from ...types import AuditAction, Column, Index, Partition, Reference, Relation, WindowApply
+from ...types import (
+    AuditAction,
+    Column,
+    Index,
+    Layout,
+    Partition,
+    Reference,
+    Relation,
+    WindowApply,
+)
 from ..base import Engine
 
 
@@ -86,6 +95,12 @@ class SQLiteTables(Engine):
             insertable=table_kind,
             rowid=_rowid(conn, name) if table_kind else None,
         )
+
+    def table_layout(self, conn: Any, table: str, column: str) -> Layout | None:
+        return None  # no planner statistics of that kind: windows by key or time
+
+    def estimate_rows(self, conn: Any, statement: str, params: dict[str, Any]) -> int | None:
+        return None
 
     def placeholder_as(self, name: str, declared: str) -> str:
         return f":{name}"  # values are bound as they were read, storage class and all
