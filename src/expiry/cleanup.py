@@ -57,6 +57,7 @@ log = logging.getLogger("expiry.cleanup")
 MIN_CHUNK = 100
 MAX_REST_SECONDS = 2.0  # a nice_ratio rest never outlasts this (a stop waits for it)
 OVERLAP_WAIT_SECONDS = 5.0
+QUARANTINE_WAIT_SECONDS = 30.0  # a quarantined policy's jobs look again this often
 PARTITION_WAIT_SECONDS = 2.0  # partition jobs are quick: the windows' page waits this long for them
 
 
@@ -125,6 +126,10 @@ class Cleanup:
         self._targets: dict[str, Target] = {}
         self._paces: dict[str, _Pace] = {}
         self._lock = threading.Lock()
+        self.broken: dict[str, str] = {}
+        """Quarantined policies: name -> why its check failed. Each is checked
+        again on its next use (a repaired table, a reloaded config): the others
+        run meanwhile."""
 
     @property
     def policies(self) -> list[Policy]:
@@ -138,6 +143,8 @@ class Cleanup:
         """After a config reload: the new policies, each checked again on next use."""
         self.config = config
         self.forget_targets()
+        with self._lock:
+            self.broken.clear()
 
     # -- the schema check ---------------------------------------------------------
 
@@ -147,12 +154,34 @@ class Cleanup:
             target = self._targets.get(name)
         if target is None:
             target = Target(self.engine, self.policy(name))
-            with self.engine.transaction_or(conn) as tx:
-                for warning in target.check(tx):
-                    log.warning(warning)
+            try:
+                with self.engine.transaction_or(conn) as tx:
+                    warnings = target.check(tx)
+            except SchemaError as exc:
+                self._quarantine(name, exc)
+                raise
+            for warning in warnings:
+                log.warning(warning)
             with self._lock:
                 self._targets[name] = target
+                self.broken.pop(name, None)
         return target
+
+    def usable(self, name: str, conn: Any | None = None) -> None:
+        """Before a job of policy ``name``: its table checked (once per
+        process). A quarantined policy's jobs wait (Snooze: no attempt spent)
+        until it is repaired, rather than dying or stopping the others."""
+        try:
+            self.target(name, conn)
+        except SchemaError as exc:
+            raise Snooze(QUARANTINE_WAIT_SECONDS, f"policy quarantined: {exc}") from exc
+
+    def _quarantine(self, name: str, exc: SchemaError, *, quiet: bool = False) -> None:
+        with self._lock:
+            new = self.broken.get(name) != str(exc)
+            self.broken[name] = str(exc)
+        if new and not quiet:  # one line per change, not per use
+            log.error("policy quarantined: %s", exc, extra={"policy": name})
 
     def forget_targets(self) -> None:
         """After a config reload: check each policy's table again on next use."""
@@ -161,18 +190,34 @@ class Cleanup:
             self._paces.clear()
 
     def check(self) -> list[str]:
-        """Check every policy now; raises SchemaError on the first that does not fit."""
+        """Check every policy now; raises SchemaError naming every policy that
+        does not fit (`expiry check` exits 2), after checking them all."""
+        warnings, broken = self.check_all(quiet=True)  # the caller reports them
+        if broken:
+            raise SchemaError("; ".join(broken.values()))
+        return warnings
+
+    def check_all(self, *, quiet: bool = False) -> tuple[list[str], dict[str, str]]:
+        """Check every policy now: the warnings of those that fit, and the
+        reason of each that does not, which is quarantined (the worker, the
+        scheduler and the server go on with the others)."""
         warnings: list[str] = []
         for policy in self.policies:
             target = Target(self.engine, policy)
-            with self.engine.transaction() as conn:
-                warnings += target.check(conn)
-                if target.fixed is None:  # the data decides: as a run would now
-                    latest = self.engine.now(conn) - timedelta(seconds=policy.retain)
-                    target.notes.insert(0, target.choose(conn, latest).describe() + " (now)")
+            try:
+                with self.engine.transaction() as conn:
+                    warnings += target.check(conn)
+                    if target.fixed is None:  # the data decides: as a run would now
+                        latest = self.engine.now(conn) - timedelta(seconds=policy.retain)
+                        target.notes.insert(0, target.choose(conn, latest).describe() + " (now)")
+            except SchemaError as exc:
+                self._quarantine(policy.name, exc, quiet=quiet)
+                continue
             with self._lock:
                 self._targets[policy.name] = target
-        return warnings
+                self.broken.pop(policy.name, None)
+        with self._lock:
+            return warnings, dict(self.broken)
 
     # -- runs ---------------------------------------------------------------------
 
@@ -246,6 +291,7 @@ class Cleanup:
         expired partitions (if any, ahead of the windows); the windows' first
         page then chooses the run's windows and checks a sample."""
         p = job.payload
+        self.usable(p["policy"], tx)
         policy, target = self.policy(p["policy"]), self.target(p["policy"], tx)
         cutoff = parse_time(p["cutoff"])
         first_page = "windows" not in p
@@ -551,6 +597,7 @@ class Cleanup:
         read again from the catalog first: one no longer attached, or whose range
         no longer ends by the cutoff, is booked with nothing taken."""
         p = job.payload
+        self.usable(p["policy"], tx)
         policy, target = self.policy(p["policy"]), self.target(p["policy"], tx)
         cutoff, storage = parse_time(p["cutoff"]), _storage(p, target)
         part = p["partition"]
@@ -600,10 +647,7 @@ class Cleanup:
         """Check the policy's table (once per process, in a transaction of its own:
         the window's is one statement); honour
         max_rows_per_second: wait out the previous transaction's rows."""
-        try:
-            self.target(job.payload["policy"])
-        except SchemaError as exc:
-            raise PermanentError(str(exc)) from exc
+        self.usable(job.payload["policy"])
         pace = self._pace(self.policy(job.payload["policy"]))
         delay = pace.not_before - time.monotonic()
         if delay > 0:

@@ -152,10 +152,12 @@ def cleanup_of(app: App) -> Cleanup:
 
 
 def log_warnings(app: App) -> None:
-    """Check every policy against the live schema before running: a policy that
-    does not fit raises SchemaError (exit 2); one that fits with doubts is logged."""
+    """Check every policy against the live schema before running: one that
+    fits with doubts is logged; one that does not fit is quarantined (logged
+    as an error, checked again on its next use) and the others run."""
     if app.cleanup is not None:
-        for warning in app.cleanup.check():
+        warnings, _ = app.cleanup.check_all()  # each quarantine is logged once
+        for warning in warnings:
             logger.warning(warning)
 
 

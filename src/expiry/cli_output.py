@@ -123,6 +123,9 @@ def print_status(data: dict[str, Any]) -> None:
     """The policies table, the queue's jobs by state, then one line of queue health."""
     columns = ("policy", "table", "action", "retain", "schedule", "watermark", "last run")
     print_table("policies", columns, (_policy_row(p) for p in data["policies"]))
+    for p in data["policies"]:
+        if p["broken"]:
+            out.print(f"quarantined: {p['broken']}")
     q = data["queue"]
     by_state = q["jobs_by_queue_and_state"].items()
     rows = (
@@ -143,7 +146,7 @@ def _policy_row(p: dict[str, Any]) -> tuple[str, ...]:
         p["action"],
         p["retain"],
         p["schedule"] or "-",
-        p["watermark"],
+        "QUARANTINED" if p["broken"] else p["watermark"],
         f"{last['state']} {last['jobs_done']}/{last['jobs_total']}" if last else "-",
     )
 

@@ -47,6 +47,8 @@ class Watermarks(Protocol):
     def policies(self) -> list[Policy]: ...
     def watermark(self, name: str) -> float: ...
 
+    broken: dict[str, str]
+
 
 class Sources(Protocol):
     """Where the collector reads from (the App has them)."""
@@ -68,6 +70,7 @@ class ExpiryCollector(Collector):
         yield from self._ledger()
         if self.cleanup is not None:
             yield self._watermarks(self.cleanup)
+            yield self._quarantined(self.cleanup)
 
     def _queue(self, stats: QueueStats) -> Iterator[GaugeMetricFamily]:
         """Jobs by state, the oldest due job, claims held, retries, the dead letters."""
@@ -137,6 +140,20 @@ class ExpiryCollector(Collector):
             except Exception as exc:  # one broken policy must not hide the others
                 log.warning("watermark of %s failed: %s", policy.name, exc)
         return mark
+
+    @staticmethod
+    def _quarantined(cleanup: Watermarks) -> GaugeMetricFamily:
+        """1 for a policy whose check failed (read after the watermarks, which
+        check each policy again), else 0."""
+        gauge = GaugeMetricFamily(
+            "expiry_policy_quarantined",
+            "1 while a policy fails its schema check (the others run); 0 otherwise",
+            labels=["policy"],
+        )
+        broken = dict(cleanup.broken)
+        for policy in cleanup.policies:
+            gauge.add_metric([policy.name], 1.0 if policy.name in broken else 0.0)
+        return gauge
 
 
 def render(sources: Sources) -> tuple[bytes, str]:

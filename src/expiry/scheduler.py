@@ -45,6 +45,7 @@ from .config import Policy
 from .cron import choose, cron_fires, fires_between, next_fire
 from .crons import Crons
 from .engines import Engine
+from .errors import SchemaError
 from .times import format_time
 from .types import AuditAction, Schedule
 
@@ -108,7 +109,12 @@ class Scheduler:
                 continue
             fires, total = fires_between(policy, state.last_fire_at, now)
             if fires:
-                fired += self._fire(policy, fires, total, now, state)
+                try:
+                    fired += self._fire(policy, fires, total, now, state)
+                except SchemaError:
+                    # Quarantined (cleanup logged why): its fires wait, unclaimed,
+                    # until the table is repaired; the other policies fire.
+                    continue
         fired += self._fire_crons(now)
         return fired
 

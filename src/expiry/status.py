@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from .cron import next_fire
 from .durations import format_duration
+from .errors import SchemaError
 from .times import format_time
 
 if TYPE_CHECKING:
@@ -36,7 +37,11 @@ def policies(app: App) -> list[dict[str, Any]]:
     out = []
     for policy in cleanup.policies:
         last = recent(policy.name, 1)
-        watermark = cleanup.watermark(policy.name)
+        broken = None
+        try:
+            watermark = cleanup.watermark(policy.name)
+        except SchemaError as exc:  # quarantined: shown with its reason, the others go on
+            broken, watermark = str(exc), 0.0
         out.append(
             {
                 "name": policy.name,
@@ -50,6 +55,7 @@ def policies(app: App) -> list[dict[str, Any]]:
                 "watermark_seconds": round(watermark, 3),
                 "watermark": format_duration(round(watermark)),
                 "last_run": last[0] if last else None,
+                "broken": broken,
             }
         )
     return out

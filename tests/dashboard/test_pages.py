@@ -99,3 +99,32 @@ def test_the_dashboard_stays_out_of_the_api_schema(dashboard: Dashboard) -> None
         script = client.get("/static/dashboard.js")
         assert script.status_code == 200 and "data-confirm" in script.text
         assert client.get("/static/../api.py").status_code == 404
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_a_quarantined_policy_shows_in_red_and_the_overview_still_serves(
+    page: WebDriver, dashboard: Dashboard
+) -> None:
+    """A policy whose table is missing no longer turns the overview into a 500:
+    it is shown quarantined with its reason, beside the working policy."""
+    app = dashboard.app
+    assert app.cleanup is not None and app.config is not None
+    broken = {
+        "name": "broken",
+        "table": "no_such_table",
+        "key": "id",
+        "timestamp": "expires_at",
+    }
+    config = app.config.model_copy(
+        update={"policy": [*app.config.policy, type(app.config.policy[0])(**broken)]}
+    )
+    app.cleanup.reload(config)
+    sign_in(page, dashboard)
+    page.get(dashboard.url("/"))
+    good = page.find_element(By.ID, "policy-expired-sessions").text
+    bad = page.find_element(By.ID, "policy-broken").text
+    assert "quarantined" not in good
+    assert "quarantined" in bad and "no_such_table" in bad
+    cell = page.find_element(By.CSS_SELECTOR, "#policy-broken .quarantined .level-alert")
+    assert cell.is_displayed()
+    screenshot(page, "overview-quarantined")

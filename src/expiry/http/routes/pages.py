@@ -209,6 +209,9 @@ def _policies(app: App, history: v.WatermarkHistory) -> tuple[list[dict[str, Any
     now = app.engine.now()
     config = {p.name: p for p in (app.cleanup.policies if app.cleanup else [])}
     for row in policies:
+        if row["broken"]:
+            row.update(level="alert", warn=None, alert=None, trend="", spark="", samples=0)
+            continue
         history.record(row["name"], now, row["watermark_seconds"])
         series = history.series(row["name"])
         policy = config.get(row["name"])
