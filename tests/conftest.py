@@ -74,6 +74,17 @@ def pg_url(pg_template: str) -> Iterator[str]:
 
 
 @pytest.fixture
+def bare_pg_url() -> Iterator[str]:
+    """An empty PostgreSQL database: expiry was never migrated there."""
+    name = f"{_PREFIX}_{next(_counter)}"
+    with _admin() as admin:
+        admin.execute(f'create database "{name}"')
+    yield _url_for(name)
+    with _admin() as admin:
+        admin.execute(f'drop database if exists "{name}" with (force)')
+
+
+@pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
     """A fresh, migrated SQLite file for one test."""
     url = f"sqlite:///{tmp_path / 'app.db'}"

@@ -11,6 +11,7 @@ from .engines import Engine, open_engine
 from .errors import (
     AlreadyApplied,
     ConfigError,
+    DatabaseUnavailable,
     ExpiryError,
     JobError,
     LeaseLost,
@@ -32,6 +33,7 @@ __all__ = [
     "App",
     "Config",
     "ConfigError",
+    "DatabaseUnavailable",
     "Engine",
     "EnqueueResult",
     "ExpiryError",

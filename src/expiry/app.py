@@ -24,7 +24,7 @@ from .cleanup import Cleanup
 from .config import Config, config_path, load_config
 from .crons import Crons
 from .engines import Engine, open_engine
-from .errors import AlreadyApplied, ConfigError
+from .errors import AlreadyApplied, ConfigError, MigrationError
 from .handlers import Handler, HandlerFn
 from .keys import Keys
 from .queue import Queue
@@ -80,6 +80,7 @@ class App:
         self.config_file: Path | None = None
         self.handlers: dict[str, Handler] = {}
         self._engine: Engine | None = None
+        self._opened: Engine | None = None  # opened, its schema not yet checked
         self._queue: Queue | None = None
         self._cleanup: Cleanup | None = None
         self._crons: Crons | None = None
@@ -119,10 +120,30 @@ class App:
 
     @property
     def engine(self) -> Engine:
+        """The database, its schema checked on first use: an embedded SQLite
+        file is migrated then and there (it is the application's own); a server
+        database behind this expiry raises MigrationError saying to run
+        `expiry migrate`, never a driver's "no such table"."""
         if self._engine is None:
-            assert self.url is not None
-            self._engine = open_engine(self.url, pool_size=self.pool_size)
+            engine = self._open()
+            current, latest = engine.schema_version(), engine.migrations[-1][0]
+            if current != latest:
+                if engine.dialect == "sqlite" or current > latest:
+                    engine.migrate()  # newer than this expiry: migrate() says so
+                else:
+                    raise MigrationError(
+                        f"the database has expiry schema version {current} and this expiry "
+                        f"needs {latest}: run `expiry migrate` (or App.migrate()) first, as a "
+                        "role that may create tables"
+                    )
+            self._engine = engine
         return self._engine
+
+    def _open(self) -> Engine:
+        if self._opened is None:
+            assert self.url is not None
+            self._opened = open_engine(self.url, pool_size=self.pool_size)
+        return self._opened
 
     @property
     def queue(self) -> Queue:
@@ -186,7 +207,10 @@ class App:
         return Scheduler(self.engine, self.cleanup, self.crons, reload=self.reload, **options)
 
     def migrate(self) -> list[int]:
-        return self.engine.migrate()
+        """Create or upgrade expiry's own tables (nothing to do: nothing created)."""
+        applied = self._open().migrate()
+        self._engine = self._open()
+        return applied
 
     # -- handlers -----------------------------------------------------------------
 
@@ -231,9 +255,9 @@ class App:
         return Once(self.engine, tx, operation_id, worker)
 
     def close(self) -> None:
-        if self._engine is not None:
-            self._engine.close()
-            self._engine = None
+        if self._opened is not None:
+            self._opened.close()
+            self._engine = self._opened = None
             self._queue = None
             self._cleanup = None
             self._crons = None

@@ -56,6 +56,7 @@ from .cli_output import (
 )
 from .config import config_path
 from .demo import run_demo
+from .durations import parse_duration
 from .errors import ConfigError, ExpiryError, MigrationError, SchemaError
 from .times import format_time, parse_time
 
@@ -367,13 +368,16 @@ def cmd_trigger(args: argparse.Namespace) -> int:
     app = migrated(args, need_config=True)
     cleanup = cleanup_of(app)
     cutoff = parse_cutoff(args.cutoff)
+    timeout = parse_timeout(args.timeout)
+    if timeout is not None and not args.wait:
+        raise ConfigError("--timeout bounds --wait: add --wait, or drop --timeout")
     if args.dry_run:
         return show_preview(args, cleanup.preview(args.policy, cutoff))
     opened = cleanup.open_run(
         args.policy, cutoff, opened_by="cli", actor=args.actor, force=args.force
     )
     if args.wait:
-        return wait_for_run(args, app, opened.run_id)
+        return wait_for_run(args, app, opened.run_id, timeout)
     verb = "opened" if opened.created else "was already open"
     data = {
         "run_id": opened.run_id,
@@ -385,12 +389,30 @@ def cmd_trigger(args: argparse.Namespace) -> int:
     return 0
 
 
-def wait_for_run(args: argparse.Namespace, app: App, run_id: str) -> int:
+def wait_for_run(args: argparse.Namespace, app: App, run_id: str, timeout: float | None) -> int:
     """`trigger --wait`: the run's summary once it ends; exit 1 unless it finished
-    with no dead window."""
-    summary = wait_with_progress(app.runs, run_id, show=not args.json)
+    with no dead window, or when --timeout passed first (the run goes on)."""
+    summary = wait_with_progress(app.runs, run_id, show=not args.json, timeout=timeout)
     emit(args, summary, lambda: print_run(summary))
+    if summary.get("timed_out"):
+        logger.error(
+            "stopped waiting after %s: %d of %d windows done; the run goes on",
+            args.timeout,
+            summary["jobs_done"],
+            summary["jobs_total"],
+            extra={"run": run_id},
+        )
+        return 1
     return 0 if summary["state"] == "finished" and not summary["jobs_dead"] else 1
+
+
+def parse_timeout(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise ConfigError(f"--timeout {text!r}: {exc}") from None
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

@@ -99,6 +99,10 @@ def trigger_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--wait", action="store_true", help="wait for the run; exit 1 if a window died"
     )
+    parser.add_argument(
+        "--timeout",
+        help='with --wait: stop waiting after this long (e.g. "10m"), exit 1; the run goes on',
+    )
     actor_arg(parser)
 
 

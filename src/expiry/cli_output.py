@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from .runs import Runs
 
 out = Console()
+err = Console(stderr=True)
 
 
 def emit(args: argparse.Namespace, data: Any, render: Callable[[], None]) -> None:
@@ -71,16 +73,47 @@ def print_runs(found: list[dict[str, Any]]) -> None:
     print_table("runs", columns, rows)
 
 
-def wait_with_progress(runs: Runs, run_id: str, *, show: bool) -> dict[str, Any]:
-    """``runs.wait``, with a progress bar of the run's windows on stderr when ``show``
-    (it vanishes when the wait ends); the run's summary."""
-    with Progress(console=Console(stderr=True), disable=not show, transient=True) as bar:
+PROGRESS_EVERY = 5.0
+"""Off a terminal, a line of progress this often (seconds)."""
+
+UNCLAIMED_HINT_AFTER = 10.0
+"""A wait that saw no window start for this long says so, with the likely cause."""
+
+
+def wait_with_progress(
+    runs: Runs, run_id: str, *, show: bool, timeout: float | None = None
+) -> dict[str, Any]:
+    """``runs.wait``, with a progress bar of the run's windows on stderr when
+    ``show`` and stderr is a terminal (it vanishes when the wait ends), else a
+    line every PROGRESS_EVERY seconds; a hint when nothing of the run has been
+    done for UNCLAIMED_HINT_AFTER seconds. The run's summary."""
+    console = Console(stderr=True)
+    started = time.monotonic()
+    state = {"last_line": started, "hinted": False}
+
+    def lines(done: int, total: int) -> None:
+        now = time.monotonic()
+        if not state["hinted"] and done == 0 and now - started >= UNCLAIMED_HINT_AFTER:
+            state["hinted"] = True
+            err.print(
+                f"run {run_id}: nothing done after {UNCLAIMED_HINT_AFTER:.0f} s; is "
+                "`expiry worker` running against this database? (the run goes on "
+                "once one does)"
+            )
+        if show and not console.is_terminal and now - state["last_line"] >= PROGRESS_EVERY:
+            state["last_line"] = now
+            err.print(f"run {run_id}: {done} of {total} windows done")
+
+    with Progress(
+        console=console, disable=not (show and console.is_terminal), transient=True
+    ) as bar:
         task = bar.add_task(run_id, total=None)
 
         def progress(done: int, total: int) -> None:
             bar.update(task, total=max(total, 1), completed=done)
+            lines(done, total)
 
-        return runs.wait(run_id, progress=progress)
+        return runs.wait(run_id, progress=progress, timeout=timeout)
 
 
 # -- check, plan and status -----------------------------------------------------------

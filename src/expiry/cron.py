@@ -111,6 +111,11 @@ def cron_fires(schedule: str, timezone: str, after: datetime, until: datetime) -
     return found
 
 
+def cron_next(schedule: str, timezone: str, after: datetime) -> datetime:
+    """An HTTP cron target's first fire time after ``after``, in UTC."""
+    return next(CronSim(expand(schedule), after.astimezone(ZoneInfo(timezone)))).astimezone(UTC)
+
+
 def next_fire(policy: Rule, after: datetime) -> datetime:
     """The first fire time after ``after``, in UTC."""
     assert policy.schedule is not None

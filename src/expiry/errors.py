@@ -5,7 +5,8 @@
     │   └── CutoffRefused      a cutoff later than now - retain, without force
     ├── SchemaError            a policy does not match the live database schema
     ├── ForeignKeyBlocked      a window's delete would break a foreign key; nothing was taken
-    ├── MigrationError         the database was migrated by a newer expiry
+    ├── MigrationError         the database was migrated by a newer expiry, or not yet
+    ├── DatabaseUnavailable    the database refused the connection (its own message)
     ├── PayloadTooLarge        a job payload over the limit
     ├── LeaseLost              the caller no longer holds the job's lease
     ├── AlreadyApplied         app.once(): the operation committed before
@@ -50,6 +51,10 @@ class ForeignKeyBlocked(ExpiryError):
 
 class MigrationError(ExpiryError):
     """The database schema cannot be migrated by this version of expiry."""
+
+
+class DatabaseUnavailable(ExpiryError):
+    """The database cannot be reached or refused the connection."""
 
 
 class PayloadTooLarge(ExpiryError):

@@ -13,6 +13,7 @@ keys.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -89,17 +90,26 @@ class Runs:
         return finished
 
     def wait(
-        self, run_id: str, *, progress: Progress | None = None, poll: float = POLL_SECONDS
+        self,
+        run_id: str,
+        *,
+        progress: Progress | None = None,
+        poll: float = POLL_SECONDS,
+        timeout: float | None = None,
     ) -> dict[str, Any]:
-        """Block until the run is finished, or nothing of it is left to do; its
-        summary then. Unbounded by design: the caller (`trigger --wait`) stops it
-        with Ctrl-C. Raises LookupError for an unknown run."""
+        """Block until the run is finished, or nothing of it is left to do, or
+        ``timeout`` seconds passed (None: no bound); its summary then, with
+        ``timed_out`` true in the last case (the run goes on without the
+        waiter). Raises LookupError for an unknown run."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             summary = self._summary_of(run_id)
             if progress is not None:
                 progress(summary["jobs_done"] + summary["jobs_dead"], summary["jobs_total"])
             if summary["state"] == "finished":
                 return summary
+            if deadline is not None and time.monotonic() >= deadline:
+                return {**summary, "timed_out": True}
             if not self.pending(run_id):
                 # Nothing of the run is left to do, yet it is not finished: its last
                 # job died (workers finish a run only after a success), or its

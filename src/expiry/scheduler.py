@@ -42,7 +42,7 @@ from typing import Any
 
 from .cleanup import Cleanup
 from .config import Policy
-from .cron import choose, cron_fires, fires_between, next_fire
+from .cron import choose, cron_fires, cron_next, fires_between, next_fire
 from .crons import Crons
 from .engines import Engine
 from .errors import SchemaError
@@ -216,7 +216,15 @@ class Scheduler:
         return out
 
     def seconds_to_next_fire(self, now: datetime) -> float | None:
+        """Until the nearest fire of a scheduled policy or of a cron target."""
         upcoming = [next_fire(p, now) for p in self.scheduled]
+        for target in self.crons.stored():
+            if target.paused or target.last_fire_at is None:
+                continue
+            try:
+                upcoming.append(cron_next(target.schedule, target.timezone, target.last_fire_at))
+            except ValueError:
+                continue  # _fire_crons logs it
         return max(0.0, (min(upcoming) - now).total_seconds()) if upcoming else None
 
     def _version(self) -> tuple[datetime, int]:

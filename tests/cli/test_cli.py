@@ -607,3 +607,21 @@ def test_worker_without_queue_works_the_queues_of_its_apps_handlers(any_ws: Work
     assert job_state(any_ws, "digest-8") == "completed"
     # A queue no handler of this app names is left to its own consumers.
     assert job_state(any_ws, "elsewhere") == "available"
+
+
+def test_trigger_wait_without_a_worker_says_so_and_stops_at_its_timeout(ws: Workspace) -> None:
+    """No worker runs: `trigger --wait --timeout` prints progress lines (stderr
+    is not a terminal here), a hint after 10 s that nothing was done, and exits
+    1 at its timeout; the run stays open for a worker to come."""
+    started = time.monotonic()
+    result = ws.run("trigger", POLICY, "--cutoff", cutoff_now(), "--wait", "--timeout", "11s")
+    elapsed = time.monotonic() - started
+    assert result.code == 1, result
+    assert 11 <= elapsed < 30
+    assert "nothing done after 10 s; is `expiry worker` running" in result.err
+    assert re.search(r"run \S+: 0 of \d+ windows done", result.err), result.err
+    assert "stopped waiting after 11s" in result.err
+    assert ws.sessions_left() == EXPIRED + LIVE
+    bad = ws.run("trigger", POLICY, "--timeout", "soon")
+    assert_usage_error(bad, "--timeout 'soon'")
+    assert_usage_error(ws.run("trigger", POLICY, "--timeout", "5s"), "--timeout bounds --wait")

@@ -638,3 +638,33 @@ def test_the_scheduler_command_registers_reloads_on_sighup_and_stops_on_sigterm(
     assert "scheduler stopped" in err
     assert "Traceback" not in err
     assert registered() == {"first", "second"}
+
+
+def test_the_scheduler_wakes_for_cron_targets_not_only_policies(
+    make_app: Callable[..., App],
+) -> None:
+    """With only a daily policy, an every-minute cron target sets the sleep: the
+    scheduler wakes within its minute, and creating or pausing a target changes
+    the version its sleep watches (it used to sleep until the daily fire)."""
+    app = make_app(policy(schedule="@daily"))
+    clock = Clock(utc(2030, 1, 1, 0, 5, 30))
+    scheduler = app.scheduler(clock=clock)
+    scheduler.tick()
+    daily = scheduler.seconds_to_next_fire(clock.now)
+    assert daily is not None and daily > 3600
+
+    before = app.engine.schedule_version()
+    app.crons.allowed_hosts = ["127.0.0.1"]
+    app.crons.create("minutely", "http://127.0.0.1:9/", "* * * * *")
+    assert app.engine.schedule_version() != before  # a sleeping scheduler wakes
+    target = app.engine.cron_get("minutely")
+    assert target is not None and target.last_fire_at is not None
+    soon = scheduler.seconds_to_next_fire(target.last_fire_at)
+    assert soon is not None and soon <= 60
+
+    paused = app.engine.schedule_version()
+    time.sleep(0.01)  # the version is the latest change's time: a later moment
+    app.crons.set_paused("minutely", True)
+    assert app.engine.schedule_version() != paused
+    later = scheduler.seconds_to_next_fire(target.last_fire_at)
+    assert later is not None and later > 3600  # a paused target does not wake it

@@ -745,8 +745,9 @@ class Engine(abc.ABC):
         self._tx_rows(conn, "schedule_set_paused", {"policy": policy, "paused": paused})
 
     def schedule_version(self, *, conn: Any | None = None) -> tuple[datetime, int]:
-        """(the latest change, how many schedules): different once another process
-        pauses, resumes or registers a schedule."""
+        """(the latest change, how many schedules and cron targets): different once
+        another process pauses, resumes or registers a schedule, or creates,
+        deletes, pauses or fires a cron target."""
         row = self._one(conn, "schedule_version")
         assert row is not None  # an aggregate: always one row
         return self._time(row["version"]), int(row["n"])

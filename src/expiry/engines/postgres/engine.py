@@ -18,11 +18,12 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
-from ...errors import AlreadyApplied, LeaseLost, MigrationError
+from ...errors import AlreadyApplied, DatabaseUnavailable, LeaseLost, MigrationError
 from ...types import Job, JobState, NewJob
 from ..base import (
     Row,
@@ -105,6 +106,22 @@ def _check_if_idle(conn: psycopg.Connection[Any]) -> None:
         ConnectionPool.check_connection(conn)
 
 
+PROBE_TIMEOUT_SECONDS = 10
+
+
+def _probe(url: str) -> None:
+    """One connection before the pool opens, so that a database that does not
+    exist, a wrong password or a server that is down fails at once with the
+    server's own words, not after the pool's 30 s wait as a PoolTimeout."""
+    try:
+        psycopg.connect(url, connect_timeout=PROBE_TIMEOUT_SECONDS).close()
+    except psycopg.OperationalError as exc:
+        info = conninfo_to_dict(url)
+        where = f"{info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
+        reason = " ".join(str(exc).split())
+        raise DatabaseUnavailable(f"cannot connect to PostgreSQL at {where}: {reason}") from exc
+
+
 @contextmanager
 def _autocommit(conn: psycopg.Connection[Any]) -> Iterator[None]:
     """The connection outside any transaction: each statement its own, unless the
@@ -161,6 +178,7 @@ class PostgresEngine(PostgresTables):
         self.url = url
         self.queries = load_queries(__package__ or "expiry.engines.postgres")
         self.migrations = load_migrations(__package__ or "expiry.engines.postgres")
+        _probe(url)
         self.pool: ConnectionPool[psycopg.Connection[Row]] = ConnectionPool(
             url,
             min_size=1,
@@ -447,6 +465,10 @@ class PostgresEngine(PostgresTables):
         return int(row["v"] or 0) if row else 0
 
     def migrate(self) -> list[int]:
+        # Up to date: nothing to create, so a role without CREATE (or a hot
+        # standby) passes; only a migration takes the lock and creates.
+        if self.schema_version() == self.migrations[-1][0]:
+            return []
         applied: list[int] = []
         with self.transaction() as conn:
             conn.execute("select pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))

@@ -354,8 +354,13 @@ on conflict (policy) do update set paused = excluded.paused, updated_at = now()
 returning policy;
 
 -- name: schedule_version
--- Changes by other processes (pause/resume) show up here.
-select coalesce(max(updated_at), 'epoch'::timestamptz) as version, count(*) as n from expiry.schedules;
+-- Changes by other processes (pause/resume, cron targets created, deleted,
+-- paused or fired) show up here.
+select greatest(
+           coalesce((select max(updated_at) from expiry.schedules), 'epoch'::timestamptz),
+           coalesce((select max(updated_at) from expiry.cron_targets), 'epoch'::timestamptz)
+       ) as version,
+       (select count(*) from expiry.schedules) + (select count(*) from expiry.cron_targets) as n;
 
 -- name: key_insert
 -- Store a new API key's hash (the secret itself is never stored).

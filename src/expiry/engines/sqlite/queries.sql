@@ -319,8 +319,11 @@ on conflict (policy) do update set paused = excluded.paused, updated_at = $now
 returning policy;
 
 -- name: schedule_version
--- Changes by other processes (pause/resume) show up here.
-select coalesce(max(updated_at), 0) as version, count(*) as n from expiry_schedules;
+-- Changes by other processes (pause/resume, cron targets created, deleted,
+-- paused or fired) show up here.
+select max(coalesce((select max(updated_at) from expiry_schedules), 0),
+           coalesce((select max(updated_at) from expiry_cron_targets), 0)) as version,
+       (select count(*) from expiry_schedules) + (select count(*) from expiry_cron_targets) as n;
 
 -- name: key_insert
 -- Store a new API key's hash (the secret itself is never stored).
