@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from expiry.app import App
+from expiry.engines import open_engine
 from expiry.times import format_time
 
 POLICY = "expired-sessions"
@@ -196,8 +197,8 @@ def test_migrate_applies_every_migration_once_human_then_json(tmp_path: Path) ->
     url = f"sqlite:///{tmp_path / 'fresh.db'}"
     config = tmp_path / "expiry.toml"
     config.write_text(config_text(url))
-    probe = App(url)
-    latest = probe.engine.migrations[-1][0]
+    probe = open_engine(url)  # not an App: an App on SQLite migrates on first use
+    latest = probe.migrations[-1][0]
     probe.close()
 
     human = expiry("--config", config, "migrate")
