@@ -41,7 +41,13 @@ class Crons:
         """Private or loopback hosts that targets may call ([http] allowed_hosts)."""
 
     def create(
-        self, name: str, http_url: str, schedule: str, timezone: str = "UTC"
+        self,
+        name: str,
+        http_url: str,
+        schedule: str,
+        timezone: str = "UTC",
+        *,
+        actor: str = "api",
     ) -> dict[str, Any]:
         """Validate and store a target; returns it with its secret (shown once)."""
         try:
@@ -64,7 +70,7 @@ class Crons:
             engine.audit_append(
                 conn,
                 AuditAction.CRON_CREATED,
-                actor="api",
+                actor=actor,
                 detail={"name": name, "http_url": http_url},
             )
         target = self.get(name)
@@ -95,11 +101,28 @@ class Crons:
         target = self.engine.cron_get(name)
         return self._shape(target) if target else None
 
-    def delete(self, name: str) -> bool:
-        return self.engine.cron_delete(name)
+    def delete(self, name: str, *, actor: str = "api") -> bool:
+        """Delete a target, audited with who did it; False when there is none."""
+        with self.engine.transaction() as conn:
+            done = self.engine.cron_delete(name, conn=conn)
+            if done:
+                self.engine.audit_append(
+                    conn, AuditAction.CRON_DELETED, actor=actor, detail={"name": name}
+                )
+        return done
 
-    def set_paused(self, name: str, paused: bool) -> bool:
-        return self.engine.cron_set_paused(name, paused)
+    def set_paused(self, name: str, paused: bool, *, actor: str = "api") -> bool:
+        """Pause or resume a target, audited with who did it; False when there is none."""
+        with self.engine.transaction() as conn:
+            done = self.engine.cron_set_paused(name, paused, conn=conn)
+            if done:
+                self.engine.audit_append(
+                    conn,
+                    AuditAction.CRON_PAUSED if paused else AuditAction.CRON_RESUMED,
+                    actor=actor,
+                    detail={"name": name},
+                )
+        return done
 
     def calls(self, name: str, limit: int = 50) -> list[dict[str, Any]]:
         return [self._call(c) for c in self.engine.cron_calls(name, limit)]

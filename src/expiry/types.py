@@ -245,8 +245,12 @@ class AuditAction(enum.StrEnum):
     CRON_MISSED = "cron.missed"
     CRON_PAUSED = "cron.paused"
     CRON_RESUMED = "cron.resumed"
+    CRON_DELETED = "cron.deleted"
     KEY_CREATED = "key.created"
     KEY_REVOKED = "key.revoked"
+    SIGNED_IN = "dashboard.signed_in"
+    SIGN_IN_REFUSED = "dashboard.sign_in_refused"
+    SIGNED_OUT = "dashboard.signed_out"
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import re
 import time
 from urllib.parse import quote
@@ -210,3 +211,51 @@ def test_live_pages_refresh_in_place(page: WebDriver, dashboard: Dashboard) -> N
     dashboard.app.queue.enqueue("later.job", {}, key="later-1", queue="later")
     WebDriverWait(page, 15).until(lambda b: "later" in text(b, "table.stacked"))
     assert page.execute_script("return window.notReloaded === true;")  # swapped, not reloaded
+
+
+def test_sign_out_ends_the_session_on_the_server_and_sign_ins_are_audited(
+    dashboard: Dashboard,
+) -> None:
+    """A copy of the cookie kept after sign-out is refused (it used to stay valid
+    for 12 hours); every sign-in, refused sign-in and sign-out is audited."""
+    with dashboard.signed_in_client() as client:
+        kept = client.cookies.get("expiry_session")
+        assert kept
+        page = client.get("/queue")
+        csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)
+        assert csrf, page.text
+        out = client.post("/logout", data={"csrf": csrf.group(1)})
+        assert out.status_code == 303
+    with dashboard.client() as thief:
+        thief.cookies.set("expiry_session", kept)
+        assert thief.get("/queue").headers["location"] == "/login?next=%2Fqueue"
+        refused = thief.post("/login", data={"key": "not-a-key", "next": "/"})
+        assert refused.status_code == 401
+    actions = [e.action for e in dashboard.app.engine.audit_list(limit=20)]
+    assert "dashboard.signed_in" in actions and "dashboard.signed_out" in actions
+    assert "dashboard.sign_in_refused" in actions
+    signed_in = [
+        e for e in dashboard.app.engine.audit_list(limit=20) if e.action == "dashboard.signed_in"
+    ]
+    assert signed_in[0].actor == f"dashboard:{dashboard.key_name}"
+
+
+def test_refused_sign_ins_are_rate_limited_per_address(dashboard: Dashboard) -> None:
+    with dashboard.client() as client:
+        codes = [
+            client.post("/login", data={"key": f"guess-{i}", "next": "/"}).status_code
+            for i in range(12)
+        ]
+        assert codes[:10] == [401] * 10
+        assert codes[10:] == [429, 429]
+        slow = client.post("/login", data={"key": dashboard.key, "next": "/"})
+        assert slow.status_code == 429 and int(slow.headers["retry-after"]) >= 1
+        assert "Too many sign-in attempts" in slow.text
+
+
+def test_a_cookie_with_an_absurd_time_is_refused_not_a_500(dashboard: Dashboard) -> None:
+    body = base64.urlsafe_b64encode(b'{"k":"ops","t":1e999,"n":"x"}').decode().rstrip("=")
+    with dashboard.client() as client:
+        client.cookies.set("expiry_session", body + ".c2ln")
+        answer = client.get("/queue")
+        assert answer.status_code == 303 and answer.headers["location"].startswith("/login")

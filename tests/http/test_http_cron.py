@@ -113,6 +113,15 @@ def test_pause_resume_and_delete(sqlite_url: str, serve: Serve) -> None:
         assert_error(live.client.post("/v1/cron/tidy/pause"), 404, "not_found")
         assert fire_and_work(live, minutes=2) == []
         assert len(receiver.calls) == 1
+    # Every change through the API is audited with the key that made it.
+    events = [
+        (e.action, e.actor)
+        for e in live.app.engine.audit_list(limit=50)
+        if e.action.startswith("cron.") and e.detail.get("name") == "tidy"
+    ]
+    actor = "api:tests"  # the key the fixture made
+    for action in ("cron.created", "cron.paused", "cron.resumed", "cron.deleted"):
+        assert (action, actor) in events, events
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from fastapi import Depends, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from ..types import JobState
+from ..types import AuditAction, JobState
 from . import views as v
 from .sessions import COOKIE, Session, Sessions
 
@@ -98,6 +98,11 @@ class Pages:
 
     def session(self, request: Request) -> Session | None:
         return self.sessions.read(request.cookies.get(COOKIE))
+
+    def audit(self, action: AuditAction, *, actor: str, detail: dict[str, Any]) -> None:
+        """Append a dashboard event (sign-in, sign-out) to the audit log."""
+        with self.engine.transaction() as conn:
+            self.engine.audit_append(conn, action, actor=actor, detail=detail)
 
     def render(
         self,

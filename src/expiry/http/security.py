@@ -38,6 +38,16 @@ class RateLimiter:
         self._buckets: dict[str, _Bucket] = {}
         self._lock = threading.Lock()
 
+    def wait(self, key: str) -> float:
+        """Seconds until ``key`` may go ahead (0: now), without taking a token."""
+        now = time.monotonic()
+        with self._lock:
+            bucket = self._buckets.get(key)
+            if bucket is None:
+                return 0.0
+            tokens = min(self.burst, bucket.tokens + (now - bucket.updated) * self.rate)
+            return 0.0 if tokens >= 1 else (1 - tokens) / self.rate
+
     def take(self, key: str) -> float:
         """0 if the request may go ahead, else seconds until it may."""
         now = time.monotonic()

@@ -23,14 +23,21 @@ import hashlib
 import hmac
 import json
 import secrets
+import threading
 import time
 from dataclasses import dataclass
 
 from ..keys import Keys, hash_key
+from .security import RateLimiter
 
 COOKIE = "expiry_session"
 MAX_AGE_SECONDS = 12 * 3600
 """A session lasts 12 hours; then the key is asked for again."""
+
+
+SIGN_IN_FAILURES_PER_SECOND = 5 / 60
+SIGN_IN_FAILURES_BURST = 10
+"""Ten refused sign-ins from one address, then one every 12 seconds."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,21 @@ class Sessions:
     def __init__(self, keys: Keys, *, max_age: int = MAX_AGE_SECONDS) -> None:
         self.keys, self.max_age = keys, max_age
         self._server_secret = secrets.token_bytes(32)
+        self.failures = RateLimiter(SIGN_IN_FAILURES_PER_SECOND, SIGN_IN_FAILURES_BURST)
+        """Refused sign-ins per client address: past the burst, the form answers
+        429 without checking the key, so guessing keys costs time."""
+        self._ended: dict[str, int] = {}
+        """Nonces of sessions signed out, with their issue time: refused until
+        they would have expired anyway (kept in this process, like the secret)."""
+        self._lock = threading.Lock()
+
+    def sign_out(self, session: Session) -> None:
+        """End ``session`` on the server: its cookie is refused from now on,
+        wherever a copy of it is."""
+        now = time.time()
+        with self._lock:
+            self._ended = {n: t for n, t in self._ended.items() if now - t < self.max_age}
+            self._ended[session.nonce] = session.issued
 
     def _signing_key(self, name: str, stored_hash: str) -> bytes:
         message = f"expiry-dashboard-session\n{name}\n{stored_hash}".encode()
@@ -79,8 +101,11 @@ class Sessions:
             body = json.loads(_unb64(payload))
             name, issued, nonce = str(body["k"]), int(body["t"]), str(body["n"])
             given = _unb64(signature)
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, OverflowError):
             return None
+        with self._lock:
+            if nonce in self._ended:
+                return None
         stored = self.keys.stored_hash(name)
         if stored is None:
             return None

@@ -26,8 +26,11 @@ def cron_or_404(crons: Crons, name: str) -> dict[str, Any]:
 
 
 @router.post("/create", response_model=m.CronCreated, status_code=201)
-def cron_create(body: m.CronCreateRequest, _: Key, app: ExpiryApp) -> m.CronCreated:
-    return m.CronCreated(**app.crons.create(body.name, body.http_url, body.schedule, body.timezone))
+def cron_create(body: m.CronCreateRequest, key: Key, app: ExpiryApp) -> m.CronCreated:
+    created = app.crons.create(
+        body.name, body.http_url, body.schedule, body.timezone, actor=f"api:{key}"
+    )
+    return m.CronCreated(**created)
 
 
 @router.get("", response_model=list[m.CronTarget])
@@ -41,23 +44,23 @@ def cron_get(name: CronName, _: Key, app: ExpiryApp) -> m.CronTarget:
 
 
 @router.delete("/{name}", response_model=m.Paused, responses=NOT_FOUND)
-def cron_delete(name: CronName, _: Key, app: ExpiryApp) -> m.Paused:
+def cron_delete(name: CronName, key: Key, app: ExpiryApp) -> m.Paused:
     found = cron_or_404(app.crons, name)
-    app.crons.delete(name)
+    app.crons.delete(name, actor=f"api:{key}")
     return m.Paused(name=name, paused=found["paused"])
 
 
 @router.post("/{name}/pause", response_model=m.Paused, responses=NOT_FOUND)
-def cron_pause(name: CronName, _: Key, app: ExpiryApp) -> m.Paused:
+def cron_pause(name: CronName, key: Key, app: ExpiryApp) -> m.Paused:
     cron_or_404(app.crons, name)
-    app.crons.set_paused(name, True)
+    app.crons.set_paused(name, True, actor=f"api:{key}")
     return m.Paused(name=name, paused=True)
 
 
 @router.post("/{name}/resume", response_model=m.Paused, responses=NOT_FOUND)
-def cron_resume(name: CronName, _: Key, app: ExpiryApp) -> m.Paused:
+def cron_resume(name: CronName, key: Key, app: ExpiryApp) -> m.Paused:
     cron_or_404(app.crons, name)
-    app.crons.set_paused(name, False)
+    app.crons.set_paused(name, False, actor=f"api:{key}")
     return m.Paused(name=name, paused=False)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
+from ...types import AuditAction
 from ..deps import DashboardPages
 from ..render import STATIC, Form, local_path, secured, static_file
 from ..sessions import COOKIE, Session
@@ -34,9 +35,27 @@ def login_form(request: Request, pages: DashboardPages, next: str = "/") -> Resp
 
 @router.post("/login")
 def login(request: Request, form: Form, pages: DashboardPages) -> Response:
+    """Sign in with an API key; every attempt is audited, and an address past
+    its refused attempts (Sessions.failures) gets 429 without a check."""
     target = local_path(form.get("next"))
-    cookie = pages.sessions.sign_in(form.get("key", ""))
+    client = request.client.host if request.client else "unknown"
+    sessions = pages.sessions
+    wait = sessions.failures.wait(client)
+    if wait:
+        slow = pages.render(
+            request, "login.html", None, status=429, next=target, error=True, slow_down=wait
+        )
+        slow.headers["Retry-After"] = str(max(1, round(wait)))
+        return slow
+    cookie = sessions.sign_in(form.get("key", ""))
+    session = sessions.read(cookie) if cookie else None
+    pages.audit(
+        AuditAction.SIGNED_IN if session else AuditAction.SIGN_IN_REFUSED,
+        actor=f"dashboard:{session.key_name}" if session else "dashboard",
+        detail={"client": client},
+    )
     if cookie is None:
+        sessions.failures.take(client)
         return pages.render(request, "login.html", None, status=401, next=target, error=True)
     response = secured(RedirectResponse(target, 303))
     response.set_cookie(
@@ -56,6 +75,8 @@ def logout(request: Request, form: Form, pages: DashboardPages) -> Response:
     guarded = pages.guard(request, form)
     if not isinstance(guarded, Session):
         return guarded
+    pages.sessions.sign_out(guarded)  # the cookie is refused even if a copy survives
+    pages.audit(AuditAction.SIGNED_OUT, actor=f"dashboard:{guarded.key_name}", detail={})
     response = secured(RedirectResponse("/login", 303))
     response.delete_cookie(COOKIE, path="/")
     return response

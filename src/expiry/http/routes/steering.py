@@ -12,7 +12,7 @@ from fastapi.responses import Response
 
 from ...app import App
 from ...errors import ExpiryError
-from ...types import AuditAction, JobState
+from ...types import JobState
 from .. import views as v
 from ..deps import DashboardPages, ExpiryApp
 from ..render import Form
@@ -129,12 +129,6 @@ def pause_cron(request: Request, form: Form, app: ExpiryApp, pages: DashboardPag
     if not isinstance(guarded, Session):
         return guarded
     name, paused = form.get("name", ""), form.get("paused") == "1"
-    if not app.crons.set_paused(name, paused):
+    if not app.crons.set_paused(name, paused, actor=f"dashboard:{guarded.key_name}"):
         return pages.done(request, "/crons", f"No cron target named {name}.")
-    app.engine.audit_append(
-        None,
-        AuditAction.CRON_PAUSED if paused else AuditAction.CRON_RESUMED,
-        actor=f"dashboard:{guarded.key_name}",
-        detail={"name": name},
-    )
     return pages.done(request, "/crons", f"{'Paused' if paused else 'Resumed'} cron target {name}.")
