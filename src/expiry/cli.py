@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import logging
 import os
 import signal
@@ -529,26 +530,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.fn(args)
         return code
-    except (ConfigError, SchemaError, MigrationError) as exc:
-        if args.debug:
-            raise
-        print(f"expiry: {exc}", file=sys.stderr)
-        return 2
-    except ExpiryError as exc:
-        if args.debug:
-            raise
-        print(f"expiry: {exc}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
         if args.debug:
             raise
-        print(
-            f"expiry: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
-            file=sys.stderr,
-        )
-        return 1
+        code = 2 if isinstance(exc, ConfigError | SchemaError | MigrationError) else 1
+        report_error(args, exc, code)
+        return code
+
+
+def report_error(args: argparse.Namespace, exc: BaseException, code: int) -> None:
+    """One line on stderr: the message (with the error's kind when it is not
+    expiry's own), as JSON under --json."""
+    message = (
+        str(exc)
+        if isinstance(exc, ExpiryError)
+        else (f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+    )
+    if getattr(args, "json", False):
+        kind = type(exc).__name__
+        print(json.dumps({"error": message, "kind": kind, "exit": code}), file=sys.stderr)
+    else:
+        print(f"expiry: {message}", file=sys.stderr)
 
 
 if __name__ == "__main__":

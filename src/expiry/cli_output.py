@@ -61,7 +61,7 @@ def print_runs(found: list[dict[str, Any]]) -> None:
     rows = (
         (
             r["id"],
-            r["state"],
+            r["outcome"],
             f"{r['jobs_done']}/{r['jobs_total']}",
             str(r["rows_affected"]),
             str(r["duplicates_skipped"]),

@@ -145,7 +145,10 @@ def summarize(run: Run, jobs: list[RunJobs], ledger: RunTotals, duplicates: int)
         "rows_affected": ledger.rows,
         "rows_blocked": ledger.blocked,
         "duplicates_skipped": duplicates,
-        "retries": sum(j.failures for j in windows),
+        # Failures followed by another attempt: a dead job's last failure ended it.
+        "retries": sum(j.failures for j in windows)
+        - sum(j.n for j in windows if j.state == JobState.DEAD),
+        "outcome": _outcome(run.state, by_state.get(JobState.DEAD, 0)),
         # Deliveries beyond one per job and its recorded failures: the same window
         # delivered again (after a lost lease or acknowledgement).
         "redelivered": sum(
@@ -155,6 +158,14 @@ def summarize(run: Run, jobs: list[RunJobs], ledger: RunTotals, duplicates: int)
         "planned_at": _time(run.planned_at),
         "finished_at": _time(run.finished_at),
     }
+
+
+def _outcome(state: str, dead: int) -> str:
+    """The run's state as on-call reads it: a finished run with dead windows is
+    not a clean one ("finished with 29 dead")."""
+    if state == "finished" and dead:
+        return f"finished with {dead} dead"
+    return state
 
 
 def _time(value: datetime | None) -> str | None:

@@ -226,6 +226,9 @@ def test_check_validates_every_policy_against_the_live_schema(ws: Workspace) -> 
     ws.config.write_text(config_text(ws.url, table="no_such_table"))
     assert_usage_error(ws.run("check"), "no_such_table")
     assert_usage_error(ws.run("check", "--json"), "no_such_table")
+    error = json.loads(ws.run("check", "--json").err)  # machines get JSON errors too
+    assert error["exit"] == 2 and error["kind"] == "SchemaError"
+    assert "no_such_table" in error["error"]
 
 
 def test_check_refuses_a_config_with_a_bad_cron_expression(ws: Workspace) -> None:
@@ -341,6 +344,9 @@ def test_trigger_wait_exits_1_when_windows_die(ws: Workspace) -> None:
     summary = result.json()
     assert summary["state"] == "finished"
     assert summary["jobs_dead"] == 5 and summary["jobs_done"] == 0
+    # Not the green "finished" of a clean run, and no retry was made (one attempt each).
+    assert summary["outcome"] == "finished with 5 dead"
+    assert summary["retries"] == 0
     assert ws.sessions_left() == EXPIRED + LIVE
     assert len(ws.json("dlq", "list")) == 5
 
