@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -55,7 +56,7 @@ from .cli_output import (
     print_status,
     wait_with_progress,
 )
-from .config import config_path
+from .config import check_listen, config_path
 from .demo import run_demo
 from .durations import parse_duration
 from .errors import ConfigError, ExpiryError, MigrationError, SchemaError
@@ -252,6 +253,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     log_warnings(app)
     config = app.config
     assert config is not None  # need_config: opened from a config file
+    listen = checked_listen(args.listen or config.http.listen)
     scheduler = app.scheduler()
     worker = app.worker(
         concurrency=args.concurrency or config.worker.concurrency,
@@ -264,12 +266,30 @@ def cmd_serve(args: argparse.Namespace) -> int:
         threads.append(threading.Thread(target=worker.run, name="worker", daemon=True))
     for thread in threads:
         thread.start()
-    serve_http(app, args.listen or config.http.listen)
+    serve_http(app, listen)
     scheduler.stopping.set()
     worker.stop()
     for thread in threads:
         thread.join(10)
     return 0
+
+
+def checked_listen(listen: str) -> str:
+    """HOST:PORT, and free: a bad or taken address is refused before the
+    scheduler and workers start (exit 2 for a bad one, 1 for a taken one)."""
+    try:
+        check_listen(listen)
+    except ValueError as exc:
+        raise ConfigError(f"--listen {exc}") from None
+    host, _, port = listen.rpartition(":")
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host.strip("[]"), int(port)))
+        except OSError as exc:
+            raise ExpiryError(f"cannot listen on {listen}: {exc.strerror or exc}") from None
+    return listen
 
 
 def serve_http(app: App, listen: str) -> None:
@@ -480,6 +500,18 @@ def cmd_dlq(args: argparse.Namespace) -> int:
             raise ConfigError("usage: expiry dlq discard KEY...")
         keys = queue.discard(args.keys, actor=args.actor)
     verb = "redriven" if args.action == "redrive" else "discarded"
+    # A key named but not acted on: no dead job to redrive, or no job at all to
+    # discard (discarding a job twice is fine). Said, exit 2; the others were done.
+    missing = [
+        k
+        for k in args.keys
+        if k not in set(keys) and (args.action == "redrive" or queue.get(k) is None)
+    ]
+    if missing:
+        what = "dead job" if args.action == "redrive" else "job"
+        raise ConfigError(
+            f"no {what} with key {', '.join(map(repr, missing))} ({len(keys)} jobs {verb})"
+        )
     emit(args, {verb: keys}, lambda: out.print(f"{len(keys)} jobs {verb}"))
     return 0
 

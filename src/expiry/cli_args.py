@@ -8,11 +8,49 @@ from __future__ import annotations
 import argparse
 import getpass
 import os
+import sys
 from typing import NoReturn
 
 
 def env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(f"EXPIRY_{name}", default)
+
+
+def flag(name: str) -> bool:
+    """A yes/no EXPIRY_* variable: 1, true, yes, on (any case) are yes; unset,
+    empty, 0, false, no, off are no; anything else is a usage error."""
+    value = (env(name) or "").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    print(
+        f"expiry: EXPIRY_{name}={value!r}: write 1 or 0 (true/false, yes/no, on/off)",
+        file=sys.stderr,
+    )
+    raise SystemExit(2)
+
+
+def whole(text: str) -> int:
+    """A whole number >= 0 from an option or its EXPIRY_* variable."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is negative")
+    return value
+
+
+def level(text: str) -> str:
+    """A log level by name, any case."""
+    name = text.upper()
+    if name not in LEVELS:
+        raise argparse.ArgumentTypeError(f"{text!r}: use one of {', '.join(LEVELS)}")
+    return name
+
+
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 class Parser(argparse.ArgumentParser):
@@ -40,11 +78,13 @@ def common() -> Parser:
         default=env("LOG_FORMAT", "text"),
         help="[EXPIRY_LOG_FORMAT]",
     )
-    parser.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"), help="[EXPIRY_LOG_LEVEL]")
+    parser.add_argument(
+        "--log-level", type=level, default=env("LOG_LEVEL", "INFO"), help="[EXPIRY_LOG_LEVEL]"
+    )
     parser.add_argument(
         "--debug",
         action="store_true",
-        default=bool(env("DEBUG")),
+        default=flag("DEBUG"),
         help="show tracebacks [EXPIRY_DEBUG]",
     )
     return parser
@@ -64,11 +104,11 @@ def demo_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--rows",
-        type=int,
-        default=int(env("DEMO_ROWS", "1000000") or 0),
+        type=whole,
+        default=env("DEMO_ROWS", "1000000"),
         help="rows across the four tables [EXPIRY_DEMO_ROWS]",
     )
-    parser.add_argument("--workers", type=int, default=int(env("DEMO_WORKERS", "2") or 2))
+    parser.add_argument("--workers", type=whole, default=env("DEMO_WORKERS", "2"))
 
 
 def worker_args(parser: argparse.ArgumentParser) -> None:
@@ -77,8 +117,8 @@ def worker_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--concurrency",
-        type=int,
-        default=int(env("CONCURRENCY", "0") or 0),
+        type=whole,
+        default=env("CONCURRENCY", "0"),
         help="job threads (default: [worker] concurrency) [EXPIRY_CONCURRENCY]",
     )
     parser.add_argument("--queue", action="append", default=None, help="queue to work (repeatable)")
@@ -112,7 +152,7 @@ def plan_args(parser: argparse.ArgumentParser) -> None:
 
 
 def serve_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--concurrency", type=int, default=int(env("CONCURRENCY", "0") or 0))
+    parser.add_argument("--concurrency", type=whole, default=env("CONCURRENCY", "0"))
     parser.add_argument(
         "--listen", default=env("LISTEN"), help="HOST:PORT (default: [http] listen) [EXPIRY_LISTEN]"
     )

@@ -154,7 +154,16 @@ def print_preview(preview: PlanPreview, cutoff: str) -> None:
 
 def print_status(data: dict[str, Any]) -> None:
     """The policies table, the queue's jobs by state, then one line of queue health."""
-    columns = ("policy", "table", "action", "retain", "schedule", "watermark", "last run")
+    columns = (
+        "policy",
+        "table",
+        "action",
+        "retain",
+        "schedule",
+        "next fire",
+        "watermark",
+        "last run",
+    )
     print_table("policies", columns, (_policy_row(p) for p in data["policies"]))
     for p in data["policies"]:
         if p["broken"]:
@@ -178,7 +187,8 @@ def _policy_row(p: dict[str, Any]) -> tuple[str, ...]:
         p["table"],
         p["action"],
         p["retain"],
-        p["schedule"] or "-",
+        (p["schedule"] or "-") + (" (paused)" if p["paused"] else ""),
+        "-" if p["paused"] or not p["next_fire"] else p["next_fire"],
         "QUARANTINED" if p["broken"] else p["watermark"],
         f"{last['state']} {last['jobs_done']}/{last['jobs_total']}" if last else "-",
     )

@@ -50,6 +50,17 @@ def check_identifier(value: str, *, qualified: bool = False) -> str:
     return value
 
 
+def check_listen(value: str) -> str:
+    """HOST:PORT with both parts: ":8080" would bind every interface."""
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(
+            f'{value!r}: write HOST:PORT, e.g. "127.0.0.1:8080" (or "0.0.0.0:8080" to '
+            "listen on every interface)"
+        )
+    return value
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -75,10 +86,7 @@ class HttpConfig(Strict):
     @field_validator("listen")
     @classmethod
     def _listen(cls, value: str) -> str:
-        host, _, port = value.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError('write HOST:PORT, e.g. "127.0.0.1:8080"')
-        return value
+        return check_listen(value)
 
 
 class WorkerConfig(Strict):

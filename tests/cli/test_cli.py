@@ -558,7 +558,7 @@ BAD_INPUT: list[tuple[list[str], list[str]]] = [
     (["keys", "create"], ["usage: expiry keys create NAME"]),
     (["frobnicate"], ["invalid choice: 'frobnicate'"]),
     (["trigger"], ["required: policy"]),
-    (["worker", "--concurrency", "many"], ["invalid int value: 'many'"]),
+    (["worker", "--concurrency", "many"], ["'many' is not a whole number"]),
 ]
 
 
@@ -632,3 +632,41 @@ def test_trigger_wait_without_a_worker_says_so_and_stops_at_its_timeout(ws: Work
     bad = ws.run("trigger", POLICY, "--timeout", "soon")
     assert_usage_error(bad, "--timeout 'soon'")
     assert_usage_error(ws.run("trigger", POLICY, "--timeout", "5s"), "--timeout bounds --wait")
+
+
+def test_rough_edges_are_usage_errors_of_one_line(ws: Workspace) -> None:
+    """Each used to print a traceback, exit 0, or do something else than asked."""
+    assert_usage_error(ws.run("--log-level", "LOUD", "status"), "--log-level", "'LOUD'")
+    assert_usage_error(ws.run("serve", "--listen", "bad"), "--listen 'bad'", "HOST:PORT")
+    # ":8080" would bind every interface while the config refuses that spelling.
+    assert_usage_error(ws.run("serve", "--listen", ":8080"), "--listen ':8080'")
+    assert_usage_error(ws.run("dlq", "redrive", "no-such-key"), "no dead job with key")
+
+    def with_env(name: str, value: str, *args: str) -> Result:
+        proc = subprocess.run(
+            [sys.executable, "-m", "expiry.cli", "--config", str(ws.config), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**environment(), name: value},
+        )
+        return Result(proc.returncode, proc.stdout, proc.stderr)
+
+    bad = with_env("EXPIRY_CONCURRENCY", "four", "worker", "--until-idle")
+    assert_usage_error(bad, "--concurrency", "'four'")
+    # EXPIRY_DEBUG=0 means no: an error stays one line, without a traceback.
+    assert_usage_error(with_env("EXPIRY_DEBUG", "0", "trigger", "nope"), "no policy named")
+    assert_usage_error(with_env("EXPIRY_DEBUG", "maybe", "status"), "EXPIRY_DEBUG='maybe'")
+
+
+def test_serve_on_a_taken_address_fails_at_once(ws: Workspace) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started = time.monotonic()
+        result = ws.run("serve", "--listen", f"127.0.0.1:{port}", timeout=30)
+        assert result.code == 1, result
+        assert time.monotonic() - started < 20
+        [line] = result.err.strip().splitlines()[-1:]
+        assert f"cannot listen on 127.0.0.1:{port}" in line and "in use" in line
