@@ -35,9 +35,11 @@ def emit(args: argparse.Namespace, data: Any, render: Callable[[], None]) -> Non
 
 
 def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
+    """A table whose first column (the id or key that `show` takes) is never
+    cut with an ellipsis on a narrow terminal: it folds onto more lines."""
     table = Table(title=title)
-    for column in columns:
-        table.add_column(column)
+    for i, column in enumerate(columns):
+        table.add_column(column, overflow="fold", min_width=None if i else 12)
     for row in rows:
         table.add_row(*row)
     out.print(table)

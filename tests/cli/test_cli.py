@@ -670,3 +670,28 @@ def test_serve_on_a_taken_address_fails_at_once(ws: Workspace) -> None:
         assert time.monotonic() - started < 20
         [line] = result.err.strip().splitlines()[-1:]
         assert f"cannot listen on 127.0.0.1:{port}" in line and "in use" in line
+
+
+def test_runs_and_dead_letters_keep_whole_ids_on_an_80_column_terminal(ws: Workspace) -> None:
+    """`runs` and `dlq list` at 80 columns: the ids `show` takes are folded onto
+    more lines, never cut with an ellipsis."""
+    opened = ws.json("trigger", POLICY, "--cutoff", cutoff_now())
+    make_dead_job(ws, key="a-rather-long-dead-letter-key-that-would-not-fit-80-columns")
+    for args, wanted in (
+        (["runs"], opened["run_id"]),
+        (["dlq", "list"], "a-rather-long-dead-letter-key-that-would-not-fit-80-columns"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "expiry.cli", "--config", str(ws.config), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**environment(), "COLUMNS": "80"},
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert "…" not in proc.stdout
+        # The id, read back from the first column's folded pieces.
+        first = "".join(
+            line.split("│")[1].strip() for line in proc.stdout.splitlines() if line.count("│") > 2
+        )
+        assert wanted in first, proc.stdout
