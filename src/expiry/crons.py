@@ -19,7 +19,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from . import webhooks
-from .cron import check_expression
+from .cron import check_expression, cron_next
 from .engines import Engine
 from .errors import ConfigError, TransientError
 from .handlers import Handler
@@ -32,6 +32,8 @@ log = logging.getLogger("expiry.crons")
 CALL = "expiry.http_call"
 CALL_ATTEMPTS = 5
 CALL_TIMEOUT_SECONDS = 10.0
+OVERDUE_AFTER_SECONDS = 60.0
+"""A fire still unclaimed this long after its time shows as overdue."""
 
 
 class Crons:
@@ -138,6 +140,41 @@ class Crons:
             "error": call.error,
             "at": format_time(call.at),
         }
+
+    def timing(self, target: dict[str, Any], now: datetime) -> dict[str, Any]:
+        """When a target fires next, and how late that is (for the cron page):
+        overdue when its next fire passed more than OVERDUE_AFTER ago unclaimed
+        (the scheduler is down or behind); nothing for a paused target."""
+        last = target["last_fire_at"]
+        if target["paused"] or last is None:
+            return {"next_fire": None, "overdue_seconds": None}
+        try:
+            upcoming = cron_next(target["schedule"], target["timezone"], parse_time(last))
+        except ValueError:
+            return {"next_fire": None, "overdue_seconds": None}
+        late = (now - upcoming).total_seconds()
+        return {
+            "next_fire": format_time(upcoming),
+            "overdue_seconds": late if late > OVERDUE_AFTER_SECONDS else None,
+        }
+
+    def call_now(self, name: str, now: datetime, *, actor: str) -> bool:
+        """Queue one call of the target now, outside its schedule (the "call now"
+        of the dashboard); audited. False when there is no such target."""
+        if self.engine.cron_get(name) is None:
+            return False
+        job = new_job(
+            CALL,
+            {"name": name, "fire_time": format_time(now)},
+            key=f"cron:{name}:now:{format_time(now)}",
+            max_attempts=CALL_ATTEMPTS,
+        )
+        with self.engine.transaction() as conn:
+            self.engine.job_insert_many([job], conn)
+            self.engine.audit_append(
+                conn, AuditAction.CRON_CALLED, actor=actor, detail={"name": name}
+            )
+        return True
 
     # -- firing (called by the scheduler) -------------------------------------------
 

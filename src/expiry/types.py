@@ -246,6 +246,7 @@ class AuditAction(enum.StrEnum):
     CRON_PAUSED = "cron.paused"
     CRON_RESUMED = "cron.resumed"
     CRON_DELETED = "cron.deleted"
+    CRON_CALLED = "cron.called"
     KEY_CREATED = "key.created"
     KEY_REVOKED = "key.revoked"
     SIGNED_IN = "dashboard.signed_in"

@@ -14,6 +14,7 @@ from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
 
 from expiry.keys import Keys
+from expiry.types import JobState
 
 from .conftest import Dashboard, csrf_of, screenshot, sign_in
 
@@ -259,3 +260,47 @@ def test_a_cookie_with_an_absurd_time_is_refused_not_a_500(dashboard: Dashboard)
         client.cookies.set("expiry_session", body + ".c2ln")
         answer = client.get("/queue")
         assert answer.status_code == 303 and answer.headers["location"].startswith("/login")
+
+
+def test_the_cron_page_shows_next_fire_overdue_last_response_and_calls_now(
+    dashboard: Dashboard,
+) -> None:
+    app = dashboard.app
+    app.crons.create("hourly", dashboard.url("/v1/health"), "0 * * * *")
+    app.crons.create("minutely", dashboard.url("/v1/health"), "* * * * *")
+    # Its last fire 10 minutes ago: the next one is 9 minutes overdue (no scheduler runs).
+    with app.engine.transaction() as conn:
+        if app.engine.dialect == "postgres":
+            conn.execute(
+                "update expiry.cron_targets set last_fire_at = now() - interval '10 minutes'"
+                " where name = 'minutely'"
+            )
+        else:
+            conn.execute(
+                "update expiry_cron_targets set last_fire_at = last_fire_at - 600"
+                " where name = 'minutely'"
+            )
+    app.engine.cron_call_insert(
+        "hourly",
+        app.engine.now(),
+        1,
+        status=200,
+        duration_ms=3.0,
+        response='{"ok": true}',
+        error=None,
+    )
+    with dashboard.signed_in_client() as client:
+        page = client.get("/crons").text
+        hourly = page[page.index("hourly") :]
+        assert "overdue" in page[page.index("minutely") :].split("</tr>")[0]
+        assert "overdue" not in hourly.split("</tr>")[0]
+        assert "&#34;ok&#34;: true" in page or '"ok": true' in page  # the body excerpt
+        csrf = csrf_of(page)
+        called = client.post("/crons/call", data={"csrf": csrf, "name": "hourly"})
+        assert called.status_code == 303
+    jobs = [
+        j for j in app.engine.job_list(JobState.AVAILABLE) if j.key.startswith("cron:hourly:now:")
+    ]
+    assert len(jobs) == 1 and jobs[0].handler == "expiry.http_call"
+    actions = [(e.action, e.actor) for e in app.engine.audit_list(limit=20)]
+    assert ("cron.called", f"dashboard:{dashboard.key_name}") in actions

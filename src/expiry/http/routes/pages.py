@@ -106,8 +106,10 @@ def crons(request: Request, app: ExpiryApp, pages: DashboardPages) -> Response:
     if session is None:
         return pages.to_login(request)
     targets = app.crons.targets()
+    now = app.engine.now()
     for target in targets:
         target["calls"] = app.crons.calls(target["name"], limit=5)
+        target.update(app.crons.timing(target, now))
     return pages.render(request, "crons.html", session, targets=targets)
 
 

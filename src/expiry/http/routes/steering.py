@@ -123,6 +123,18 @@ def pause_policy(request: Request, form: Form, app: ExpiryApp, pages: DashboardP
     )
 
 
+@router.post("/crons/call")
+def call_cron(request: Request, form: Form, app: ExpiryApp, pages: DashboardPages) -> Response:
+    guarded = pages.guard(request, form)
+    if not isinstance(guarded, Session):
+        return guarded
+    name = form.get("name", "")
+    now = app.engine.now()
+    if not app.crons.call_now(name, now, actor=f"dashboard:{guarded.key_name}"):
+        return pages.done(request, "/crons", f"No cron target named {name}.")
+    return pages.done(request, "/crons", f"Queued a call of cron target {name}.")
+
+
 @router.post("/crons/pause")
 def pause_cron(request: Request, form: Form, app: ExpiryApp, pages: DashboardPages) -> Response:
     guarded = pages.guard(request, form)
