@@ -237,7 +237,25 @@ def cmd_worker(args: argparse.Namespace) -> int:
         prune_after=settings.prune_after if settings else defaults.PRUNE_AFTER_SECONDS,
         until_idle=args.until_idle,
     )
-    return worker.run()
+    code = worker.run()
+    if code == 0 and args.until_idle:
+        return idle_exit(app, worker.queues)
+    return code
+
+
+def idle_exit(app: App, queues: Sequence[str]) -> int:
+    """`worker --until-idle` stops when nothing is due; it exits 3, not 0, when
+    jobs still wait for a retry, so that a cron line notices the work is not done."""
+    by_state = app.queue.stats().by_state
+    waiting = sum(by_state.get(q, {}).get("retryable", 0) for q in queues)
+    if waiting:
+        logger.warning(
+            "idle, but %d jobs wait for a retry: exit 3 (run the worker again later, "
+            "or without --until-idle)",
+            waiting,
+        )
+        return 3
+    return 0
 
 
 def cmd_scheduler(args: argparse.Namespace) -> int:

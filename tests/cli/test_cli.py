@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from expiry.app import App
@@ -695,3 +696,21 @@ def test_runs_and_dead_letters_keep_whole_ids_on_an_80_column_terminal(ws: Works
             line.split("│")[1].strip() for line in proc.stdout.splitlines() if line.count("│") > 2
         )
         assert wanted in first, proc.stdout
+
+
+def test_worker_until_idle_exits_3_while_windows_wait_for_a_retry(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """Live traffic holds a row lock past lock_timeout: the window fails
+    transiently and waits for its retry. `worker --until-idle` used to exit 0
+    then, the run unfinished and its rows still there."""
+    pg = make_workspace(pg_url, tmp_path)
+    pg.config.write_text(config_text(pg.url) + 'lock_timeout = "50ms"\n')
+    assert pg.run("trigger", POLICY, "--cutoff", cutoff_now()).code == 0
+    with psycopg.connect(pg.url) as traffic:
+        traffic.execute("select id from sessions where id = 1 for update")
+        worked = pg.run("worker", "--until-idle")
+    assert worked.code == 3, worked
+    assert "jobs wait for a retry: exit 3" in worked.err
+    jobs = pg.table("jobs")
+    assert pg.scalar(f"select count(*) from {jobs} where state = 'retryable'") >= 1
