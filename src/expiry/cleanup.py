@@ -438,8 +438,8 @@ class Cleanup:
         elif target.oldest(tx, cutoff, storage) is None:
             pass
         elif strategy.name == BLOCKS:
-            step = target.plan_blocks(tx, cutoff, storage)
-            start = {"after": 0, "max": target.table_pages(tx), "step": step}
+            pages, step = target.plan_blocks(tx, cutoff, storage)
+            start = {"after": 0, "max": pages, "step": step}
         else:
             start = {"after": None}
         if start is None:
@@ -563,11 +563,12 @@ class Cleanup:
                     engine.run_add_windows(p["run_id"], 1, done=False, conn=tx)
             else:
                 row = target.nth(tx, cutoff, span, 0, storage) if n else None
-                shown = (
-                    f"{policy.key} {row}"
-                    if span.strategy == KEY
-                    else f"row at {address(row) if span.strategy == BLOCKS and row is not None else row}"
-                )
+                if span.strategy == KEY:
+                    shown = f"{policy.key} {row}"
+                elif span.strategy == BLOCKS and row is not None:
+                    shown = f"row at {address(row)}"
+                else:
+                    shown = f"row at {row}"
                 booked = engine.ledger_insert(
                     tx,
                     job.key,
@@ -744,11 +745,8 @@ class Cleanup:
         if strategy == BLOCKS:
             if target.oldest(conn, cutoff, storage) is None:
                 return spans
-            cursor: dict[str, Any] | None = {
-                "after": 0,
-                "max": target.table_pages(conn),
-                "step": target.plan_blocks(conn, cutoff, storage),
-            }
+            pages, step = target.plan_blocks(conn, cutoff, storage)
+            cursor: dict[str, Any] | None = {"after": 0, "max": pages, "step": step}
             while cursor is not None:
                 more, cursor = self._blocks_page(target, cursor, False)
                 spans += more

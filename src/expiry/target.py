@@ -514,20 +514,19 @@ class Target:
             "the table's blocks in order"
         )
 
-    def plan_blocks(self, conn: Any, cutoff: datetime, storage: Storage | None = None) -> int:
-        """Heap blocks per block window: about ``window`` candidates each, by
-        the planner's estimate of the candidates over the table's pages now."""
+    def plan_blocks(
+        self, conn: Any, cutoff: datetime, storage: Storage | None = None
+    ) -> tuple[int, int]:
+        """The table's pages now, and heap blocks per block window: about
+        ``window`` candidates each, by the planner's estimate of the candidates
+        over those pages (one read of the layout)."""
         p, engine = self.policy, self.engine
         layout = engine.table_layout(conn, p.table, p.timestamp)
         storage = storage or self.storage
         params = engine.cutoff_params(storage, cutoff)
         estimate = engine.estimate_rows(conn, self.text(CANDIDATES, storage), params) or 0
         pages = layout.pages if layout is not None else 0
-        return max(1, math.ceil(p.window * pages / max(estimate, 1)))
-
-    def table_pages(self, conn: Any) -> int:
-        layout = self.engine.table_layout(conn, self.policy.table, self.policy.timestamp)
-        return 0 if layout is None else layout.pages
+        return pages, max(1, math.ceil(p.window * pages / max(estimate, 1)))
 
     def _fixed(self, by_name: dict[str, Column], warnings: list[str]) -> Strategy | None:
         """The windows the policy fixes; None: the data decides (choose). Also
