@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from . import cleanup as cleanup_jobs
 from . import crons as cron_jobs
+from . import defaults
 from .cleanup import Cleanup
 from .config import Config, config_path, load_config
 from .crons import Crons
@@ -27,7 +28,7 @@ from .engines import Engine, open_engine
 from .errors import AlreadyApplied, ConfigError, MigrationError
 from .handlers import Handler, HandlerFn
 from .keys import Keys
-from .queue import Queue
+from .queue import CRON_QUEUE, Queue, is_reserved, policy_queue
 from .runs import Runs
 from .scheduler import Scheduler
 from .types import Job
@@ -192,14 +193,35 @@ class App:
         if cleanup is None:
             return Hooks()
         return Hooks(
+            gates=cleanup.gates,
             sweep=cleanup.finish_idle_runs,
             dead=lambda job: cleanup.finish_runs(
                 {job.payload["run_id"]} if job.payload.get("run_id") else set()
             ),
         )
 
+    def own_queues(self) -> tuple[str, ...]:
+        """expiry's own queues: each policy's, and the cron calls'."""
+        mine = [policy_queue(p.name) for p in self.config.policy] if self.config else []
+        return (*mine, CRON_QUEUE)
+
+    def worked_queues(self, queues: Sequence[str] = ()) -> tuple[str, ...]:
+        """The queues a worker works: ``queues`` (the application's; by default
+        the default queue and the queue of each handler the app registered,
+        where a message published to that name waits), and expiry's own
+        (own_queues) unless ``queues`` names some of those itself (a worker
+        given to one policy: ``expiry.policy.NAME``)."""
+        if not queues:
+            named = sorted(name for name in self.handlers if not is_reserved(name))
+            queues = [defaults.QUEUE, *named]
+        if any(is_reserved(q) for q in queues):
+            return tuple(dict.fromkeys(queues))
+        return tuple(dict.fromkeys([*queues, *self.own_queues()]))
+
     def worker(self, **options: Any) -> Worker:
-        """A Worker over this App's queue and handlers (options: worker.Worker's)."""
+        """A Worker over this App's queue and handlers (options: worker.Worker's;
+        its queues are worked_queues(queues))."""
+        options["queues"] = self.worked_queues(options.get("queues") or ())
         return Worker(self.engine, self.queue, self.handlers, self.hooks, **options)
 
     def scheduler(self, **options: Any) -> Scheduler:

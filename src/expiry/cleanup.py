@@ -34,12 +34,12 @@ from .engines import Engine
 from .errors import CutoffRefused, ForeignKeyBlocked, PermanentError, SchemaError, Snooze
 from .handlers import Handler
 from .metrics import WINDOW_ROWS
-from .queue import new_job
+from .queue import new_job, policy_queue
 from .runs import PARTITION, PENDING, PLAN, WINDOW, Runs
 from .target import Target
 from .times import format_time, parse_time
 from .timestamps import Storage
-from .types import AuditAction, Job, NewJob, Partition
+from .types import AuditAction, Gates, Job, NewJob, Partition
 from .windows import (
     BLOCK,
     BLOCKS,
@@ -55,7 +55,7 @@ from .windows import (
 log = logging.getLogger("expiry.cleanup")
 
 MIN_CHUNK = 100
-MAX_REST_SECONDS = 2.0  # a nice_ratio rest never outlasts this (a stop waits for it)
+MAX_REST_SECONDS = 2.0  # a nice_ratio rest never outlasts this
 OVERLAP_WAIT_SECONDS = 5.0
 QUARANTINE_WAIT_SECONDS = 30.0  # a quarantined policy's jobs look again this often
 PARTITION_WAIT_SECONDS = 2.0  # partition jobs are quick: the windows' page waits this long for them
@@ -111,10 +111,15 @@ class PlanPreview:
 
 @dataclass
 class _Pace:
-    """Per policy, per process: keys per transaction and the rate limit's clock."""
+    """Per policy, per process: keys per transaction, and when its next window
+    may start (the rest after the last one: monotonic seconds)."""
 
     chunk: int
     not_before: float = 0.0
+    """No window is claimed before this: the rest after the last one."""
+    rate_until: float = 0.0
+    """No window starts before this (max_rows_per_second's share of the rows
+    already taken): a window claimed earlier goes back to the queue until then."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -412,6 +417,7 @@ class Cleanup:
                 key=f"{p['run_id']}:plan:windows",
                 max_attempts=policy.max_attempts,
                 priority=policy.priority,
+                queue=policy_queue(policy.name),
             )
         )
         self.engine.job_insert_many(jobs, tx)
@@ -644,19 +650,41 @@ class Cleanup:
         with self._lock:
             return self._paces.setdefault(policy.name, _Pace(chunk=policy.window))
 
+    def gates(self) -> Gates:
+        """What the worker holds back now: each policy's queue while the policy
+        rests (the worker claims from the others meanwhile), and a paced
+        policy's queue to one job a claim."""
+        now = time.monotonic()
+        with self._lock:
+            paces = dict(self._paces)
+        resting = {
+            policy_queue(name): pace.not_before
+            for name, pace in paces.items()
+            if pace.not_before > now
+        }
+        limits = {
+            policy_queue(p.name): 1 for p in self.policies if p.nice_ratio or p.max_rows_per_second
+        }
+        return Gates(resting, limits)
+
     def before_window(self, job: Job) -> None:
         """Check the policy's table (once per process, in a transaction of its own:
-        the window's is one statement); honour
-        max_rows_per_second: wait out the previous transaction's rows."""
+        the window's is one statement). max_rows_per_second is a promise: a
+        window claimed before the rate allows it (by a second thread as the
+        first one's window ended) goes back to the queue until then, no attempt
+        spent, no thread held. nice_ratio's rest only holds back claims: a
+        window claimed before the rest began runs."""
         self.usable(job.payload["policy"])
         pace = self._pace(self.policy(job.payload["policy"]))
-        delay = pace.not_before - time.monotonic()
+        delay = pace.rate_until - time.monotonic()
         if delay > 0:
-            time.sleep(delay)
+            raise Snooze(delay, f"policy at its max_rows_per_second: {delay:.3f}s to wait")
 
     def after_window(self, job: Job, result: WindowResult, seconds: float) -> None:
-        """Adapt keys per transaction toward target_transaction; book the rate limit;
-        rest nice_ratio times the transaction's duration."""
+        """Adapt keys per transaction toward target_transaction; rest the policy
+        (nice_ratio times the transaction's duration, and max_rows_per_second's
+        share of its rows): its next window is not claimed before then. The
+        rest holds no thread: the worker claims other policies' jobs meanwhile."""
         policy = self.policy(job.payload["policy"])
         WINDOW_ROWS.labels(policy.name).observe(result.rows)
         pace = self._pace(policy)
@@ -665,10 +693,16 @@ class Cleanup:
                 pace.chunk = max(MIN_CHUNK, pace.chunk // 2)
             elif seconds < policy.target_transaction / 2:
                 pace.chunk = min(policy.window, pace.chunk * 2)
+            now = time.monotonic()
+            if policy.nice_ratio and result.rows:
+                # The database's CPU, I/O and locks go back to live traffic in between.
+                rest = min(policy.nice_ratio * seconds, MAX_REST_SECONDS)
+                pace.not_before = max(pace.not_before, now + rest)
             if policy.max_rows_per_second:
-                pace.not_before = max(pace.not_before, time.monotonic()) + (
+                pace.rate_until = max(pace.rate_until, now) + (
                     result.rows / policy.max_rows_per_second
                 )
+                pace.not_before = max(pace.not_before, pace.rate_until)
         log.info(
             "window applied"
             if not result.duplicate
@@ -681,10 +715,6 @@ class Cleanup:
                 "rows": result.rows,
             },
         )
-        if policy.nice_ratio and result.rows:
-            # Rest on this thread as the transaction took, times nice_ratio: the
-            # database's CPU, I/O and locks go back to live traffic in between.
-            time.sleep(min(policy.nice_ratio * seconds, MAX_REST_SECONDS))
 
     def finish_batch(self, jobs: list[Job]) -> None:
         """After a worker ran a claimed batch: finish the runs of its jobs that
@@ -779,6 +809,7 @@ def _first_plan_job(policy: Policy, rid: str, cutoff: datetime) -> NewJob:
         key=f"{rid}:plan",
         max_attempts=policy.max_attempts,
         priority=policy.priority,
+        queue=policy_queue(policy.name),
     )
 
 
@@ -792,6 +823,7 @@ def _plan_job(policy: Policy, run: dict[str, Any], cursor: dict[str, Any]) -> Ne
         key=f"{run['run_id']}:plan:{named}",
         max_attempts=policy.max_attempts,
         priority=policy.priority,
+        queue=policy_queue(policy.name),
     )
 
 
@@ -811,6 +843,7 @@ def _span_job(policy: Policy, run: dict[str, Any], span: Span, key: Callable[[st
         key=key(run["run_id"]),
         max_attempts=policy.max_attempts,
         priority=policy.priority,
+        queue=policy_queue(policy.name),
     )
 
 
@@ -823,6 +856,7 @@ def _partition_job(policy: Policy, run: dict[str, Any], part: Partition, mode: s
         key=f"{run['run_id']}:partition:{part.schema}.{part.name}",
         max_attempts=policy.max_attempts,
         priority=policy.priority,
+        queue=policy_queue(policy.name),
     )
 
 

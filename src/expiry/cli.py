@@ -217,13 +217,6 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def worked_queues(app: App) -> list[str]:
-    """Without --queue: the default queue, and the queue of each handler the app
-    registered, where a message published over HTTP to that name waits."""
-    named = sorted(name for name in app.handlers if not name.startswith("expiry."))
-    return [defaults.QUEUE, *(name for name in named if name != defaults.QUEUE)]
-
-
 def cmd_worker(args: argparse.Namespace) -> int:
     app = load_app(args.app) if args.app else open_app(args)
     app.migrate()
@@ -231,7 +224,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     settings = app.config.worker if app.config is not None else None
     worker = app.worker(
         concurrency=args.concurrency or (settings.concurrency if settings else 1),
-        queues=tuple(args.queue or worked_queues(app)),
+        queues=tuple(args.queue or ()),
         lease=settings.lease if settings else defaults.LEASE_SECONDS,
         batch=settings.claim_batch if settings else defaults.CLAIM_BATCH,
         prune_after=settings.prune_after if settings else defaults.PRUNE_AFTER_SECONDS,

@@ -121,7 +121,13 @@ def worker_args(parser: argparse.ArgumentParser) -> None:
         default=env("CONCURRENCY", "0"),
         help="job threads (default: [worker] concurrency) [EXPIRY_CONCURRENCY]",
     )
-    parser.add_argument("--queue", action="append", default=None, help="queue to work (repeatable)")
+    parser.add_argument(
+        "--queue",
+        action="append",
+        default=None,
+        help="an application queue to work (repeatable); expiry's own queues are "
+        "worked too, unless one is named (expiry.policy.NAME, expiry.cron)",
+    )
     parser.add_argument(
         "--until-idle", action="store_true", help="exit 0 once nothing is due or running"
     )

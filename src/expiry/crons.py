@@ -23,7 +23,7 @@ from .cron import check_expression, cron_next
 from .engines import Engine
 from .errors import ConfigError, TransientError
 from .handlers import Handler
-from .queue import new_job
+from .queue import CRON_QUEUE, new_job
 from .times import format_time, parse_time
 from .types import AuditAction, CronCall, CronTarget, Job
 
@@ -168,6 +168,7 @@ class Crons:
             {"name": name, "fire_time": format_time(now)},
             key=f"cron:{name}:now:{format_time(now)}",
             max_attempts=CALL_ATTEMPTS,
+            queue=CRON_QUEUE,
         )
         with self.engine.transaction() as conn:
             self.engine.job_insert_many([job], conn)
@@ -188,6 +189,7 @@ class Crons:
             {"name": target.name, "fire_time": format_time(fire_time)},
             key=f"cron:{target.name}:{format_time(fire_time)}",
             max_attempts=CALL_ATTEMPTS,
+            queue=CRON_QUEUE,
         )
         engine.job_insert_many([job], conn)
         return True

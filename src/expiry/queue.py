@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import random
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -22,6 +22,27 @@ from .types import AuditAction, EnqueueResult, Job, JobState, NewJob, QueueStats
 log = logging.getLogger("expiry.queue")
 
 RunAt = datetime | timedelta | float | int | None
+
+RESERVED_PREFIX = "expiry."
+"""Queues and handlers whose names start with this are expiry's own: a policy's
+planning, partition and window jobs, and cron calls. Applications and the
+public HTTP API cannot name them."""
+
+CRON_QUEUE = "expiry.cron"
+"""Where cron calls wait (crons.py)."""
+
+
+def policy_queue(policy: str) -> str:
+    """Where a policy's planning, partition and window jobs wait. A queue per
+    policy lets a worker hold back one rested policy's windows (not claiming
+    from its queue) while it works the others, and share its threads fairly
+    across policies (a claim takes the queues in turn)."""
+    return f"{RESERVED_PREFIX}policy.{policy}"
+
+
+def is_reserved(name: str) -> bool:
+    """A queue or handler name of expiry's own (RESERVED_PREFIX)."""
+    return name.startswith(RESERVED_PREFIX)
 
 
 def new_job(
@@ -92,11 +113,14 @@ class Queue:
         queues: Sequence[str] = (defaults.QUEUE,),
         owner: str = "anonymous",
         fair_share: bool = False,
+        limits: Mapping[str, int] | None = None,
     ) -> list[Job]:
         """Lease up to ``n`` due jobs; nobody else gets them while the lease holds.
-        ``fair_share``: take at most half of the due jobs (rounded up), so that the
-        last jobs of a backlog spread over the workers that claim them."""
-        return self.engine.job_claim(queues, n, lease, owner, fair_share)
+        The queues take turns (each one's first due job before any one's second);
+        ``limits`` caps what one claim takes from a queue. ``fair_share``: take
+        at most half of the due jobs (rounded up), so that the last jobs of a
+        backlog spread over the workers that claim them."""
+        return self.engine.job_claim(queues, n, lease, owner, fair_share, limits)
 
     def heartbeat(self, job: Job, lease: float = defaults.LEASE_SECONDS) -> bool:
         """Extend the lease; False means it was lost and the job must be dropped."""

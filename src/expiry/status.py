@@ -1,4 +1,4 @@
-"""What operators read: policies, the queue and runs, as plain dicts for the
+"""What operators read: policies, the queue, runs and workers, as plain dicts for the
 CLI's tables, its --json output, the HTTP API and the dashboard.
 
 Runs are read by runs.py; ``run_summary`` and ``runs`` stay here, taking the
@@ -7,12 +7,15 @@ App, for the HTTP layer and the dashboard.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from .cron import next_fire
 from .durations import format_duration
 from .errors import SchemaError
+from .queue import is_reserved
 from .times import format_time
+from .types import JobState
 
 if TYPE_CHECKING:
     from .app import App
@@ -72,3 +75,51 @@ def queue(app: App) -> dict[str, Any]:
         "retries_by_kind": stats.retries_by_kind,
         "dead": stats.dead,
     }
+
+
+STALE_AFTER_SECONDS = 90.0
+"""A worker not seen for this long (three default heartbeats and more) may be
+stopped, stuck or cut off: the workers page says so."""
+
+
+def workers(app: App, limit: int = 5000) -> dict[str, Any]:
+    """Each worker process on the roll with the jobs it holds now (key,
+    policy, attempt, held for, lease left), and the running jobs held by
+    no worker on the roll (HTTP pull consumers, a worker gone)."""
+    engine = app.engine
+    now = engine.now()
+    held: dict[str, list[dict[str, Any]]] = {}
+    for job in engine.job_list(JobState.RUNNING, None, limit):
+        held.setdefault(job.lease_owner or "", []).append(
+            {
+                "key": job.key,
+                "queue": job.queue,
+                "policy": job.payload.get("policy") if is_reserved(job.queue) else None,
+                "attempt": job.attempt,
+                "held_seconds": _seconds(now, job.attempted_at),
+                "lease_left_seconds": -_seconds(now, job.lease_expires_at),
+            }
+        )
+    roll = []
+    for w in engine.worker_list():
+        roll.append(
+            {
+                "name": w.name,
+                "host": w.host,
+                "pid": w.pid,
+                "threads": w.threads,
+                "queues": w.queues,
+                "resting": w.resting,
+                "started_at": format_time(w.started_at),
+                "seen_seconds_ago": round(w.seen_seconds_ago, 3),
+                "stale": w.seen_seconds_ago > STALE_AFTER_SECONDS,
+                "jobs": held.pop(w.name, []),
+            }
+        )
+    others = [{"owner": owner or None, **job} for owner, jobs in held.items() for job in jobs]
+    return {"workers": roll, "other_holders": others}
+
+
+def _seconds(now: datetime, then: datetime | None) -> float:
+    """Seconds from ``then`` to ``now`` (0 when unknown)."""
+    return 0.0 if then is None else round((now - then).total_seconds(), 3)

@@ -94,6 +94,19 @@ class QueueStats:
 
 
 @dataclass(frozen=True)
+class Gates:
+    """What a worker holds back now: the cleanup's pacing, read before each claim."""
+
+    resting: dict[str, float] = field(default_factory=dict)
+    """Queue -> the monotonic time (this process's clock) it may be claimed
+    from again: a policy resting after its last window (nice_ratio,
+    max_rows_per_second). Its jobs wait in the queue meanwhile."""
+    limits: dict[str, int] = field(default_factory=dict)
+    """Queue -> the most jobs one claim takes from it: 1 for a paced policy,
+    whose every window waits for the rest after the one before."""
+
+
+@dataclass(frozen=True)
 class Run:
     """A cleanup run; its id is ``policy:cutoff``, so opening a cutoff twice is one run."""
 
@@ -186,6 +199,24 @@ class CronCall:
     response: str | None
     error: str | None
     at: datetime
+
+
+@dataclass(frozen=True)
+class WorkerSeen:
+    """A worker process on the roll: what it said at its last heartbeat."""
+
+    name: str
+    """host:pid:suffix, the lease_owner of every job it holds."""
+    host: str
+    pid: int
+    threads: int
+    queues: list[str]
+    resting: dict[str, float]
+    """Queue -> seconds its rest had left then (a paced policy's)."""
+    holding: int
+    started_at: datetime
+    seen_at: datetime
+    seen_seconds_ago: float
 
 
 @dataclass(frozen=True)

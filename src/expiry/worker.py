@@ -28,7 +28,7 @@ from .errors import AlreadyApplied, LeaseLost, Snooze
 from .handlers import Handler
 from .metrics import JOB_SECONDS
 from .queue import Queue
-from .types import AuditAction, Job, JobState
+from .types import AuditAction, Gates, Job, JobState
 
 log = logging.getLogger("expiry.worker")
 
@@ -55,6 +55,9 @@ class Hooks:
     by a worker that died after its run's last commit."""
     dead: Callable[[Job], None] | None = None
     """Called when a job ends dead: it may have been its run's last pending job."""
+    gates: Callable[[], Gates] | None = None
+    """Read before each claim: the queues to leave alone for now (a resting
+    policy's), and how many jobs a claim may take from each."""
 
 
 class Worker:
@@ -126,6 +129,7 @@ class Worker:
             threading.Thread(target=self._job_loop, name=f"job-{i}", daemon=True)
             for i in range(self.concurrency)
         ]
+        self._roll_call()
         for thread in helpers + loops:
             thread.start()
         for thread in loops:
@@ -137,6 +141,10 @@ class Worker:
         # as the interpreter exits) can take the process down.
         for thread in helpers:
             thread.join(HELPER_JOIN_SECONDS)
+        try:
+            self.engine.worker_gone(self.name)
+        except Exception as exc:  # the roll forgets it within a day anyway
+            log.warning("could not leave the workers' roll: %s", exc)
         log.info("worker stopped", extra={"worker": self.name})
         return 0
 
@@ -164,17 +172,36 @@ class Worker:
             return 1
         return max(1, min(self.batch, int(self.claim_hold / max(per_job, 1e-6))))
 
+    def _gates(self) -> tuple[tuple[str, ...], dict[str, int], float | None]:
+        """The queues this loop may claim from now, the per-queue limits, and
+        the seconds until the first resting queue opens (None: none rests).
+        A rest holds back its queue, never this thread."""
+        try:
+            gates = self.hooks.gates() if self.hooks.gates is not None else Gates()
+        except Exception as exc:  # pacing must not stop the loop
+            log.warning("could not read the pacing gates: %s", exc)
+            gates = Gates()
+        now = time.monotonic()
+        resting = [t - now for q, t in gates.resting.items() if t > now and q in self.queues]
+        open_queues = tuple(q for q in self.queues if gates.resting.get(q, 0.0) <= now)
+        return open_queues, gates.limits, min(resting, default=None)
+
     def _job_loop(self) -> None:
         failures = 0
         per_job: float | None = None  # seconds a job, a moving average of this loop's
         while not self.stopping.is_set():
+            queues, limits, opens_in = self._gates()
+            if not queues:  # every queue rests: wait for the first to open
+                self.stopping.wait(opens_in or self.poll)
+                continue
             try:
                 jobs = self.queue.claim(
                     self._claim_size(per_job),
                     self.lease,
-                    queues=self.queues,
+                    queues=queues,
                     owner=self.name,
                     fair_share=self.claim_hold is not None,
+                    limits=limits,
                 )
                 failures = 0
             except Exception as exc:  # the database went away: back off, reconnect
@@ -187,7 +214,7 @@ class Worker:
                 if self.until_idle and self._idle():
                     self.stopping.set()
                     break
-                self.engine.wait_for_jobs(self.poll)
+                self.engine.wait_for_jobs(min(self.poll, opens_in or self.poll))
                 continue
             with self._lock:
                 self._held.update({job.id: job for job in jobs})
@@ -240,8 +267,29 @@ class Worker:
             with self._lock:
                 self._held.pop(job.id, None)
 
+    def _roll_call(self) -> None:
+        """Say on the workers' roll who this worker is, what it works, how many
+        jobs it holds and which of its queues rest (the dashboard's workers page)."""
+        now = time.monotonic()
+        try:
+            gates = self.hooks.gates() if self.hooks.gates is not None else Gates()
+            with self._lock:
+                holding = len(self._held)
+            self.engine.worker_seen(
+                self.name,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                threads=self.concurrency,
+                queues=self.queues,
+                resting={q: t - now for q, t in gates.resting.items() if t > now},
+                holding=holding,
+            )
+        except Exception as exc:
+            log.warning("roll call failed: %s", exc, extra={"worker": self.name})
+
     def _heartbeat_loop(self) -> None:
         while not self.stopping.wait(self.lease / 3):
+            self._roll_call()
             with self._lock:
                 held = list(self._held.values())
             for job in held:

@@ -356,6 +356,6 @@ def claim_plan(app: App) -> None:
     """Claim exactly the planning job that is due and run it, nothing else."""
     from expiry.cleanup import PLAN
 
-    jobs = app.queue.claim(100, 60, owner="test-planner")
+    jobs = app.queue.claim(100, 60, owner="test-planner", queues=app.worked_queues())
     assert [job.handler for job in jobs] == [PLAN]
     app.worker().process(jobs[0])

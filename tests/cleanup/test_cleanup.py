@@ -329,7 +329,7 @@ def test_a_runs_first_page_is_short_and_the_rest_follows_it(
             if j["state"] == "available"
         ]
 
-    [first] = app.queue.claim(1)
+    [first] = app.queue.claim(1, queues=app.worked_queues())
     app.worker().process(first)
     assert len(db.windows(opened.run_id)) == 4
     plans = db.jobs(expiry.cleanup.PLAN, opened.run_id)
@@ -337,7 +337,7 @@ def test_a_runs_first_page_is_short_and_the_rest_follows_it(
     first_page = [j["payload"]["lo"] for j in db.windows(opened.run_id)]
     assert waiting() == ["plan", *first_page]
 
-    [second] = app.queue.claim(1)
+    [second] = app.queue.claim(1, queues=app.worked_queues())
     assert second.handler == expiry.cleanup.PLAN
     app.worker().process(second)
     second_page = [j["payload"]["lo"] for j in db.windows(opened.run_id)[4:]]  # id order: as queued
@@ -538,7 +538,7 @@ def test_overlapping_run_waits_for_the_earlier_one(
     second = app.cleanup.open_run(POLICY, now)
 
     # The second run's planning job comes up while the first run's windows wait.
-    jobs = app.queue.claim(100, 60, owner="test")
+    jobs = app.queue.claim(100, 60, owner="test", queues=app.worked_queues())
     plan = next(j for j in jobs if j.payload["run_id"] == second.run_id)
     worker = app.worker()
     worker.process(plan)

@@ -1,10 +1,11 @@
-"""Pacing of window transactions, by the worker thread that ran them: keys per
-transaction adapt toward target_transaction, max_rows_per_second spaces them,
-and nice_ratio rests the thread after each one."""
+"""Pacing of window transactions: keys per transaction adapt toward
+target_transaction, and max_rows_per_second and nice_ratio rest the policy
+after each one (its next window waits in the queue; no thread is held)."""
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 
@@ -13,10 +14,11 @@ import pytest
 from expiry.app import App
 from expiry.cleanup import MIN_CHUNK, WINDOW, WindowResult
 from expiry.config import parse_config
-from expiry.errors import ConfigError
+from expiry.errors import ConfigError, Snooze
+from expiry.queue import policy_queue
 from expiry.types import Job
 
-from .support import Db, config_data, run_worker, standard_rows
+from .support import Db, config_data, run_worker, standard_rows, wait_for
 
 Apps = Callable[..., App]
 POLICY = "expired-sessions"
@@ -25,7 +27,7 @@ POLICY = "expired-sessions"
 def window_job(app: App) -> Job:
     """A window job of the policy, as a worker holds it."""
     app.queue.enqueue(WINDOW, {"policy": POLICY, "run_id": f"{POLICY}:t", "lo": 0, "hi": 1})
-    [job] = app.queue.claim(1, 60, owner="test")
+    [job] = app.queue.claim(1, 60, owner="test", queues=app.worked_queues())
     return job
 
 
@@ -35,30 +37,83 @@ def timed(fn: Callable[[], None]) -> float:
     return time.monotonic() - began
 
 
-def test_nice_ratio_rests_the_thread_that_ran_the_window(db: Db, apps: Apps) -> None:
+def resting_for(app: App) -> float:
+    """Seconds until the policy's queue may be claimed from again (0: open)."""
+    assert app.cleanup is not None
+    until = app.cleanup.gates().resting.get(policy_queue(POLICY), 0.0)
+    return max(0.0, until - time.monotonic())
+
+
+def test_nice_ratio_rests_the_policy_not_the_thread(db: Db, apps: Apps) -> None:
     db.create_sessions()
     nice, eager = apps(db.url, {"nice_ratio": 2}), apps(db.url, {"nice_ratio": 0})
     assert nice.cleanup is not None and eager.cleanup is not None
     job = window_job(nice)
     applied = WindowResult(POLICY, 500)
 
-    rested = timed(lambda: nice.cleanup.after_window(job, applied, 0.1))  # type: ignore[union-attr]
-    assert 0.2 <= rested < 1.0
-    assert timed(lambda: eager.cleanup.after_window(job, applied, 0.1)) < 0.05  # type: ignore[union-attr]
+    # The thread goes on at once; the policy's queue rests 2 x 0.1 s.
+    assert timed(lambda: nice.cleanup.after_window(job, applied, 0.1)) < 0.05  # type: ignore[union-attr]
+    assert 0.15 <= resting_for(nice) <= 0.2
+    assert nice.cleanup.gates().limits == {policy_queue(POLICY): 1}
+    # The rest holds back claims; a window claimed before it began still runs.
+    nice.cleanup.before_window(job)
+
+    eager.cleanup.after_window(job, applied, 0.1)
+    assert resting_for(eager) == 0.0
+    assert eager.cleanup.gates().limits == {}  # unpaced: claimed as many as fit
+    eager.cleanup.before_window(job)  # nothing to wait for
     # A duplicate (no rows) took nothing from the database: no rest.
-    nothing = WindowResult(POLICY, None)
-    assert timed(lambda: nice.cleanup.after_window(job, nothing, 0.1)) < 0.05  # type: ignore[union-attr]
+    time.sleep(0.2)
+    nice.cleanup.after_window(job, WindowResult(POLICY, None), 0.1)
+    assert resting_for(nice) == 0.0
 
 
-def test_max_rows_per_second_spaces_the_next_transaction(db: Db, apps: Apps) -> None:
+def test_max_rows_per_second_rests_the_policy_for_the_rows_taken(db: Db, apps: Apps) -> None:
     db.create_sessions()
     app = apps(db.url, {"max_rows_per_second": 1000, "nice_ratio": 0})
     assert app.cleanup is not None
     job = window_job(app)
     app.cleanup.after_window(job, WindowResult(POLICY, 300), 0.01)
 
-    waited = timed(lambda: app.cleanup.before_window(job))  # type: ignore[union-attr]
-    assert 0.2 <= waited < 0.6  # 300 rows at 1,000 rows/s
+    assert 0.25 <= resting_for(app) <= 0.3  # 300 rows at 1,000 rows/s
+    # A promise: a window claimed meanwhile goes back to the queue until then.
+    with pytest.raises(Snooze) as snoozed:
+        app.cleanup.before_window(job)
+    assert 0.2 <= snoozed.value.delay <= 0.3
+
+
+def test_a_resting_policy_holds_back_its_windows_not_the_thread_that_ran_them(
+    db: Db, apps: Apps
+) -> None:
+    """One worker thread, a throttled policy and a second one: the second's
+    first window starts within a second of the first policy's window, while
+    the first policy's next window waits in the queue for its rest."""
+    db.create_sessions()
+    db.create_sessions("tokens")
+    db.insert_sessions(standard_rows(300))
+    db.insert_sessions(standard_rows(300), table="tokens")
+    throttled = {"max_rows_per_second": 20, "nice_ratio": 0}  # ~100 rows: a 5 s rest
+    other = {"name": "expired-tokens", "table": "tokens", "nice_ratio": 0}
+    app = apps(db.url, throttled, other)
+    assert app.cleanup is not None
+    first = app.cleanup.open_run(POLICY)
+    worker = app.worker(concurrency=1, poll=0.05, rescue_every=3600)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_for(lambda: len(db.ledger(first.run_id)) >= 1, timeout=30)
+        opened = time.monotonic()
+        second = app.cleanup.open_run("expired-tokens")
+        wait_for(lambda: db.ledger(second.run_id), timeout=10)
+        started_in = time.monotonic() - opened
+        wait_for(lambda: db.run_state(second.run_id) == "finished", timeout=10)
+        assert len(db.ledger(first.run_id)) == 1  # still resting: its next window waits
+        waiting = [j for j in db.jobs(run_id=first.run_id) if j["state"] != "completed"]
+        assert waiting and all(j["state"] in ("available", "scheduled") for j in waiting)
+    finally:
+        worker.stop()
+        thread.join(30)
+    assert started_in < 1.0
 
 
 def test_keys_per_transaction_halve_when_slow_and_grow_back_when_fast(db: Db, apps: Apps) -> None:

@@ -122,7 +122,7 @@ def test_a_run_is_not_finished_while_a_window_is_pending(db: Db, apps: Apps) -> 
     """A run is finished once none of its jobs is waiting or running: not right
     after planning, not while a window is claimed, not while one waits to retry."""
     all_ids, gone = seed(db)
-    app = apps(db.url)
+    app = apps(db.url, {"nice_ratio": 0})  # the windows claimed at once, run one by one
     cleanup = app.cleanup
     assert cleanup is not None
     opened = cleanup.open_run(POLICY)
@@ -131,7 +131,9 @@ def test_a_run_is_not_finished_while_a_window_is_pending(db: Db, apps: Apps) -> 
     assert_not_finished(db, cleanup, opened.run_id)
 
     worker = app.worker()
-    held, retrying, *rest = app.queue.claim(100, 60, owner="test-holder")
+    held, retrying, *rest = app.queue.claim(
+        100, 60, owner="test-holder", queues=app.worked_queues()
+    )
     assert rest and all(job.handler == WINDOW for job in (held, retrying, *rest))
     assert app.queue.fail(retrying, "boom") is JobState.RETRYABLE
     for job in rest:
@@ -142,7 +144,7 @@ def test_a_run_is_not_finished_while_a_window_is_pending(db: Db, apps: Apps) -> 
     assert_not_finished(db, cleanup, opened.run_id)  # one to retry
 
     db.execute("update expiry.jobs set run_at = {now} where key = %s", [retrying.key])
-    [again] = app.queue.claim(100, 60, owner="test-holder")
+    [again] = app.queue.claim(100, 60, owner="test-holder", queues=app.worked_queues())
     assert again.key == retrying.key
     assert_not_finished(db, cleanup, opened.run_id)  # one claimed
 

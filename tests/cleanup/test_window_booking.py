@@ -84,7 +84,7 @@ def test_a_delivery_racing_an_uncommitted_one_rolls_back_its_delete(
     assert app.cleanup is not None
     opened = app.cleanup.open_run(POLICY)
     claim_plan(app)
-    [job] = app.queue.claim(1, 60, owner="late")
+    [job] = app.queue.claim(1, 60, owner="late", queues=app.worked_queues())
     assert job.handler == WINDOW
     table = db.table()
 
@@ -140,7 +140,7 @@ def test_concurrent_deliveries_of_a_window_take_turns_and_the_later_takes_nothin
     assert app.cleanup is not None
     app.cleanup.open_run(POLICY)
     claim_plan(app)
-    [job] = app.queue.claim(1, 60, owner="first")
+    [job] = app.queue.claim(1, 60, owner="first", queues=app.worked_queues())
     p = job.payload
     target = app.cleanup.target(POLICY)
     applied, release = threading.Event(), threading.Event()
@@ -253,11 +253,11 @@ def test_a_window_costs_one_round_trip_on_postgres(pg_db: Db, apps: Apps, tmp_pa
     protocol trace of the pool's one connection."""
     db = pg_db
     seed(db, 300)
-    app = apps(db.url, pool_size=1)
+    app = apps(db.url, {"nice_ratio": 0}, pool_size=1)  # the second window follows at once
     assert app.cleanup is not None
     app.cleanup.open_run(POLICY)
     claim_plan(app)
-    first, second = app.queue.claim(2, 60, owner="traced")
+    first, second = app.queue.claim(2, 60, owner="traced", queues=app.worked_queues())
     assert first.handler == second.handler == WINDOW
     app.worker().process(first)
     with app.engine.pool.connection() as conn:  # back in the pool now: no check
@@ -303,7 +303,7 @@ def test_a_window_runs_under_its_policys_limits_and_other_work_under_its_own(
     assert app.cleanup is not None
     app.cleanup.open_run(POLICY)
     claim_plan(app)
-    [job] = app.queue.claim(1, 60, owner="timed")
+    [job] = app.queue.claim(1, 60, owner="timed", queues=app.worked_queues())
     table = db.table()
 
     app.worker().process(job)

@@ -3,6 +3,7 @@ JavaScript, and photographed in the browser (artifacts/dashboard/*.png)."""
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 from urllib.parse import quote
 
@@ -39,6 +40,15 @@ def arrange(dashboard: Dashboard) -> dict[str, str]:
     [claimed] = app.queue.claim(1, 300, queues=("exports",), owner="test-worker")
     [flaky] = app.queue.claim(1, 300, queues=("exports",), owner="test-worker")
     app.queue.fail(flaky, "lock timeout on exports", transient=True, kind="lock_timeout")
+    app.engine.worker_seen(
+        "test-worker",
+        host="box",
+        pid=4242,
+        threads=2,
+        queues=["exports"],
+        resting={"expiry.policy.expired-sessions": 0.4},
+        holding=1,
+    )
 
     app.scheduler().set_paused("expired-sessions", True, actor="test")
     return {"run": opened.run_id, "dead": "dead-1", "running": claimed.key}
@@ -57,6 +67,7 @@ def test_every_page_is_valid_html_and_reads_well(page: WebDriver, dashboard: Das
         "dead-letters": "/dlq",
         "job-detail": f"/jobs/{made['dead']}",
         "bulk-redrive": "/dlq/bulk?action=redrive",
+        "workers": "/workers",
         "cron-targets": "/crons",
         "audit-log": "/audit",
     }
@@ -75,6 +86,8 @@ def test_every_page_is_valid_html_and_reads_well(page: WebDriver, dashboard: Das
         check_html(refused.text, "403 page")
         assert "lock_timeout" in client.get("/queue").text
         assert "HTTP 405" in client.get("/crons").text
+        workers = client.get("/workers").text
+        assert "test-worker" in workers and made["running"] in workers and "4242" in workers
     with dashboard.client() as stranger:
         login = stranger.get("/login")
         check_html(login.text, "/login")
@@ -128,3 +141,37 @@ def test_a_quarantined_policy_shows_in_red_and_the_overview_still_serves(
     cell = page.find_element(By.CSS_SELECTOR, "#policy-broken .quarantined .level-alert")
     assert cell.is_displayed()
     screenshot(page, "overview-quarantined")
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_the_workers_page_shows_each_worker_and_what_it_holds(
+    page: WebDriver, dashboard: Dashboard
+) -> None:
+    """A real worker holding a job: the page names its process and threads,
+    the job it holds and for how long; once it stops, it leaves the roll."""
+    app = dashboard.app
+    holding, release = threading.Event(), threading.Event()
+
+    @app.handler("slow.export")
+    def slow(job: object, tx: object) -> None:
+        holding.set()
+        release.wait(30)
+
+    app.queue.enqueue("slow.export", {}, key="export-1", queue="exports")
+    worker = app.worker(queues=("exports",), concurrency=2, poll=0.05, name="box:77:cafe")
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        assert holding.wait(10)
+        sign_in(page, dashboard)
+        page.get(dashboard.url("/workers"))
+        section = page.find_element(By.CSS_SELECTOR, "section.worker").text
+        assert "box:77:cafe" in section and "Threads\n2" in section
+        assert "export-1" in section
+        screenshot(page, "workers-holding")
+    finally:
+        release.set()
+        worker.stop()
+        thread.join(30)
+    page.get(dashboard.url("/workers"))
+    assert "No worker has said it is running" in page.page_source

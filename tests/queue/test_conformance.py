@@ -142,14 +142,44 @@ def test_a_fair_share_claim_counts_every_named_queue(queue: Queue) -> None:
         new_job("noop", {}, None, f"{q}{i}", queue=q) for q in ("a", "b") for i in range(3)
     )
 
-    # Six due over the two queues: half of them, in claim order.
+    # Six due over the two queues: half of them, the queues taking turns.
     assert [j.key for j in queue.claim(16, queues=("a", "b"), fair_share=True)] == [
         "a0",
+        "b0",
         "a1",
-        "a2",
     ]
-    assert queue.claim(16, queues=("a",), fair_share=True) == []
-    assert [j.key for j in queue.claim(16, queues=("b",), fair_share=True)] == ["b0", "b1"]
+    assert [j.key for j in queue.claim(16, queues=("a",), fair_share=True)] == ["a2"]
+    assert [j.key for j in queue.claim(16, queues=("b",), fair_share=True)] == ["b1"]
+
+
+def test_queues_take_turns_so_one_backlog_does_not_hold_back_another(
+    queue: Queue, engine: Engine
+) -> None:
+    """Ten old jobs of one queue and two new ones of another: the claim takes
+    the first of each queue before the second of any (one policy's windows
+    do not hold back another policy's plan), priority still first."""
+    now = engine.now()
+    queue.enqueue_many(
+        new_job("noop", {}, now - timedelta(seconds=60 - i), f"old{i}", queue="backlog")
+        for i in range(10)
+    )
+    queue.enqueue_many(new_job("noop", {}, None, f"new{i}", queue="fresh") for i in range(2))
+    queue.enqueue("noop", {}, None, "urgent", queue="backlog", priority=-1)
+
+    claimed = [j.key for j in queue.claim(6, queues=("backlog", "fresh"))]
+
+    assert claimed == ["urgent", "new0", "old0", "new1", "old1", "old2"]
+
+
+def test_a_claim_takes_no_more_than_a_queues_limit(queue: Queue) -> None:
+    queue.enqueue_many(new_job("noop", {}, None, f"p{i}", queue="paced") for i in range(5))
+    queue.enqueue_many(new_job("noop", {}, None, f"f{i}", queue="free") for i in range(5))
+
+    claimed = queue.claim(8, queues=("paced", "free"), limits={"paced": 1})
+
+    assert sorted(j.key for j in claimed) == ["f0", "f1", "f2", "f3", "f4", "p0"]
+    assert [j.key for j in queue.claim(8, queues=("paced",), limits={"paced": 1})] == ["p1"]
+    assert [j.key for j in queue.claim(8, queues=("paced",), limits={"paced": 2})] == ["p2", "p3"]
 
 
 def test_claim_counts_the_attempt_and_takes_only_named_queues(queue: Queue) -> None:

@@ -20,7 +20,7 @@ import abc
 import json
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from importlib import resources
@@ -62,6 +62,7 @@ from ..types import (
     RunTotals,
     Schedule,
     WindowApply,
+    WorkerSeen,
 )
 
 Row = dict[str, Any]
@@ -101,6 +102,17 @@ def check_payload(payload: dict[str, Any]) -> str:
             "(256 KiB): carry identifiers, not records"
         )
     return text
+
+
+def in_turns(jobs: Sequence[Job]) -> list[Job]:
+    """Claimed jobs in the order a claim takes them: by priority, then the
+    queues taking turns (every queue's first job before any queue's second),
+    then run_at."""
+    turn: dict[int, int] = {}
+    seen: dict[str, int] = {}
+    for job in sorted(jobs, key=lambda j: (j.priority, j.run_at, j.id)):
+        turn[job.id] = seen[job.queue] = seen.get(job.queue, 0) + 1
+    return sorted(jobs, key=lambda j: (j.priority, turn[j.id], j.run_at, j.id))
 
 
 def ledger_params(key: str, **fields: Any) -> dict[str, Any]:
@@ -383,16 +395,22 @@ class Engine(abc.ABC):
         lease_seconds: float,
         owner: str,
         fair_share: bool = False,
+        limits: Mapping[str, int] | None = None,
     ) -> list[Job]:
+        """Lease up to ``n`` due jobs of ``queues``, by priority, the queues
+        taking turns (in_turns), then run_at. ``limits``: at most this many
+        from a queue (a paced policy's queue: 1). ``fair_share``: at most half
+        of the due jobs seen, rounded up."""
+        limits = limits or {}
         params = {
             "queues": self._list(queues),
+            "limits": self._list([limits.get(q, n) for q in queues]),
             "n": n,
             "lease": lease_seconds,
             "owner": owner,
             "fair_share": fair_share,
         }
-        jobs = [self._job(row) for row in self._run(None, "job_claim", params)]
-        return sorted(jobs, key=lambda j: (j.priority, j.run_at, j.id))
+        return in_turns([self._job(row) for row in self._run(None, "job_claim", params)])
 
     def job_heartbeat(self, job: Job, lease_seconds: float) -> bool:
         params = {"id": job.id, "token": job.lease_token, "lease": lease_seconds}
@@ -853,6 +871,61 @@ class Engine(abc.ABC):
                 at=self._time(row["at"]),
             )
             for row in self._tx_rows(conn, "cron_calls", {"name": name, "limit": limit})
+        ]
+
+    # -- the workers' roll -----------------------------------------------------------
+
+    def worker_seen(
+        self,
+        name: str,
+        *,
+        host: str,
+        pid: int,
+        threads: int,
+        queues: Sequence[str],
+        resting: Mapping[str, float],
+        holding: int,
+        conn: Any | None = None,
+    ) -> None:
+        """A worker's roll call (every heartbeat): stored or refreshed, and any
+        worker not seen for a day forgotten."""
+        params = {
+            "name": name,
+            "host": host,
+            "pid": pid,
+            "threads": threads,
+            "queues": json.dumps(list(queues)),
+            "resting": json.dumps({q: round(s, 3) for q, s in resting.items()}),
+            "holding": holding,
+        }
+        with self.transaction_or(conn) as tx:
+            self._rows(tx, "worker_forget")
+            self._rows(tx, "worker_seen", params)
+
+    def worker_gone(self, name: str, *, conn: Any | None = None) -> None:
+        """A worker that stopped cleanly leaves the roll."""
+        self._tx_rows(conn, "worker_gone", {"name": name})
+
+    def worker_list(self, *, conn: Any | None = None) -> list[WorkerSeen]:
+        """The roll, newest first."""
+
+        def loaded(value: Any) -> Any:
+            return json.loads(value) if isinstance(value, str) else value
+
+        return [
+            WorkerSeen(
+                name=row["name"],
+                host=row["host"],
+                pid=int(row["pid"]),
+                threads=int(row["threads"]),
+                queues=list(loaded(row["queues"])),
+                resting=dict(loaded(row["resting"])),
+                holding=int(row["holding"]),
+                started_at=self._time(row["started_at"]),
+                seen_at=self._time(row["seen_at"]),
+                seen_seconds_ago=max(0.0, float(row["seen_seconds_ago"])),
+            )
+            for row in self._tx_rows(conn, "worker_list")
         ]
 
     # -- API keys -------------------------------------------------------------------

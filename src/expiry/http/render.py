@@ -8,6 +8,7 @@ POST body as JSON, and this keeps python-multipart out of the dependencies.
 from __future__ import annotations
 
 import hashlib
+import logging
 from importlib import resources
 from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import parse_qs, quote, unquote, urlencode
@@ -19,6 +20,8 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from ..types import AuditAction, JobState
 from . import views as v
 from .sessions import COOKIE, Session, Sessions
+
+log = logging.getLogger("expiry.http")
 
 if TYPE_CHECKING:
     from ..engines import Engine
@@ -40,10 +43,11 @@ NAV = (
     ("/queue", "Queue"),
     ("/jobs", "Jobs"),
     ("/dlq", "Dead letters"),
+    ("/workers", "Workers"),
     ("/crons", "Cron targets"),
     ("/audit", "Audit log"),
 )
-LIVE_PAGES = {"/", "/runs", "/queue", "/crons"}
+LIVE_PAGES = {"/", "/runs", "/queue", "/workers", "/crons"}
 """Pages the script refreshes in place (every 10 seconds while visible)."""
 
 
@@ -100,9 +104,22 @@ class Pages:
         return self.sessions.read(request.cookies.get(COOKIE))
 
     def audit(self, action: AuditAction, *, actor: str, detail: dict[str, Any]) -> None:
-        """Append a dashboard event (sign-in, sign-out) to the audit log."""
-        with self.engine.transaction() as conn:
-            self.engine.audit_append(conn, action, actor=actor, detail=detail)
+        """Append a dashboard event (sign-in, sign-out) to the audit log. On a
+        database that refuses writes (a hot standby, a read-only role) the
+        reading pages still serve: the event is logged, not stored."""
+        try:
+            with self.engine.transaction() as conn:
+                self.engine.audit_append(conn, action, actor=actor, detail=detail)
+        except Exception as exc:
+            _, kind = self.engine.classify(exc)
+            if kind not in ("read_only", "insufficient_privilege"):
+                raise
+            log.warning(
+                "%s not audited: the database refuses writes (%s)",
+                action.value,
+                kind,
+                extra={"actor": actor},
+            )
 
     def render(
         self,

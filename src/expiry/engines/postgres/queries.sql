@@ -23,10 +23,14 @@ returning key, state;
 select pg_notify('expiry_jobs', %(queue)s);
 
 -- name: job_claim
--- Lease up to n due jobs, by priority then run_at. Each queue is read in the
--- order of its jobs_due index (a LATERAL per queue: `queue = any(...)` would
--- sort the whole backlog on every claim), then the best n are taken. SKIP
--- LOCKED in a CTE locks the rows the LIMIT picked; the attempt is counted now.
+-- Lease up to n due jobs, by priority, the queues taking turns, then run_at.
+-- Each queue is read in the order of its jobs_due index (a LATERAL per queue:
+-- `queue = any(...)` would sort the whole backlog on every claim), at most its
+-- own limit (1 for a paced policy's queue: each of its windows waits for the
+-- rest after the one before), then the best n are taken: the first due job of
+-- every queue before the second of any, so that one queue's backlog does not
+-- hold back the others (one policy's windows another policy's plan). SKIP
+-- LOCKED in a CTE locks the rows a queue's LIMIT picked; the attempt is counted now.
 -- A fair-share claim (a worker's) takes at most half of the due jobs it sees,
 -- rounded up, looking at no more than 2n a queue: near the end of a backlog
 -- the last jobs spread over the workers, instead of one worker holding a batch
@@ -35,9 +39,13 @@ select pg_notify('expiry_jobs', %(queue)s);
 -- off, for this transaction only): lost in a crash, a claim only leaves its jobs
 -- available, and a job's own transaction, durable, flushes the claim's WAL first.
 with async_commit as (select set_config('synchronous_commit', 'off', true)),
+wanted as (
+    select q.name, least(q.n, %(n)s) as n
+    from unnest(%(queues)s::text[], %(limits)s::int[]) as q(name, n)
+),
 seen as (
     select count(*) as due
-    from unnest(%(queues)s::text[]) as q(name)
+    from wanted q
     cross join lateral (
         select 1 from expiry.jobs
         where %(fair_share)s
@@ -45,22 +53,29 @@ seen as (
           and queue = q.name
           and run_at <= now()
         order by priority, run_at, id
-        limit 2 * %(n)s
+        limit 2 * q.n
     ) due
 ),
-picked as (
-    select due.id
-    from unnest(%(queues)s::text[]) as q(name)
+locked as (
+    select due.id, due.priority, due.run_at, q.name
+    from wanted q
     cross join lateral (
         select id, priority, run_at from expiry.jobs
         where state in ('scheduled', 'available', 'retryable')
           and queue = q.name
           and run_at <= now()
         order by priority, run_at, id
-        limit %(n)s
+        limit q.n
         for update skip locked
     ) due
-    order by due.priority, due.run_at, due.id
+),
+picked as (
+    select id from (
+        select id, priority, run_at,
+               row_number() over (partition by name order by priority, run_at, id) as turn
+        from locked
+    ) t
+    order by priority, turn, run_at, id
     limit (select case when %(fair_share)s then least(%(n)s, (due + 1) / 2) else %(n)s end
            from seen)
 )
@@ -443,3 +458,27 @@ select * from expiry.cron_calls where name = %(name)s order by id desc limit %(l
 -- name: audit_counts
 -- Audited events by action and policy, for metrics.
 select action, policy, count(*) as n from expiry.audit group by action, policy;
+
+-- name: worker_seen
+-- A worker process's roll call at each heartbeat: who it is, what it works,
+-- how many jobs it holds and which queues rest.
+insert into expiry.workers (name, host, pid, threads, queues, resting, holding)
+values (%(name)s, %(host)s, %(pid)s, %(threads)s, %(queues)s::jsonb, %(resting)s::jsonb,
+        %(holding)s)
+on conflict (name) do update
+set threads = excluded.threads, queues = excluded.queues, resting = excluded.resting,
+    holding = excluded.holding, seen_at = now();
+
+-- name: worker_forget
+-- Workers not seen for a day are forgotten (killed without a word).
+delete from expiry.workers where seen_at < now() - interval '1 day';
+
+-- name: worker_gone
+-- A worker that stopped cleanly leaves the roll.
+delete from expiry.workers where name = %(name)s;
+
+-- name: worker_list
+-- The roll, newest first, with how long ago each was seen (the database's clock).
+select name, host, pid, threads, queues, resting, holding, started_at, seen_at,
+       extract(epoch from now() - seen_at)::float8 as seen_seconds_ago
+from expiry.workers order by started_at desc, name;

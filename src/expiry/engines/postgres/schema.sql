@@ -188,6 +188,8 @@ CREATE TABLE expiry.runs (
     opened_at timestamp with time zone DEFAULT now() NOT NULL,
     planned_at timestamp with time zone,
     finished_at timestamp with time zone,
+    cancelled_at timestamp with time zone,
+    cancelled_by text,
     CONSTRAINT runs_state_check CHECK ((state = ANY (ARRAY['planning'::text, 'running'::text, 'finished'::text])))
 );
 
@@ -201,6 +203,18 @@ CREATE TABLE expiry.schedules (
 CREATE TABLE expiry.schema_migrations (
     version integer NOT NULL,
     applied_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE expiry.workers (
+    name text NOT NULL,
+    host text NOT NULL,
+    pid integer NOT NULL,
+    threads integer NOT NULL,
+    queues jsonb NOT NULL,
+    started_at timestamp with time zone DEFAULT now() NOT NULL,
+    seen_at timestamp with time zone DEFAULT now() NOT NULL,
+    resting jsonb DEFAULT '{}'::jsonb NOT NULL,
+    holding integer DEFAULT 0 NOT NULL
 );
 
 ALTER TABLE ONLY expiry.api_keys
@@ -235,6 +249,9 @@ ALTER TABLE ONLY expiry.schedules
 
 ALTER TABLE ONLY expiry.schema_migrations
     ADD CONSTRAINT schema_migrations_pkey PRIMARY KEY (version);
+
+ALTER TABLE ONLY expiry.workers
+    ADD CONSTRAINT workers_pkey PRIMARY KEY (name);
 
 CREATE INDEX audit_at ON expiry.audit USING btree (at);
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -21,7 +21,7 @@ from typing import Any
 from ...defaults import SQLITE_POLL_SECONDS
 from ...errors import MigrationError
 from ...types import Job, JobState, NewJob
-from ..base import Row, classify_exception, load_migrations, load_queries
+from ..base import Row, classify_exception, in_turns, load_migrations, load_queries
 from .tables import SQLiteTables
 
 NOW_SQL = "((julianday('now') - 2440587.5) * 86400.0)"
@@ -116,23 +116,29 @@ class SQLiteEngine(SQLiteTables):
         lease_seconds: float,
         owner: str,
         fair_share: bool = False,
+        limits: Mapping[str, int] | None = None,
     ) -> list[Job]:
         """Pick the best n due jobs across the queues (each read in its index
-        order) and lease them, all in one IMMEDIATE transaction. ``fair_share``:
-        at most half of the due jobs seen (rounded up, up to 2n a queue)."""
+        order, at most its limit, the queues taking turns) and lease them, all
+        in one IMMEDIATE transaction. ``fair_share``: at most half of the due
+        jobs seen (rounded up, up to twice a queue's limit)."""
+        limits = limits or {}
         with self.transaction() as conn:
-            look = 2 * n if fair_share else n
-            due = [
-                row for q in queues for row in self._rows(conn, "job_due", {"queue": q, "n": look})
-            ]
-            due.sort(key=lambda row: (row["priority"], row["run_at"], row["id"]))
+            seen, due = 0, []
+            for q in queues:
+                limit = min(n, limits.get(q, n))
+                look = 2 * limit if fair_share else limit
+                rows = self._rows(conn, "job_due", {"queue": q, "n": look})
+                seen += len(rows)
+                due += [(turn, row) for turn, row in enumerate(rows[:limit])]
+            due.sort(key=lambda t: (t[1]["priority"], t[0], t[1]["run_at"], t[1]["id"]))
             if not due:
                 return []
-            take = min(n, (len(due) + 1) // 2) if fair_share else n
-            ids = json.dumps([row["id"] for row in due[:take]])
+            take = min(n, (seen + 1) // 2) if fair_share else n
+            ids = json.dumps([row["id"] for _, row in due[:take]])
             params = {"ids": ids, "lease": lease_seconds, "owner": owner}
             found = self._rows(conn, "job_claim", params)
-        return sorted(map(self._job, found), key=lambda j: (j.priority, j.run_at, j.id))
+        return in_turns(list(map(self._job, found)))
 
     def _list(self, values: Sequence[Any]) -> Any:
         return json.dumps(list(values))

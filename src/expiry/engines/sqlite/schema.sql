@@ -120,7 +120,7 @@ CREATE TABLE expiry_runs (
     opened_at       real    not null,
     planned_at      real,
     finished_at     real
-);
+, cancelled_at real, cancelled_by text);
 
 CREATE TABLE expiry_schedules (
     policy       text    primary key,
@@ -130,6 +130,18 @@ CREATE TABLE expiry_schedules (
 );
 
 CREATE TABLE expiry_schema_migrations ( version integer primary key, applied_at real not null);
+
+CREATE TABLE expiry_workers (
+    name        text    primary key,
+    host        text    not null,
+    pid         integer not null,
+    threads     integer not null,
+    queues      text    not null,  -- a JSON array
+    started_at  real    not null,
+    seen_at     real    not null,
+    resting     text    not null default '{}',
+    holding     integer not null default 0
+);
 
 CREATE TRIGGER expiry_audit_no_delete before delete on expiry_audit
 begin select raise(abort, 'expiry_audit is append-only'); end;

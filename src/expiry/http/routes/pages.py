@@ -1,5 +1,5 @@
 """The dashboard's reading pages: overview, runs, the queue's charts, jobs and
-the dead-letter queue, one job, cron targets, the audit log. Each reads with
+the dead-letter queue, one job, workers, cron targets, the audit log. Each reads with
 bounded queries and renders without JavaScript; without a session it sends the
 browser to sign in."""
 
@@ -111,6 +111,14 @@ def crons(request: Request, app: ExpiryApp, pages: DashboardPages) -> Response:
         target["calls"] = app.crons.calls(target["name"], limit=5)
         target.update(app.crons.timing(target, now))
     return pages.render(request, "crons.html", session, targets=targets)
+
+
+@router.get("/workers")
+def workers(request: Request, app: ExpiryApp, pages: DashboardPages) -> Response:
+    session = pages.session(request)
+    if session is None:
+        return pages.to_login(request)
+    return pages.render(request, "workers.html", session, **status_view.workers(app))
 
 
 @router.get("/audit")

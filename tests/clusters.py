@@ -1,0 +1,137 @@
+"""PostgreSQL clusters of a test's own: a primary and a streaming hot standby,
+made with initdb and pg_basebackup in temporary folders, on their own ports,
+run as the postgres user, and stopped and removed afterwards. Nothing touches
+the shared server on 5432 or its configuration.
+
+    with primary_and_standby() as (primary, standby):
+        ...  # primary.url, standby.url; standby.pause_replay(), resume_replay()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+
+BIN = Path(os.environ.get("EXPIRY_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
+USER = "postgres"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def as_postgres(*command: str | Path) -> subprocess.CompletedProcess[str]:
+    """Run a server binary as the postgres user (initdb refuses root)."""
+    args = [str(c) for c in command]
+    if os.geteuid() == 0:
+        args = ["runuser", "-u", USER, "--", *args]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed: {done.stdout}{done.stderr}")
+    return done
+
+
+@dataclass
+class Cluster:
+    data: Path
+    port: int
+    sockets: Path
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://{USER}@127.0.0.1:{self.port}/postgres"
+
+    def start(self) -> None:
+        as_postgres(
+            BIN / "pg_ctl",
+            "-D",
+            self.data,
+            "-l",
+            self.data / "server.log",
+            "-o",
+            f"-p {self.port} -k {self.sockets} -c listen_addresses=127.0.0.1",
+            "-w",
+            "start",
+        )
+
+    def stop(self) -> None:
+        with contextlib.suppress(RuntimeError):
+            as_postgres(BIN / "pg_ctl", "-D", self.data, "-m", "immediate", "-w", "stop")
+
+    def sql(self, statement: str) -> list[tuple[object, ...]]:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            cur = conn.execute(statement)
+            return list(cur.fetchall()) if cur.description else []
+
+    def pause_replay(self) -> None:
+        self.sql("select pg_wal_replay_pause()")
+
+    def resume_replay(self) -> None:
+        self.sql("select pg_wal_replay_resume()")
+
+    def wait_caught_up(self, primary: Cluster, timeout: float = 30.0) -> None:
+        """Until the standby has replayed everything the primary has written."""
+        [(target,)] = primary.sql("select pg_current_wal_lsn()::text")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            [(done,)] = self.sql(f"select pg_last_wal_replay_lsn() >= '{target}'::pg_lsn")
+            if done:
+                return
+            time.sleep(0.05)
+        raise TimeoutError("the standby did not catch up")
+
+
+@contextlib.contextmanager
+def primary_and_standby() -> Iterator[tuple[Cluster, Cluster]]:
+    root = Path(tempfile.mkdtemp(prefix="expiry-clusters-"))
+    postgres = pwd.getpwnam(USER)
+    os.chown(root, postgres.pw_uid, postgres.pw_gid)
+    made: list[Cluster] = []
+    try:
+        primary = Cluster(root / "primary", free_port(), root)
+        as_postgres(BIN / "initdb", "-D", primary.data, "-U", USER, "-A", "trust", "--no-sync")
+        with (primary.data / "postgresql.conf").open("a") as conf:
+            conf.write(
+                "wal_level = replica\nmax_wal_senders = 4\nhot_standby = on\n"
+                "fsync = off\nhot_standby_feedback = on\n"
+            )
+        with (primary.data / "pg_hba.conf").open("a") as hba:
+            hba.write("host replication all 127.0.0.1/32 trust\n")
+        primary.start()
+        made.append(primary)
+        standby = Cluster(root / "standby", free_port(), root)
+        as_postgres(
+            BIN / "pg_basebackup",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(primary.port),
+            "-U",
+            USER,
+            "-D",
+            standby.data,
+            "-R",
+            "-X",
+            "stream",
+            "--no-sync",
+        )
+        standby.start()
+        made.append(standby)
+        yield primary, standby
+    finally:
+        for cluster in reversed(made):
+            cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
