@@ -327,8 +327,13 @@ class Cleanup:
             # short first page, so one worker plans it while the others delete
             # instead of every worker waiting for it after the last window.
             jobs.insert(0 if first_page else len(jobs) // 2, _plan_job(policy, p, cursor))
+        # The run's row first: a cancelled run queues nothing more.
+        if not self.engine.run_add_windows(p["run_id"], len(spans), done=cursor is None, conn=tx):
+            log.info(
+                "run cancelled: planning stops", extra={"policy": policy.name, "run": p["run_id"]}
+            )
+            return 0
         self.engine.job_insert_many(jobs, tx)
-        self.engine.run_add_windows(p["run_id"], len(spans), done=cursor is None, conn=tx)
         return len(spans)
 
     @staticmethod
@@ -420,8 +425,8 @@ class Cleanup:
                 queue=policy_queue(policy.name),
             )
         )
-        self.engine.job_insert_many(jobs, tx)
-        self.engine.run_add_windows(p["run_id"], len(parts), done=False, conn=tx)
+        if self.engine.run_add_windows(p["run_id"], len(parts), done=False, conn=tx):
+            self.engine.job_insert_many(jobs, tx)
         return None
 
     def _begin_windows(
@@ -563,10 +568,9 @@ class Cleanup:
                 booked = engine.ledger_insert(
                     tx, job.key, action="split", bounds=span.describe(), **common
                 )
-                if booked:
+                if booked and engine.run_add_windows(p["run_id"], 1, done=False, conn=tx):
                     jobs = [_span_job(policy, p, half, half.part_key) for half in halves]
                     engine.job_insert_many(jobs, tx)
-                    engine.run_add_windows(p["run_id"], 1, done=False, conn=tx)
             else:
                 row = target.nth(tx, cutoff, span, 0, storage) if n else None
                 if span.strategy == KEY:

@@ -106,7 +106,7 @@ def commands() -> list[tuple[str, Command, str, Arguments]]:
         ("pause", cmd_pause, "pause a policy's schedule", policy_args),
         ("resume", cmd_resume, "resume a policy's schedule", policy_args),
         ("keys", cmd_keys, "API keys for the HTTP API: create NAME, list, revoke NAME", keys_args),
-        ("runs", cmd_runs, "recent runs, or `runs show RUN_ID`", runs_args),
+        ("runs", cmd_runs, "recent runs, `runs show RUN_ID`, `runs cancel RUN_ID`", runs_args),
         ("dlq", cmd_dlq, "dead-letter review: list, show KEY, redrive, discard", dlq_args),
     ]  # fmt: skip
 
@@ -480,16 +480,22 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_runs(args: argparse.Namespace) -> int:
     runs = migrated(args).runs
-    if args.args[:1] == ["show"]:
+    if args.args[:1] in (["show"], ["cancel"]):
+        verb = args.args[0]
         if len(args.args) != 2:
-            raise ConfigError("usage: expiry runs show RUN_ID")
-        summary = runs.summary(args.args[1])
-        if summary is None:
+            raise ConfigError(f"usage: expiry runs {verb} RUN_ID")
+        found = (
+            runs.cancel(args.args[1], actor=args.actor)
+            if verb == "cancel"
+            else runs.summary(args.args[1])
+        )
+        if found is None:
             raise ConfigError(f"no run {args.args[1]!r}")
+        summary = found
         emit(args, summary, lambda: print_run(summary))
         return 0
-    found = runs.recent(args.args[0] if args.args else None)
-    emit(args, found, lambda: print_runs(found))
+    recent = runs.recent(args.args[0] if args.args else None)
+    emit(args, recent, lambda: print_runs(recent))
     return 0
 
 

@@ -19,8 +19,9 @@ from datetime import datetime
 from typing import Any
 
 from .engines.base import Engine
+from .errors import ConfigError
 from .times import format_time
-from .types import JobState, Run, RunJobs, RunTotals
+from .types import AuditAction, JobState, Run, RunJobs, RunTotals
 
 log = logging.getLogger("expiry.runs")
 
@@ -79,6 +80,37 @@ class Runs:
         if finished:
             log.info("run finished", extra={"run": run_id})
         return finished
+
+    def cancel(self, run_id: str, *, actor: str) -> dict[str, Any]:
+        """Cancel a run: its planning stops and its waiting jobs are cancelled, in
+        one transaction; jobs running now finish (their rows are expired rows:
+        deleting them is safe), and the run finishes after them, its outcome
+        "cancelled". Audited. Returns the run's summary with ``jobs_cancelled``.
+        Raises ConfigError when there is no such run or it finished already."""
+        engine = self.engine
+        with engine.transaction() as conn:
+            run = engine.run_get(run_id, conn=conn)
+            if run is None:
+                raise ConfigError(f"no run {run_id!r}")
+            cancelled = engine.run_cancel(run_id, actor, conn=conn)
+            if cancelled is None:
+                raise ConfigError(
+                    f"run {run_id!r} is {'cancelled' if run.cancelled_at else run.state}: "
+                    "nothing to cancel"
+                )
+            engine.audit_append(
+                conn,
+                AuditAction.RUN_CANCELLED,
+                actor=actor,
+                run_id=run_id,
+                policy=run.policy,
+                detail={"jobs_cancelled": len(cancelled)},
+            )
+        log.info("run cancelled", extra={"run": run_id, "jobs": len(cancelled), "actor": actor})
+        self.finish(run_id)  # nothing running: finished now; else after the last one
+        summary = self.summary(run_id)
+        assert summary is not None
+        return {**summary, "jobs_cancelled": len(cancelled)}
 
     def finish_idle(self) -> list[str]:
         """Finish every run with nothing pending (the rescuer's sweep): a worker
@@ -148,7 +180,9 @@ def summarize(run: Run, jobs: list[RunJobs], ledger: RunTotals, duplicates: int)
         # Failures followed by another attempt: a dead job's last failure ended it.
         "retries": sum(j.failures for j in windows)
         - sum(j.n for j in windows if j.state == JobState.DEAD),
-        "outcome": _outcome(run.state, by_state.get(JobState.DEAD, 0)),
+        "outcome": _outcome(run, by_state.get(JobState.DEAD, 0)),
+        "cancelled_at": _time(run.cancelled_at),
+        "cancelled_by": run.cancelled_by,
         # Deliveries beyond one per job and its recorded failures: the same window
         # delivered again (after a lost lease or acknowledgement).
         "redelivered": sum(
@@ -160,12 +194,15 @@ def summarize(run: Run, jobs: list[RunJobs], ledger: RunTotals, duplicates: int)
     }
 
 
-def _outcome(state: str, dead: int) -> str:
+def _outcome(run: Run, dead: int) -> str:
     """The run's state as on-call reads it: a finished run with dead windows is
-    not a clean one ("finished with 29 dead")."""
-    if state == "finished" and dead:
+    not a clean one ("finished with 29 dead"); a cancelled one says so
+    ("cancelling" while its running jobs end)."""
+    if run.cancelled_at is not None:
+        return "cancelled" if run.state == "finished" else "cancelling"
+    if run.state == "finished" and dead:
         return f"finished with {dead} dead"
-    return state
+    return run.state
 
 
 def _time(value: datetime | None) -> str | None:

@@ -120,6 +120,10 @@ class Run:
     opened_at: datetime
     planned_at: datetime | None
     finished_at: datetime | None
+    cancelled_at: datetime | None = None
+    """Set when an operator cancelled it: its waiting jobs were cancelled and
+    planning stopped; it finishes once its running jobs end."""
+    cancelled_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -262,6 +266,7 @@ class AuditAction(enum.StrEnum):
     """What the append-only audit log records: every action name in one place."""
 
     RUN_OPENED = "run.opened"
+    RUN_CANCELLED = "run.cancelled"
     WINDOW_DUPLICATE = "window.duplicate"
     """A window delivered again after its ledger row committed: nothing changed
     (also written by PostgreSQL's expiry.window_apply, and counted per run)."""

@@ -246,7 +246,7 @@ def plan_only(app: Any, owner: str = "drill-planner") -> int:
     while True:
         with app.engine.transaction() as conn:
             conn.execute(hold)
-        jobs = app.queue.claim(1, 60, owner=owner)
+        jobs = app.queue.claim(1, 60, owner=owner, queues=app.worked_queues(), limits={})
         if not jobs:
             break
         assert jobs[0].handler == PLAN, jobs[0]

@@ -28,7 +28,7 @@ WINDOW_KEYS = 500
 
 def claim_all(app: App, owner: str) -> dict[str, Job]:
     jobs: dict[str, Job] = {}
-    while batch := app.queue.claim(500, 300, owner=owner):
+    while batch := app.queue.claim(500, 300, owner=owner, queues=app.worked_queues(), limits={}):
         jobs.update({job.key: job for job in batch})
     return jobs
 

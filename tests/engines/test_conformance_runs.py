@@ -86,6 +86,61 @@ def test_run_add_windows_counts_pages_and_the_last_page_ends_planning(engine: En
     assert is_utc(run.planned_at)
 
 
+def test_run_add_windows_to_a_cancelled_run_is_refused(engine: Engine) -> None:
+    engine.run_insert("p:1", "p", CUTOFF, "trigger")
+    assert engine.run_add_windows("p:1", 16, done=False) is True
+    assert engine.run_cancel("p:1", "ops") == []
+
+    assert engine.run_add_windows("p:1", 500, done=True) is False
+    run = engine.run_get("p:1")
+    assert run is not None and run.windows_planned == 16
+
+
+def test_run_cancel_cancels_waiting_jobs_leaves_running_ones_and_ends_planning(
+    engine: Engine,
+) -> None:
+    engine.run_insert("p:1", "p", CUTOFF, "trigger")
+    engine.run_insert("p:2", "p", CUTOFF + timedelta(days=1), "trigger")
+    done = complete(engine, "p:1:0", "p:1")
+    enqueue(engine, "p:1:100", "p:1")
+    enqueue(engine, "p:1:200", "p:1")
+    running = claim(engine, "p:1:200")
+    enqueue(engine, "p:2:0", "p:2")
+    before = engine.now()
+
+    assert engine.run_cancel("p:1", "ops") == ["p:1:100"]
+
+    run = engine.run_get("p:1")
+    assert run is not None and run.state == "running"  # planning is over
+    assert run.cancelled_by == "ops" and run.cancelled_at is not None
+    assert is_utc(run.cancelled_at) and before <= run.cancelled_at <= engine.now()
+    states = {
+        k: j.state.value
+        for k in ("p:1:0", "p:1:100", "p:1:200", "p:2:0")
+        if (j := engine.job_get(k)) is not None
+    }
+    assert states == {
+        "p:1:0": "completed",
+        "p:1:100": "cancelled",
+        "p:1:200": "running",
+        "p:2:0": "available",  # another run's job
+    }
+    assert done.state.value == "completed"
+    assert engine.run_finish("p:1") is False  # its running job first
+    engine.job_complete(running)
+    assert engine.run_finish("p:1") is True
+    assert engine.run_cancel("p:1", "ops") is None  # finished: nothing to cancel
+    assert engine.run_cancel("nope", "ops") is None
+
+
+def test_run_cancel_twice_cancels_once(engine: Engine) -> None:
+    engine.run_insert("p:1", "p", CUTOFF, "trigger")
+    assert engine.run_cancel("p:1", "ops") == []
+    assert engine.run_cancel("p:1", "someone else") is None
+    run = engine.run_get("p:1")
+    assert run is not None and run.cancelled_by == "ops"
+
+
 def test_run_finish_waits_for_planning_and_pending_jobs(engine: Engine) -> None:
     engine.run_insert("p:1", "p", CUTOFF, "trigger")
     first = complete(engine, "p:1:0", "p:1")

@@ -100,3 +100,22 @@ def test_pause_and_resume_a_policy(live: Live) -> None:
     message = assert_error(live.client.post("/v1/policies/expired-session/pause"), 404)
     assert "did you mean 'expired-sessions'" in message
     assert_error(live.client.post("/v1/cleanup/trigger", json={"policy": "nope"}), 404, "not_found")
+
+
+def test_cancel_a_run_over_http(live: Live) -> None:
+    live.db.insert_sessions(expired=250, live=50)
+    opened = live.client.post("/v1/cleanup/trigger", json={"policy": POLICY}).json()
+
+    cancelled = live.client.post("/v1/runs/cancel", json={"run_id": opened["run_id"]})
+    assert cancelled.status_code == 200, cancelled.text
+    body = cancelled.json()
+    assert body["outcome"] == "cancelled" and body["jobs_cancelled"] == 1
+    assert body["cancelled_by"].startswith("api:")
+    assert live.db.count() == 300  # nothing ran: nothing deleted
+
+    again = live.client.post("/v1/runs/cancel", json={"run_id": opened["run_id"]})
+    assert_error(again, 409, "run_finished")
+    missing = live.client.post("/v1/runs/cancel", json={"run_id": f"{POLICY}:nope"})
+    assert_error(missing, 404, "not_found")
+    bad = live.client.post("/v1/runs/cancel", json={})
+    assert bad.status_code == 422

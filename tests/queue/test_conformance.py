@@ -494,6 +494,15 @@ def execute_in(engine: Engine, tx: object, statement: str, *params: object) -> N
 # -- migrations --------------------------------------------------------------------
 
 
+def drop_expiry_schema(engine: Engine) -> None:
+    if engine.dialect == "postgres":
+        execute(engine, "drop schema expiry cascade")
+    else:
+        tables = "select name from sqlite_master where type = 'table' and name like 'expiry%'"
+        for row in execute(engine, tables):
+            execute(engine, f'drop table "{row["name"]}"')
+
+
 def test_migrate_twice_is_a_no_op(engine: Engine) -> None:
     version = engine.schema_version()
     assert version == engine.migrations[-1][0]
@@ -503,17 +512,43 @@ def test_migrate_twice_is_a_no_op(engine: Engine) -> None:
 
 
 def test_migrate_from_empty_then_again(engine: Engine) -> None:
-    if engine.dialect == "postgres":
-        execute(engine, "drop schema expiry cascade")
-    else:
-        tables = "select name from sqlite_master where type = 'table' and name like 'expiry%'"
-        for row in execute(engine, tables):
-            execute(engine, f'drop table "{row["name"]}"')
+    drop_expiry_schema(engine)
     assert engine.schema_version() == 0
 
     assert engine.migrate() == [version for version, _ in engine.migrations]
     assert engine.migrate() == []
     assert Queue(engine).enqueue("noop", {}, None, "k").enqueued
+
+
+def test_migration_0008_moves_expirys_own_queued_jobs_into_their_own_queues(
+    engine: Engine,
+) -> None:
+    """Jobs queued by an earlier expiry in 'default' move to the policy's queue
+    (planning, partition and window jobs) and to expiry.cron (cron calls); the
+    application's jobs, and a look-alike outside 'default', stay."""
+    drop_expiry_schema(engine)
+    every = engine.migrations
+    try:
+        engine.migrations = [m for m in every if m[0] < 8]
+        engine.migrate()
+        old = Queue(engine)
+        old.enqueue("expiry.window", {"policy": "p", "run_id": "p:t"}, key="p:t:0")
+        old.enqueue("expiry.plan", {"policy": "p", "run_id": "p:t"}, key="p:t:plan")
+        old.enqueue("expiry.http_call", {"name": "n"}, key="cron:n:t")
+        old.enqueue("send_mail", {"policy": "p"}, key="mail")
+        old.enqueue("expiry.window", {"policy": "p"}, key="elsewhere", queue="other")
+    finally:
+        engine.migrations = every
+    assert engine.migrate() == [v for v, _ in every if v >= 8]
+
+    queues = {r["key"]: r["queue"] for r in execute(engine, "select key, queue from expiry.jobs")}
+    assert queues == {
+        "p:t:0": "expiry.policy.p",
+        "p:t:plan": "expiry.policy.p",
+        "cron:n:t": "expiry.cron",
+        "mail": "default",
+        "elsewhere": "other",
+    }
 
 
 def test_a_database_from_a_newer_expiry_is_refused(db_url: str, engine: Engine) -> None:

@@ -667,4 +667,8 @@ def test_the_scheduler_wakes_for_cron_targets_not_only_policies(
     app.crons.set_paused("minutely", True)
     assert app.engine.schedule_version() != paused
     later = scheduler.seconds_to_next_fire(target.last_fire_at)
-    assert later is not None and later > 3600  # a paused target does not wake it
+    # A paused target does not wake it: the daily policy's next fire does.
+    midnight = (target.last_fire_at + timedelta(days=1)).replace(
+        hour=0, minute=0, second=0, microsecond=0
+    )
+    assert later == (midnight - target.last_fire_at).total_seconds()

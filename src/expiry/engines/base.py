@@ -668,15 +668,28 @@ class Engine(abc.ABC):
             opened_at=self._time(row["opened_at"]),
             planned_at=self._maybe_time(row["planned_at"]),
             finished_at=self._maybe_time(row["finished_at"]),
+            cancelled_at=self._maybe_time(row["cancelled_at"]),
+            cancelled_by=row["cancelled_by"],
         )
 
     def run_add_windows(
         self, run_id: str, windows: int, *, done: bool, conn: Any | None = None
-    ) -> None:
-        """Count the windows a planning page emitted; ``done``: it was the last page,
-        the run moves from planning to running."""
+    ) -> bool:
+        """Count the windows a planning page is about to queue; ``done``: it is the
+        last page, the run moves from planning to running. False when the run
+        was cancelled: queue nothing (the run's row is locked till commit, so a
+        cancel either sees this page's jobs or this page sees the cancel)."""
         params = {"id": run_id, "windows": windows, "done": done}
-        self._tx_rows(conn, "run_add_windows", params)
+        return bool(self._tx_rows(conn, "run_add_windows", params))
+
+    def run_cancel(self, run_id: str, actor: str, *, conn: Any | None = None) -> list[str] | None:
+        """Cancel a run not yet finished: its planning stops and its waiting jobs
+        are cancelled (their keys returned); jobs running now finish, and the
+        run finishes after them. None: no such run, or it finished already."""
+        with self.transaction_or(conn) as tx:
+            if not self._rows(tx, "run_cancel", {"id": run_id, "actor": actor}):
+                return None
+            return [row["key"] for row in self._rows(tx, "run_cancel_jobs", {"id": run_id})]
 
     def run_finish(self, run_id: str, *, conn: Any | None = None) -> bool:
         """Finish a planned run none of whose jobs is pending; True if it did now

@@ -201,6 +201,10 @@ class CronCall(Body):
     at: str
 
 
+class CancelRunRequest(Request):
+    run_id: str = Field(max_length=300, pattern=NO_NUL)
+
+
 class TriggerRequest(Request):
     policy: str = Field(max_length=63)
     cutoff: datetime | None = Field(

@@ -10,6 +10,7 @@ bound was reached.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import deque
 from collections.abc import Sequence
@@ -231,6 +232,51 @@ def job_policy(job: Job) -> str | None:
     return value if isinstance(value, str) else None
 
 
+_VARYING = re.compile(r"[0-9a-fA-F]{8,}|\d+")
+"""What differs between failures of one cause: numbers, ids, hashes."""
+
+
+def error_group(job: Job) -> str:
+    """The cause a dead job shares with others: its error kind and the first
+    line of its error, numbers and ids masked ("lock timeout on row #")."""
+    first = (job.last_error or "").strip().splitlines()[:1]
+    text = _VARYING.sub("#", first[0])[:160] if first else "no error recorded"
+    return f"{job.last_error_kind or 'error'}: {text}"
+
+
+def dead_groups(jobs: Sequence[Job]) -> list[dict[str, Any]]:
+    """Dead jobs grouped by error_group, the largest group first: its cause,
+    how many, which policies and runs, its newest failure and a sample error."""
+    groups: dict[str, dict[str, Any]] = {}
+    for job in jobs:
+        name = error_group(job)
+        group = groups.setdefault(
+            name,
+            {
+                "error": name,
+                "kind": job.last_error_kind or "error",
+                "sample": (job.last_error or "").strip().splitlines()[0][:300]
+                if job.last_error
+                else "",
+                "count": 0,
+                "policies": set(),
+                "runs": set(),
+                "newest": job.finished_at,
+            },
+        )
+        group["count"] += 1
+        if policy := job_policy(job):
+            group["policies"].add(policy)
+        if isinstance(run := job.payload.get("run_id"), str):
+            group["runs"].add(run)
+        if job.finished_at and (group["newest"] is None or job.finished_at > group["newest"]):
+            group["newest"] = job.finished_at
+    out = sorted(groups.values(), key=lambda g: (-g["count"], g["error"]))
+    for group in out:
+        group["policies"], group["runs"] = sorted(group["policies"]), sorted(group["runs"])
+    return out
+
+
 def find_jobs(
     app: App,
     state: JobState,
@@ -238,14 +284,17 @@ def find_jobs(
     queue: str | None = None,
     policy: str | None = None,
     run_id: str | None = None,
+    error: str | None = None,
 ) -> tuple[list[Job], bool]:
-    """Jobs in ``state`` matching the filters, newest first; True if the scan was cut."""
+    """Jobs in ``state`` matching the filters (``error``: an error_group), newest
+    first; True if the scan was cut."""
     found = app.engine.job_list(state, queue, SCAN_LIMIT)
     keep = [
         j
         for j in found
         if (policy is None or job_policy(j) == policy)
         and (run_id is None or j.payload.get("run_id") == run_id)
+        and (error is None or error_group(j) == error)
     ]
     return keep, len(found) >= SCAN_LIMIT
 

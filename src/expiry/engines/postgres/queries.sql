@@ -276,12 +276,31 @@ where (%(policy)s::text is null or policy = %(policy)s)
 order by opened_at desc, id desc limit %(limit)s;
 
 -- name: run_add_windows
--- Count the windows a planning page emitted; mark planning done on the last page.
+-- Count the windows a planning page queues; mark planning done on the last
+-- page. A cancelled run takes none (no row comes back: the page queues nothing).
 update expiry.runs
 set windows_planned = windows_planned + %(windows)s,
     state = case when %(done)s then 'running' else state end,
     planned_at = case when %(done)s then now() else planned_at end
-where id = %(id)s;
+where id = %(id)s and cancelled_at is null
+returning id;
+
+-- name: run_cancel
+-- Cancel a run not yet finished: planning is over (a planning run moves on to
+-- running, to finish once nothing of it is pending).
+update expiry.runs
+set cancelled_at = now(), cancelled_by = %(actor)s,
+    state = case when state = 'planning' then 'running' else state end,
+    planned_at = coalesce(planned_at, now())
+where id = %(id)s and state <> 'finished' and cancelled_at is null
+returning id;
+
+-- name: run_cancel_jobs
+-- A cancelled run's waiting jobs are cancelled; running ones finish.
+update expiry.jobs
+set state = 'cancelled', finished_at = now(), updated_at = now()
+where run_id = %(id)s and state in ('scheduled', 'available', 'retryable')
+returning key;
 
 -- name: run_finish
 -- Mark a planned run finished once none of its jobs is pending, and tell

@@ -235,12 +235,30 @@ where (:policy is null or policy = :policy)
 order by opened_at desc, id desc limit :limit;
 
 -- name: run_add_windows
--- Count the windows a planning page emitted; mark planning done on the last page.
+-- Count the windows a planning page queues; mark planning done on the last
+-- page. A cancelled run takes none (no row comes back: the page queues nothing).
 update expiry_runs
 set windows_planned = windows_planned + :windows,
     state = case when :done then 'running' else state end,
     planned_at = case when :done then $now else planned_at end
-where id = :id;
+where id = :id and cancelled_at is null
+returning id;
+
+-- name: run_cancel
+-- Cancel a run not yet finished: planning is over.
+update expiry_runs
+set cancelled_at = $now, cancelled_by = :actor,
+    state = case when state = 'planning' then 'running' else state end,
+    planned_at = coalesce(planned_at, $now)
+where id = :id and state <> 'finished' and cancelled_at is null
+returning id;
+
+-- name: run_cancel_jobs
+-- A cancelled run's waiting jobs are cancelled; running ones finish.
+update expiry_jobs
+set state = 'cancelled', finished_at = $now, updated_at = $now
+where run_id = :id and state in ('scheduled', 'available', 'retryable')
+returning key;
 
 -- name: run_finish
 -- Mark a planned run finished once none of its jobs is pending.

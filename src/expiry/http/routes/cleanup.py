@@ -1,5 +1,5 @@
 """Cleanup over HTTP: trigger a policy's run (or dry-run it), list the
-policies, pause and resume them, and read runs."""
+policies, pause and resume them, read runs and cancel one."""
 
 from __future__ import annotations
 
@@ -96,6 +96,18 @@ def runs(
     _: Key, app: ExpiryApp, policy: PolicyFilter = None, limit: int = 20
 ) -> list[dict[str, Any]]:
     return status_view.runs(app, policy, max(1, min(limit, 200)))
+
+
+@router.post("/runs/cancel", responses=NOT_FOUND)
+def run_cancel(body: m.CancelRunRequest, key: Key, app: ExpiryApp) -> dict[str, Any]:
+    """Cancel a run: planning stops, its waiting jobs are cancelled, running ones
+    finish; 404 for no such run, 409 for one that finished already."""
+    if status_view.run_summary(app, body.run_id) is None:
+        raise ApiError(404, "not_found", f"no run {body.run_id!r}")
+    try:
+        return app.runs.cancel(body.run_id, actor=f"api:{key}")
+    except ConfigError as exc:
+        raise ApiError(409, "run_finished", str(exc)) from None
 
 
 @router.get("/runs/{run_id:path}", responses=NOT_FOUND)

@@ -175,12 +175,14 @@ def dlq(
     pages: DashboardPages,
     queue: str = "",
     policy: str = "",
+    run: str = "",
+    error: str = "",
     page: str = "1",
 ) -> Response:
     session = pages.session(request)
     if session is None:
         return pages.to_login(request)
-    filters = {"queue": queue, "policy": policy, "page": page}
+    filters = {"queue": queue, "policy": policy, "run": run, "error": error, "page": page}
     return pages.render(request, "jobs.html", session, **_jobs(app, JobState.DEAD, True, filters))
 
 
@@ -272,7 +274,7 @@ def _queue_charts(app: App) -> dict[str, Any]:
 
 def _jobs(app: App, state: JobState, dlq: bool, filters: dict[str, str]) -> dict[str, Any]:
     """A page of jobs in ``state`` matching the filters (``dlq``: shown as the
-    dead-letter queue)."""
+    dead-letter queue, with its jobs grouped by error above them)."""
     jobs, truncated = v.find_jobs(
         app,
         state,
@@ -280,9 +282,13 @@ def _jobs(app: App, state: JobState, dlq: bool, filters: dict[str, str]) -> dict
         policy=filters["policy"] or None,
         run_id=filters.get("run") or None,
     )
+    groups = v.dead_groups(jobs) if dlq else []
+    if filters.get("error"):
+        jobs = [j for j in jobs if v.error_group(j) == filters["error"]]
     listed = v.page_of(jobs, page_number(filters["page"]), total=len(jobs), truncated=truncated)
     return {
         "dlq": dlq,
+        "groups": groups,
         "state": state.value,
         "page": listed,
         "filters": filters,

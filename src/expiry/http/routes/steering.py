@@ -1,11 +1,12 @@
 """The dashboard's state-changing routes: redrive and discard one dead job or
-every one matching a filter (after a page that says how many), pause and
-resume policies and cron targets. Each POST needs the session's CSRF token and
+every one matching a filter (a queue, a policy, a run, one error's group;
+after a page that says how many), cancel a run, pause and resume policies
+and cron targets. Each POST needs the session's CSRF token and
 is audited under the signed-in key's name (``dashboard:NAME``)."""
 
 from __future__ import annotations
 
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -43,9 +44,21 @@ def discard(request: Request, form: Form, app: ExpiryApp, pages: DashboardPages)
     return pages.done(request, form.get("next"), message)
 
 
-def matching(app: App, queue: str, policy: str) -> tuple[list[str], bool]:
+BULK_FILTERS = ("queue", "policy", "run", "error")
+"""What a bulk action on dead letters may be narrowed by (a group of one
+error, the dead windows of one run)."""
+
+
+def matching(app: App, filters: dict[str, str]) -> tuple[list[str], bool]:
     """The keys of the dead jobs a bulk action would touch; True if the scan was cut."""
-    jobs, truncated = v.find_jobs(app, JobState.DEAD, queue=queue or None, policy=policy or None)
+    jobs, truncated = v.find_jobs(
+        app,
+        JobState.DEAD,
+        queue=filters["queue"] or None,
+        policy=filters["policy"] or None,
+        run_id=filters["run"] or None,
+        error=filters["error"] or None,
+    )
     return [j.key for j in jobs], truncated
 
 
@@ -57,18 +70,20 @@ def bulk_confirm(
     action: str = "redrive",
     queue: str = "",
     policy: str = "",
+    run: str = "",
+    error: str = "",
 ) -> Response:
     session = pages.session(request)
     if session is None:
         return pages.to_login(request)
-    keys, truncated = matching(app, queue, policy)
+    filters = {"queue": queue, "policy": policy, "run": run, "error": error}
+    keys, truncated = matching(app, filters)
     return pages.render(
         request,
         "bulk.html",
         session,
         action="discard" if action == "discard" else "redrive",
-        queue=queue,
-        policy=policy,
+        filters=filters,
         count=len(keys),
         truncated=truncated,
         sample=keys[:10],
@@ -81,8 +96,8 @@ def bulk(request: Request, form: Form, app: ExpiryApp, pages: DashboardPages) ->
     if not isinstance(guarded, Session):
         return guarded
     action = "discard" if form.get("action") == "discard" else "redrive"
-    queue, policy = form.get("queue", ""), form.get("policy", "")
-    keys, truncated = matching(app, queue, policy)
+    filters = {name: form.get(name, "") for name in BULK_FILTERS}
+    keys, truncated = matching(app, filters)
     if str(len(keys)) != form.get("expected"):
         return pages.render(
             request,
@@ -90,8 +105,7 @@ def bulk(request: Request, form: Form, app: ExpiryApp, pages: DashboardPages) ->
             guarded,
             status=409,
             action=action,
-            queue=queue,
-            policy=policy,
+            filters=filters,
             count=len(keys),
             truncated=truncated,
             sample=keys[:10],
@@ -102,8 +116,24 @@ def bulk(request: Request, form: Form, app: ExpiryApp, pages: DashboardPages) ->
         message = f"Redrove {v.plural(len(app.queue.redrive(keys, actor=actor)))}."
     else:
         message = f"Discarded {v.plural(len(app.queue.discard(keys, actor=actor)))}."
-    target = "/dlq?" + urlencode({k: x for k, x in (("queue", queue), ("policy", policy)) if x})
-    return pages.done(request, target.rstrip("?"), message)
+    kept = {k: x for k, x in filters.items() if x and k in ("queue", "policy", "run")}
+    return pages.done(request, ("/dlq?" + urlencode(kept)).rstrip("?"), message)
+
+
+@router.post("/runs/cancel")
+def cancel_run(request: Request, form: Form, app: ExpiryApp, pages: DashboardPages) -> Response:
+    guarded = pages.guard(request, form)
+    if not isinstance(guarded, Session):
+        return guarded
+    run_id = form.get("run", "")
+    target = "/runs/" + quote(run_id, safe="")
+    try:
+        done = app.runs.cancel(run_id, actor=f"dashboard:{guarded.key_name}")
+    except ExpiryError as exc:
+        return pages.done(request, target, f"Not cancelled: {exc}")
+    return pages.done(
+        request, target, f"Cancelled run {run_id}: {v.plural(done['jobs_cancelled'])} cancelled."
+    )
 
 
 @router.post("/policies/pause")

@@ -1,0 +1,131 @@
+"""The dead-letter page for on-call: dead jobs grouped by their error, with a
+redrive or discard per group and per run, a run cancelled by clicking, and
+pages that work on a phone (390 px wide) with every button on screen."""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+import pytest
+from selenium.webdriver.chrome.webdriver import WebDriver
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions as ec
+from selenium.webdriver.support.ui import WebDriverWait
+
+from .conftest import ARTIFACTS, Dashboard, sign_in
+
+RUN = "expired-sessions:2026-01-01T00:00:00Z"
+
+
+def dead(dashboard: Dashboard, key: str, error: str, kind: str, run: str | None = None) -> None:
+    """A dead job of ``run`` (when given) that failed with ``error``."""
+    app = dashboard.app
+    payload = {"policy": "expired-sessions", "run_id": run} if run else {"n": key}
+    app.queue.enqueue("no.such.handler", payload, key=key, queue="mail", max_attempts=1)
+    [job] = app.queue.claim(1, 60, queues=("mail",), owner="test")
+    app.queue.fail(job, error, transient=False, kind=kind)
+
+
+def arrange(dashboard: Dashboard) -> None:
+    """29 dead windows of one run that met a lock (rows and ids differ), 3
+    jobs whose handler is missing, 8 more lock failures of no run."""
+    for i in range(29):
+        dead(
+            dashboard, f"w-{i}", f"lock timeout on row {1000 + i} of sessions", "lock_timeout", RUN
+        )
+    for i in range(3):
+        dead(dashboard, f"h-{i}", "KeyError: no handler 'no.such.handler'", "permanent")
+    for i in range(8):
+        dead(dashboard, f"x-{i}", f"lock timeout on row {i} of sessions", "lock_timeout")
+
+
+def wait_for(browser: WebDriver, words: str) -> None:
+    WebDriverWait(browser, 10).until(lambda b: words in b.page_source)
+
+
+def bulk(page: WebDriver, link: str, action: str, n: int) -> None:
+    """Follow a bulk link, check the count it confirms, confirm, and wait."""
+    page.find_element(By.PARTIAL_LINK_TEXT, link).click()
+    wait_for(page, f"{action.capitalize()} dead letters")
+    assert f"This will {action} {n} dead jobs." in page.find_element(By.ID, "bulk-count").text
+    page.find_element(
+        By.XPATH, f"//button[normalize-space()='{action.capitalize()} {n} jobs']"
+    ).click()
+    WebDriverWait(page, 5).until(ec.alert_is_present()).accept()
+    done = {"redrive": "Redrove", "discard": "Discarded"}[action]
+    wait_for(page, f"{done} {n} jobs.")
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_dead_letters_are_grouped_by_error_and_a_group_is_redriven(
+    page: WebDriver, dashboard: Dashboard
+) -> None:
+    arrange(dashboard)
+    sign_in(page, dashboard)
+    page.get(dashboard.url("/dlq"))
+    groups = [g.text for g in page.find_elements(By.CSS_SELECTOR, "li.group")]
+    assert len(groups) == 2
+    assert groups[0].startswith("37 lock_timeout lock timeout on row")
+    assert groups[1].startswith("3 permanent KeyError: no handler")
+
+    bulk(page, "Redrive 37", "redrive", 37)
+    assert {dashboard.job_state(f"w-{i}") for i in range(29)} == {"available"}
+    assert {dashboard.job_state(f"h-{i}") for i in range(3)} == {"dead"}
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_runs_dead_jobs_are_discarded_from_the_run_page(
+    page: WebDriver, dashboard: Dashboard
+) -> None:
+    app = dashboard.app
+    assert app.engine.run_insert(RUN, "expired-sessions", app.engine.now(), "test")
+    app.engine.run_add_windows(RUN, 29, done=True)
+    arrange(dashboard)
+    sign_in(page, dashboard)
+    page.get(dashboard.url(f"/runs/{quote(RUN, safe='')}"))
+    bulk(page, "Discard them", "discard", 29)
+    assert {dashboard.job_state(f"w-{i}") for i in range(29)} == {"cancelled"}
+    assert {dashboard.job_state(f"x-{i}") for i in range(8)} == {"dead"}
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_cancel_a_run_by_clicking(page: WebDriver, dashboard: Dashboard) -> None:
+    app = dashboard.app
+    assert app.cleanup is not None
+    opened = app.cleanup.open_run("expired-sessions")
+    sign_in(page, dashboard)
+    page.get(dashboard.url(f"/runs/{quote(opened.run_id, safe='')}"))
+    page.find_element(By.CSS_SELECTOR, f"button[aria-label='Cancel run {opened.run_id}']").click()
+    WebDriverWait(page, 5).until(ec.alert_is_present()).accept()
+    wait_for(page, f"Cancelled run {opened.run_id}")
+    assert "Cancelled by dashboard:ops" in page.page_source
+    summary = app.runs.summary(opened.run_id)
+    assert summary is not None and summary["outcome"] == "cancelled"
+    assert dashboard.job_state(f"{opened.run_id}:plan") == "cancelled"
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_the_dead_letter_page_fits_a_phone(page: WebDriver, dashboard: Dashboard) -> None:
+    """390 px wide: nothing wider than the screen, each job a card with its
+    buttons on screen, and a page of 25 jobs a few screens tall, not 17,000 px."""
+    arrange(dashboard)
+    sign_in(page, dashboard)
+    page.set_window_size(390, 844)
+    try:
+        for path in ("/dlq", "/", "/runs", "/workers", "/jobs?state=dead"):
+            page.get(dashboard.url(path))
+            width = page.execute_script("return document.documentElement.scrollWidth")
+            assert width <= 390, (path, width)
+        page.get(dashboard.url("/dlq"))
+        inner = page.execute_script("return window.innerWidth")
+        for button in page.find_elements(By.CSS_SELECTOR, "table.jobs td.actions button"):
+            rect = page.execute_script("return arguments[0].getBoundingClientRect()", button)
+            assert 0 <= rect["left"] and rect["right"] <= inner, rect
+        height = page.execute_script("return document.documentElement.scrollHeight")
+        assert height < 9000, height
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.save_screenshot(str(ARTIFACTS / "dlq-390px-first-screen.png"))
+        page.set_window_size(390, min(int(height) + 140, 9000))
+        page.save_screenshot(str(ARTIFACTS / "dlq-390px.png"))
+    finally:
+        page.set_window_size(1400, 1000)
