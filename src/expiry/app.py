@@ -116,6 +116,7 @@ class App:
             self._cleanup.reload(config)
         if self._crons is not None:
             self._crons.allowed_hosts = list(config.http.allowed_hosts)
+            self._crons.call_timeout = config.http.call_timeout
 
     # -- the services, built on first use ------------------------------------------
 
@@ -168,8 +169,12 @@ class App:
     @property
     def crons(self) -> Crons:
         if self._crons is None:
-            hosts = list(self.config.http.allowed_hosts) if self.config else []
-            self._crons = Crons(self.engine, hosts)
+            http = self.config.http if self.config else None
+            self._crons = Crons(
+                self.engine,
+                list(http.allowed_hosts) if http else [],
+                call_timeout=http.call_timeout if http else defaults.CALL_TIMEOUT_SECONDS,
+            )
         return self._crons
 
     @property
@@ -220,8 +225,11 @@ class App:
 
     def worker(self, **options: Any) -> Worker:
         """A Worker over this App's queue and handlers (options: worker.Worker's;
-        its queues are worked_queues(queues))."""
+        its queues are worked_queues(queues); cron calls get threads of their
+        own, [worker] cron_threads)."""
         options["queues"] = self.worked_queues(options.get("queues") or ())
+        threads = self.config.worker.cron_threads if self.config else defaults.CRON_THREADS
+        options.setdefault("pools", {CRON_QUEUE: threads})
         return Worker(self.engine, self.queue, self.handlers, self.hooks, **options)
 
     def scheduler(self, **options: Any) -> Scheduler:

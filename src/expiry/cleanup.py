@@ -31,7 +31,14 @@ from . import defaults
 from .config import Config, Policy
 from .durations import format_duration
 from .engines import Engine
-from .errors import CutoffRefused, ForeignKeyBlocked, PermanentError, SchemaError, Snooze
+from .errors import (
+    CutoffRefused,
+    ExpiryError,
+    ForeignKeyBlocked,
+    PermanentError,
+    SchemaError,
+    Snooze,
+)
 from .handlers import Handler
 from .metrics import WINDOW_ROWS
 from .queue import new_job, policy_queue
@@ -248,7 +255,12 @@ class Cleanup:
             rid = run_id(name, cutoff)
             created = engine.run_insert(rid, name, cutoff, opened_by, conn=tx)
             if created:
-                engine.job_insert_many([_first_plan_job(policy, rid, cutoff)], tx)
+                [planned] = engine.job_insert_many([_first_plan_job(policy, rid, cutoff)], tx)
+                if not planned.enqueued:  # the key is taken by a job outside the run
+                    raise ExpiryError(
+                        f"run {rid}: its planning job's key {planned.key!r} is held by "
+                        "another job (not one of expiry's own); discard that job and trigger again"
+                    )
                 engine.audit_append(
                     tx,
                     AuditAction.RUN_OPENED,

@@ -105,7 +105,12 @@ def commands() -> list[tuple[str, Command, str, Arguments]]:
         ("serve", cmd_serve, "scheduler, workers and the HTTP API in one process", serve_args),
         ("pause", cmd_pause, "pause a policy's schedule", policy_args),
         ("resume", cmd_resume, "resume a policy's schedule", policy_args),
-        ("keys", cmd_keys, "API keys for the HTTP API: create NAME, list, revoke NAME", keys_args),
+        (
+            "keys",
+            cmd_keys,
+            "API keys: create NAME [--scope S]..., list, scope NAME --scope S..., revoke NAME",
+            keys_args,
+        ),
         ("runs", cmd_runs, "recent runs, `runs show RUN_ID`, `runs cancel RUN_ID`", runs_args),
         ("dlq", cmd_dlq, "dead-letter review: list, show KEY, redrive, discard", dlq_args),
     ]  # fmt: skip
@@ -338,38 +343,59 @@ def cmd_keys(args: argparse.Namespace) -> int:
     app = open_app(args)
     app.migrate()
     if args.action == "list":
-        found = [
-            {
-                "name": k.name,
-                "created_at": format_time(k.created_at),
-                "revoked": k.revoked_at is not None,
-            }
-            for k in app.keys.all()
-        ]
-        emit(
-            args,
-            found,
-            lambda: out.print(
-                "\n".join(f"{k['name']}  {'revoked' if k['revoked'] else 'active'}" for k in found)
-                or "no keys"
-            ),
-        )
-        return 0
+        return keys_list(args, app)
     if not args.name:
         raise ConfigError(f"usage: expiry keys {args.action} NAME")
     if args.action == "create":
-        secret = app.keys.create(args.name)
+        return keys_create(args, app)
+    if args.action == "scope":
+        app.keys.set_scopes(args.name, args.scope or [], actor=args.actor)
         emit(
             args,
-            {"name": args.name, "key": secret},
-            lambda: out.print(
-                f"key {args.name}: {secret}\n(shown once; send it as Authorization: Bearer KEY)"
-            ),
+            {"name": args.name, "scopes": args.scope},
+            lambda: out.print(f"key {args.name}: {' '.join(args.scope)}"),
         )
         return 0
-    if not app.keys.revoke(args.name):
+    if not app.keys.revoke(args.name, actor=args.actor):
         raise ConfigError(f"no active key named {args.name!r}")
     emit(args, {"name": args.name, "revoked": True}, lambda: out.print(f"key {args.name} revoked"))
+    return 0
+
+
+def keys_list(args: argparse.Namespace, app: App) -> int:
+    keys = app.keys.all()
+    found = [
+        {
+            "name": k.name,
+            "scopes": list(k.scopes),
+            "created_at": format_time(k.created_at),
+            "revoked": k.revoked_at is not None,
+        }
+        for k in keys
+    ]
+    lines = [
+        f"{k.name}  {'revoked' if k.revoked_at else 'active'}  {' '.join(k.scopes)}" for k in keys
+    ]
+    emit(args, found, lambda: out.print("\n".join(lines) or "no keys"))
+    return 0
+
+
+def keys_create(args: argparse.Namespace, app: App) -> int:
+    scopes = args.scope or ["admin"]
+    secret = app.keys.create(args.name, scopes, actor=args.actor)
+    note = (
+        "\n(an admin key may do everything: give --scope to narrow a new key)"
+        if scopes == ["admin"]
+        else ""
+    )
+    emit(
+        args,
+        {"name": args.name, "key": secret, "scopes": scopes},
+        lambda: out.print(
+            f"key {args.name} ({' '.join(scopes)}): {secret}\n"
+            f"(shown once; send it as Authorization: Bearer KEY){note}"
+        ),
+    )
     return 0
 
 

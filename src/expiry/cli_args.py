@@ -173,8 +173,16 @@ def policy_args(parser: argparse.ArgumentParser) -> None:
 
 
 def keys_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", choices=["create", "list", "revoke"])
+    parser.add_argument("action", choices=["create", "list", "scope", "revoke"])
     parser.add_argument("name", nargs="?")
+    parser.add_argument(
+        "--scope",
+        action="append",
+        default=None,
+        help="what the key may do (repeatable): admin, read, cleanup:trigger, cron:manage, "
+        "dlq:manage, queue:publish:PATTERN, queue:consume:PATTERN; `create` without it: admin",
+    )
+    actor_arg(parser)
 
 
 def runs_args(parser: argparse.ArgumentParser) -> None:

@@ -76,21 +76,55 @@ class DatabaseConfig(Strict):
         return value
 
 
+ALLOWED_HOST = re.compile(
+    r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+|[0-9A-Fa-f:]+)(?::(?:\*|[0-9]{1,5}))?$"
+)
+
+
 class HttpConfig(Strict):
     listen: str = "127.0.0.1:8080"
     allowed_hosts: list[str] = []
+    """Non-global targets cron calls may reach: "host:port", "host:*" (every
+    port) or "host" (ports 80 and 443); IPv6 in brackets."""
     rate_limit_per_second: float = Field(50.0, gt=0)
     rate_limit_burst: int = Field(100, ge=1)
-    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    anonymous_rate_limit_per_second: float = Field(5.0, gt=0)
+    """Requests without a valid key, per client address (each gets its 401 or
+    429 before its body is read)."""
+    anonymous_rate_limit_burst: int = Field(20, ge=1)
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    call_timeout: Duration = defaults.CALL_TIMEOUT_SECONDS
+    metrics_key: bool = False
+    """True: GET /metrics needs a key with the read scope, like the API."""
+    metrics_cache: Duration = 5.0
+    """/metrics reads the database's aggregates at most this often."""
+    metrics_queues: list[str] = []
+    """Application queues /metrics names in its labels; any other reads "other"
+    (expiry's own queues and "default" are always named)."""
 
     @field_validator("listen")
     @classmethod
     def _listen(cls, value: str) -> str:
         return check_listen(value)
 
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _allowed_hosts(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            port = entry.rsplit(":", 1)[1] if entry.count(":") == 1 or "]:" in entry else ""
+            if not ALLOWED_HOST.match(entry) or (port.isdigit() and not 0 < int(port) < 65536):
+                raise ValueError(
+                    f"{entry!r}: write host:port (127.0.0.1:8080), host:* for every "
+                    "port, or host alone for ports 80 and 443; IPv6 as [::1]:8080"
+                )
+        return value
+
 
 class WorkerConfig(Strict):
     concurrency: int = Field(2, ge=1, le=256)
+    cron_threads: int = Field(defaults.CRON_THREADS, ge=1, le=64)
+    """Threads of their own for cron calls: a slow target never holds a thread
+    that cleans."""
     lease: Duration = defaults.LEASE_SECONDS
     claim_batch: int = Field(defaults.CLAIM_BATCH, ge=1, le=1000)
     prune_after: Duration = defaults.PRUNE_AFTER_SECONDS

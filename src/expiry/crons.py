@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from . import webhooks
+from . import defaults, webhooks
 from .cron import check_expression, cron_next
 from .engines import Engine
 from .errors import ConfigError, TransientError
@@ -31,16 +31,23 @@ log = logging.getLogger("expiry.crons")
 
 CALL = "expiry.http_call"
 CALL_ATTEMPTS = 5
-CALL_TIMEOUT_SECONDS = 10.0
 OVERDUE_AFTER_SECONDS = 60.0
 """A fire still unclaimed this long after its time shows as overdue."""
 
 
 class Crons:
-    def __init__(self, engine: Engine, allowed_hosts: list[str]) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        allowed_hosts: list[str],
+        *,
+        call_timeout: float = defaults.CALL_TIMEOUT_SECONDS,
+    ) -> None:
         self.engine = engine
         self.allowed_hosts = allowed_hosts
-        """Private or loopback hosts that targets may call ([http] allowed_hosts)."""
+        """Non-global host:port pairs that targets may call ([http] allowed_hosts)."""
+        self.call_timeout = call_timeout
+        """One call's whole deadline ([http] call_timeout)."""
 
     def create(
         self,
@@ -50,8 +57,11 @@ class Crons:
         timezone: str = "UTC",
         *,
         actor: str = "api",
+        owner: str | None = None,
     ) -> dict[str, Any]:
-        """Validate and store a target; returns it with its secret (shown once)."""
+        """Validate and store a target, belonging to the API key ``owner`` (None:
+        an operator's, seen by admin keys only); returns it with its secret
+        (shown once)."""
         try:
             check_expression(schedule)
         except ValueError as exc:
@@ -67,7 +77,10 @@ class Crons:
         secret = webhooks.new_secret()
         engine = self.engine
         with engine.transaction() as conn:
-            if not engine.cron_insert(name, http_url, schedule, timezone, secret, conn=conn):
+            created = engine.cron_insert(
+                name, http_url, schedule, timezone, secret, owner=owner, conn=conn
+            )
+            if not created:
                 raise ConfigError(f"a cron target named {name!r} exists already")
             engine.audit_append(
                 conn,
@@ -90,6 +103,7 @@ class Crons:
             "paused": target.paused,
             "last_fire_at": format_time(last) if last is not None else None,
             "created_at": format_time(target.created_at),
+            "owner": target.owner,
         }
 
     def targets(self) -> list[dict[str, Any]]:
@@ -220,7 +234,7 @@ class Crons:
             body,
             headers,
             allowed_hosts=self.allowed_hosts,
-            timeout=CALL_TIMEOUT_SECONDS,
+            timeout=self.call_timeout,
         )
         engine.cron_call_insert(
             target.name,

@@ -67,3 +67,9 @@ NICE_RATIO = 1.0
 """After each cleanup transaction a worker thread rests this many times as long
 as the transaction took (as gh-ost's --nice-ratio): live traffic gets the
 database back between transactions. bench/foreground_impact.py chose it."""
+
+CALL_TIMEOUT_SECONDS = 10.0
+"""A cron call's whole deadline: connect, send and the response together."""
+
+CRON_THREADS = 2
+"""Worker threads for cron calls alone, besides the ones that clean."""

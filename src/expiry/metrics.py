@@ -6,7 +6,7 @@ running jobs (job duration, rows per window) are histograms of this process."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from prometheus_client import (
@@ -61,9 +61,25 @@ class Sources(Protocol):
     def cleanup(self) -> Watermarks | None: ...
 
 
+OTHER = "other"
+"""The queue label of every queue not named (labels stay bounded whatever
+queue names callers choose)."""
+
+
 class ExpiryCollector(Collector):
-    def __init__(self, engine: Engine, queue: Queue, cleanup: Watermarks | None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        queue: Queue,
+        cleanup: Watermarks | None,
+        named: Callable[[str], bool] = lambda queue: True,
+    ) -> None:
         self.engine, self.queue, self.cleanup = engine, queue, cleanup
+        self.named = named
+        """Whether a queue gets a label of its own; the rest are summed as "other"."""
+
+    def _label(self, queue: str) -> str:
+        return queue if self.named(queue) else OTHER
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         yield from self._queue(self.queue.stats())
@@ -84,13 +100,21 @@ class ExpiryCollector(Collector):
         longest = GaugeMetricFamily(
             "expiry_running_claim_max_seconds", "Longest-held running claim", labels=["queue"]
         )
+        counts: dict[str, dict[str, int]] = {}
+        ages: dict[str, float] = {}
         for queue, states in stats.by_state.items():
+            label = self._label(queue)
             for state, n in states.items():
-                jobs.add_metric([queue, state], n)
-            oldest.add_metric([queue], stats.oldest_due_seconds.get(queue, 0.0))
-            held = [h for q, _, h in stats.running if q == queue]
-            running.add_metric([queue], len(held))
-            longest.add_metric([queue], max(held, default=0.0))
+                counts.setdefault(label, {})
+                counts[label][state] = counts[label].get(state, 0) + n
+            ages[label] = max(ages.get(label, 0.0), stats.oldest_due_seconds.get(queue, 0.0))
+        for label, states in counts.items():
+            for state, n in states.items():
+                jobs.add_metric([label, state], n)
+            oldest.add_metric([label], ages[label])
+            held = [h for q, _, h in stats.running if self._label(q) == label]
+            running.add_metric([label], len(held))
+            longest.add_metric([label], max(held, default=0.0))
         retries = GaugeMetricFamily(
             "expiry_retrying_jobs", "Jobs retrying or dead, by last error kind", labels=["reason"]
         )
@@ -156,7 +180,9 @@ class ExpiryCollector(Collector):
         return gauge
 
 
-def render(sources: Sources) -> tuple[bytes, str]:
+def render(sources: Sources, named: Callable[[str], bool] = lambda q: True) -> tuple[bytes, str]:
+    """The exposition text: the database's state (queues ``named`` by name, the
+    rest summed as "other") and this process's histograms."""
     registry = CollectorRegistry()
-    registry.register(ExpiryCollector(sources.engine, sources.queue, sources.cleanup))
+    registry.register(ExpiryCollector(sources.engine, sources.queue, sources.cleanup, named))
     return generate_latest(registry) + generate_latest(REGISTRY), CONTENT_TYPE_LATEST

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -17,16 +18,11 @@ from typing import Any
 
 from . import defaults, retry
 from .engines.base import Engine
-from .types import AuditAction, EnqueueResult, Job, JobState, NewJob, QueueStats
+from .types import RESERVED_PREFIX, AuditAction, EnqueueResult, Job, JobState, NewJob, QueueStats
 
 log = logging.getLogger("expiry.queue")
 
 RunAt = datetime | timedelta | float | int | None
-
-RESERVED_PREFIX = "expiry."
-"""Queues and handlers whose names start with this are expiry's own: a policy's
-planning, partition and window jobs, and cron calls. Applications and the
-public HTTP API cannot name them."""
 
 CRON_QUEUE = "expiry.cron"
 """Where cron calls wait (crons.py)."""
@@ -43,6 +39,17 @@ def policy_queue(policy: str) -> str:
 def is_reserved(name: str) -> bool:
     """A queue or handler name of expiry's own (RESERVED_PREFIX)."""
     return name.startswith(RESERVED_PREFIX)
+
+
+_OWN_KEY = re.compile(r"^(?:[a-z0-9][a-z0-9-]*:\d{4}-\d\d-\d\dT|cron:)")
+
+
+def is_reserved_key(key: str) -> bool:
+    """A job key shaped like one of expiry's own: ``policy:cutoff...`` (a run's
+    planning, partition and window jobs) or ``cron:...`` (cron calls). Keys are
+    unique across queues, so a message holding such a key would take the place
+    of expiry's own job: the public API refuses them."""
+    return _OWN_KEY.match(key) is not None
 
 
 def new_job(

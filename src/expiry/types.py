@@ -9,6 +9,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+RESERVED_PREFIX = "expiry."
+"""Queues and handlers whose names start with this are expiry's own: a policy's
+planning, partition and window jobs, and cron calls. Applications and the
+public HTTP API cannot name them, and only such jobs are part of runs."""
+
 
 class JobState(enum.StrEnum):
     """The job state machine (docs/state_machine.md draws it).
@@ -188,6 +193,9 @@ class CronTarget:
     last_fire_stored: Any = field(default=None, repr=False)
     """``last_fire_at`` exactly as stored, for cron_advance's compare-and-set
     (as Schedule.last_fire_stored)."""
+    owner: str | None = None
+    """The API key that created it (None: made before keys had scopes, or by an
+    operator; admin keys only)."""
 
 
 @dataclass(frozen=True)
@@ -230,6 +238,15 @@ class ApiKey:
     name: str
     created_at: datetime
     revoked_at: datetime | None
+    scopes: tuple[str, ...] = ("admin",)
+
+
+@dataclass(frozen=True)
+class ActiveKey:
+    """A key in force, as the API's check reads it: its hash and scopes."""
+
+    hash: str
+    scopes: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -285,6 +302,7 @@ class AuditAction(enum.StrEnum):
     CRON_CALLED = "cron.called"
     KEY_CREATED = "key.created"
     KEY_REVOKED = "key.revoked"
+    KEY_SCOPED = "key.scoped"
     SIGNED_IN = "dashboard.signed_in"
     SIGN_IN_REFUSED = "dashboard.sign_in_refused"
     SIGNED_OUT = "dashboard.signed_out"

@@ -4,16 +4,19 @@ Signing follows Standard Webhooks: headers ``webhook-id``, ``webhook-timestamp``
 and ``webhook-signature: v1,<base64 HMAC-SHA256 of "id.timestamp.body">``, with
 the secret returned when the target was created (``whsec_<base64>``).
 
-Safety: a target whose host resolves to a private, loopback, link-local,
-multicast or reserved address is refused unless the host is listed in
-``[http] allowed_hosts``. The host is resolved once, the connection goes to that
-address (so a second DNS answer cannot redirect it), redirects are not
-followed, and only the first 64 KiB of the response is kept.
+Safety: a target any of whose addresses is not global (private, loopback,
+link-local, shared, 6to4 or Teredo wrapping an inner one, multicast,
+reserved) is refused unless its ``host:port`` is listed in ``[http]
+allowed_hosts``. The host is resolved at each call, the connection goes to
+the address checked (so a second DNS answer cannot redirect it), redirects
+are not followed, a call has one deadline for all of it (10 s by default),
+and at most 64 KiB of the response is read.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import http.client
@@ -21,6 +24,7 @@ import ipaddress
 import secrets
 import socket
 import ssl
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -54,39 +58,92 @@ def verify(secret: str, headers: dict[str, str], body: bytes, tolerance: int = 3
     )
 
 
+def allowed(host: str, port: int, allowed_hosts: Sequence[str]) -> bool:
+    """Whether ``[http] allowed_hosts`` lets a call go to ``host:port`` although
+    it resolves to a non-global address. An entry is ``host:port``,
+    ``host:*`` (every port: an operator's explicit choice) or a bare ``host``,
+    which allows its scheme's usual ports only (80 and 443); IPv6 literals go in
+    brackets: ``[::1]:8080``."""
+    for entry in allowed_hosts:
+        name, wanted = _entry(entry)
+        if name.lower() != host.strip("[]").lower():
+            continue
+        if wanted == "*" or wanted == str(port) or (wanted == "" and port in (80, 443)):
+            return True
+    return False
+
+
+def _entry(entry: str) -> tuple[str, str]:
+    """(host, port) of an allowed_hosts entry; the port is '' when none is given."""
+    if entry.startswith("["):
+        host, _, rest = entry[1:].partition("]")
+        return host, rest.removeprefix(":")
+    if entry.count(":") == 1:
+        host, _, port = entry.partition(":")
+        return host, port
+    return entry, ""  # a name, an IPv4 address, or an IPv6 one without brackets
+
+
 def resolve(url: str, allowed_hosts: Sequence[str]) -> tuple[str, str, int, str]:
-    """(scheme, host, port, address) for a URL that may be called; UnsafeTarget if not."""
+    """(scheme, host, port, address) for a URL that may be called; UnsafeTarget if
+    not. Every address the name resolves to must be global (``ipaddress``'s
+    ``is_global``: not private, loopback, link-local, shared (100.64.0.0/10),
+    6to4, site-local or otherwise reserved) unless ``host:port`` is allowed; the
+    call then goes to the first of them (pinned)."""
     try:
         parts = urlsplit(url)
         hostname, explicit_port = parts.hostname, parts.port
-    except ValueError as exc:  # a bad port or IPv6 literal
-        raise UnsafeTarget(f"{url!r}: not a valid URL ({exc})") from None
+    except ValueError:  # a bad port or IPv6 literal
+        raise UnsafeTarget("http_url is not a valid URL") from None
     if parts.scheme not in ("http", "https") or not hostname:
-        raise UnsafeTarget(f"{url!r}: use an http:// or https:// URL with a host")
+        raise UnsafeTarget("use an http:// or https:// URL with a host")
     if parts.username or parts.password:
-        raise UnsafeTarget(f"{url!r}: credentials in the URL are not allowed")
+        raise UnsafeTarget("credentials in the URL are not allowed")
     host = hostname
     port = explicit_port or (443 if parts.scheme == "https" else 80)
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except (socket.gaierror, ValueError) as exc:  # ValueError: e.g. a label over 63 bytes
-        raise UnsafeTarget(f"{url!r}: host {host!r} does not resolve ({exc})") from None
-    address = str(infos[0][4][0])
-    ip = ipaddress.ip_address(address)
-    internal = (
-        ip.is_private
-        or ip.is_loopback
-        or ip.is_link_local
-        or ip.is_multicast
-        or ip.is_reserved
-        or ip.is_unspecified
-    )
-    if internal and host not in allowed_hosts:
+    except (socket.gaierror, UnicodeError, ValueError):  # ValueError: a label over 63 bytes
+        # The resolver's own words can describe the network inside: not repeated.
+        raise UnsafeTarget(f"host {host!r} does not resolve") from None
+    addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+    inside = [a for a in addresses if not _is_global(a)]
+    if inside and not allowed(host, port, allowed_hosts):
+        named = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         raise UnsafeTarget(
-            f"{url!r}: {host} resolves to {address}, a private/loopback/link-local address; "
-            "add the host to [http] allowed_hosts to allow it"
+            f"{named} resolves to an address that is not global (private, loopback, "
+            "link-local, shared or reserved); add it to [http] allowed_hosts as "
+            f"'{named}' to allow it"
         )
-    return parts.scheme, host, port, address
+    return parts.scheme, host, port, addresses[0]
+
+
+NOT_GLOBAL = tuple(
+    ipaddress.ip_network(n)
+    for n in (
+        "192.88.99.0/24",  # 6to4 relay anycast (deprecated; ipaddress calls it global)
+        "2002::/16",  # 6to4: wraps an IPv4 address, any of them
+        "fec0::/10",  # IPv6 site-local (deprecated; ipaddress calls it global)
+        "64:ff9b:1::/48",  # local-use NAT64
+    )
+)
+"""Blocks that Python's is_global lets through but no cron target needs."""
+
+
+def _is_global(address: str) -> bool:
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if any(ip in net for net in NOT_GLOBAL if net.version == ip.version):
+        return False
+    if isinstance(ip, ipaddress.IPv6Address):
+        nat64 = (
+            ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+            if ip in ipaddress.ip_network("64:ff9b::/96")
+            else None
+        )
+        for inner in (ip.ipv4_mapped, ip.sixtofour, ip.teredo[1] if ip.teredo else None, nat64):
+            if inner is not None and not _is_global(str(inner)):
+                return False  # an IPv4 address inside an IPv6 one
+    return bool(ip.is_global) and not ip.is_multicast
 
 
 @dataclass(frozen=True)
@@ -105,14 +162,31 @@ def post(
     allowed_hosts: Sequence[str],
     timeout: float = 10.0,
 ) -> CallResult:
-    """POST to a checked, pinned address; never follows redirects."""
+    """POST to a checked, pinned address; never follows redirects. ``timeout`` is
+    the whole call's deadline (resolve, connect, send, the response's headers
+    and body): at the deadline the socket is shut, however slowly the target
+    drips bytes. At most RESPONSE_LIMIT bytes of the response are read."""
     started = time.monotonic()
+    deadline = started + timeout
+    watchdog: threading.Timer | None = None
+    expired = threading.Event()
     try:
         scheme, host, port, address = resolve(url, allowed_hosts)
         parts = urlsplit(url)
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        conn = _connection(scheme, host, port, address, timeout)
+        conn = _connection(scheme, host, port, address, max(0.001, deadline - time.monotonic()))
         try:
+            conn.connect()
+            sock = conn.sock
+
+            def cut() -> None:
+                expired.set()
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+            watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), cut)
+            watchdog.daemon = True
+            watchdog.start()
             conn.request(
                 "POST",
                 path,
@@ -120,15 +194,26 @@ def post(
                 headers={**headers, "Host": parts.netloc, "Content-Type": "application/json"},
             )
             response = conn.getresponse()
-            text = response.read(RESPONSE_LIMIT).decode("utf-8", "replace")
+            chunks, kept = [], 0
+            while kept < RESPONSE_LIMIT and (chunk := response.read1(RESPONSE_LIMIT - kept)):
+                chunks.append(chunk)
+                kept += len(chunk)
+            if expired.is_set():
+                raise TimeoutError(f"the call took longer than {timeout:g} s")
+            text = b"".join(chunks).decode("utf-8", "replace")
             status = response.status
         finally:
+            if watchdog is not None:
+                watchdog.cancel()
             conn.close()
         error = None if 200 <= status < 300 else f"HTTP {status}"
         return CallResult(status, (time.monotonic() - started) * 1000, text, error)
     except (OSError, http.client.HTTPException, UnsafeTarget) as exc:
+        failure: Exception = exc
+        if expired.is_set():
+            failure = TimeoutError(f"the call took longer than {timeout:g} s")
         return CallResult(
-            None, (time.monotonic() - started) * 1000, None, f"{type(exc).__name__}: {exc}"
+            None, (time.monotonic() - started) * 1000, None, f"{type(failure).__name__}: {failure}"
         )
 
 
@@ -136,8 +221,7 @@ def _connection(
     scheme: str, host: str, port: int, address: str, timeout: float
 ) -> http.client.HTTPConnection:
     if scheme == "http":
-        conn = http.client.HTTPConnection(address, port, timeout=timeout)
-        return conn
+        return http.client.HTTPConnection(address, port, timeout=timeout)
     context = ssl.create_default_context()
 
     class Pinned(http.client.HTTPSConnection):

@@ -1,7 +1,8 @@
 """The worker: claim, run each job in one transaction with its completion, and
 account for every outcome.
 
-Threads: ``concurrency`` job loops, one heartbeat loop that extends the leases
+Threads: ``concurrency`` job loops, the loops of the queues with threads of
+their own (``pools``: cron calls), one heartbeat loop that extends the leases
 of every job this process holds, and one rescuer that returns other workers'
 expired claims to the queue (on its own connection on PostgreSQL). On SIGTERM or
 SIGINT the loops finish the job in hand and give back claimed jobs they had
@@ -79,6 +80,7 @@ class Worker:
         prune_after: float = defaults.PRUNE_AFTER_SECONDS,
         name: str | None = None,
         rng: random.Random | None = None,
+        pools: Mapping[str, int] | None = None,
     ) -> None:
         self.engine = engine
         self.queue = queue
@@ -86,6 +88,9 @@ class Worker:
         self.hooks = hooks or Hooks()
         self.concurrency = max(1, concurrency)
         self.queues = tuple(dict.fromkeys(queues))  # a queue named twice is read once
+        self.pools = {q: max(1, n) for q, n in (pools or {}).items() if q in self.queues}
+        """Queues with threads of their own (cron calls): the ``concurrency`` job
+        loops never claim from them, so a slow call never holds a thread that cleans."""
         self.batch = max(1, batch)
         self.claim_hold = claim_hold
         self.lease = lease
@@ -125,9 +130,15 @@ class Worker:
             threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True),
             threading.Thread(target=self._rescue_loop, name="rescuer", daemon=True),
         ]
+        shared = tuple(q for q in self.queues if q not in self.pools)
         loops = [
-            threading.Thread(target=self._job_loop, name=f"job-{i}", daemon=True)
-            for i in range(self.concurrency)
+            threading.Thread(target=self._job_loop, args=(shared,), name=f"job-{i}", daemon=True)
+            for i in range(self.concurrency if shared else 0)
+        ]
+        loops += [
+            threading.Thread(target=self._job_loop, args=((q,),), name=f"{q}-{i}", daemon=True)
+            for q, n in self.pools.items()
+            for i in range(n)
         ]
         self._roll_call()
         for thread in helpers + loops:
@@ -172,25 +183,25 @@ class Worker:
             return 1
         return max(1, min(self.batch, int(self.claim_hold / max(per_job, 1e-6))))
 
-    def _gates(self) -> tuple[tuple[str, ...], dict[str, int], float | None]:
-        """The queues this loop may claim from now, the per-queue limits, and
-        the seconds until the first resting queue opens (None: none rests).
-        A rest holds back its queue, never this thread."""
+    def _gates(self, mine: tuple[str, ...]) -> tuple[tuple[str, ...], dict[str, int], float | None]:
+        """The queues of ``mine`` this loop may claim from now, the per-queue
+        limits, and the seconds until the first resting queue opens (None: none
+        rests). A rest holds back its queue, never this thread."""
         try:
             gates = self.hooks.gates() if self.hooks.gates is not None else Gates()
         except Exception as exc:  # pacing must not stop the loop
             log.warning("could not read the pacing gates: %s", exc)
             gates = Gates()
         now = time.monotonic()
-        resting = [t - now for q, t in gates.resting.items() if t > now and q in self.queues]
-        open_queues = tuple(q for q in self.queues if gates.resting.get(q, 0.0) <= now)
+        resting = [t - now for q, t in gates.resting.items() if t > now and q in mine]
+        open_queues = tuple(q for q in mine if gates.resting.get(q, 0.0) <= now)
         return open_queues, gates.limits, min(resting, default=None)
 
-    def _job_loop(self) -> None:
+    def _job_loop(self, mine: tuple[str, ...]) -> None:
         failures = 0
         per_job: float | None = None  # seconds a job, a moving average of this loop's
         while not self.stopping.is_set():
-            queues, limits, opens_in = self._gates()
+            queues, limits, opens_in = self._gates(mine)
             if not queues:  # every queue rests: wait for the first to open
                 self.stopping.wait(opens_in or self.poll)
                 continue
@@ -279,7 +290,7 @@ class Worker:
                 self.name,
                 host=socket.gethostname(),
                 pid=os.getpid(),
-                threads=self.concurrency,
+                threads=self.concurrency + sum(self.pools.values()),
                 queues=self.queues,
                 resting={q: t - now for q, t in gates.resting.items() if t > now},
                 holding=holding,

@@ -462,7 +462,7 @@ def test_worker_until_idle_exits_0_when_nothing_is_due(ws: Workspace) -> None:
 
 def test_keys_create_list_and_revoke(ws: Workspace) -> None:
     human = ws.ok("keys", "create", "ci-bot").out
-    assert re.search(r"key ci-bot: exp_\S+", human) and "shown once" in human
+    assert re.search(r"key ci-bot \(admin\): exp_\S+", human) and "shown once" in human
     created = ws.json("keys", "create", "dashboard")
     assert created["name"] == "dashboard" and created["key"].startswith("exp_")
     assert created["key"] not in ws.ok("keys", "list").out  # the secret is never shown again

@@ -101,7 +101,7 @@ class Dashboard:
     def signed_in_client(self) -> Iterator[httpx.Client]:
         """An HTTP client holding the session cookie that signing in sets."""
         with self.client() as client:
-            answer = client.post("/login", data={"key": self.key, "next": "/"})
+            answer = post_login(client, self.key)
             assert answer.status_code == 303, answer.text
             yield client
 
@@ -128,7 +128,7 @@ def dashboard(db_url: str) -> Iterator[Dashboard]:
     config = parse_config(
         {
             "database": {"url": db_url},
-            "http": {"allowed_hosts": ["127.0.0.1"]},
+            "http": {"allowed_hosts": ["127.0.0.1:*"]},
             "policy": [POLICY],
         }
     )
@@ -211,6 +211,12 @@ def screenshot(browser: webdriver.Chrome, name: str) -> Path:
     browser.set_window_size(1400, 1000)
     print(f"screenshot: {path}")
     return path
+
+
+def post_login(client: httpx.Client, key: str, next: str = "/") -> httpx.Response:
+    """Sign in as a browser does: the form's page (its token and cookie), then the form."""
+    form = client.get("/login", params={"next": next})
+    return client.post("/login", data={"key": key, "next": next, "csrf": csrf_of(form.text)})
 
 
 def csrf_of(html: str) -> str:

@@ -16,7 +16,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 from expiry.keys import Keys
 from expiry.types import JobState
 
-from .conftest import Dashboard, csrf_of, screenshot, sign_in
+from .conftest import Dashboard, csrf_of, post_login, screenshot, sign_in
 
 
 def run_worker(dashboard: Dashboard, queue: str = "default") -> None:
@@ -47,7 +47,7 @@ def test_sign_in_with_a_wrong_key_is_refused(page: WebDriver, dashboard: Dashboa
     assert page.find_element(By.ID, "key").get_attribute("aria-invalid") == "true"
     screenshot(page, "login-refused")
     with dashboard.client() as client:
-        answer = client.post("/login", data={"key": "exp_wrong", "next": "/"})
+        answer = post_login(client, "exp_wrong", "/")
         assert answer.status_code == 401
         assert "expiry_session" not in answer.cookies
         assert client.get("/dlq").status_code == 303  # still signed out
@@ -55,14 +55,15 @@ def test_sign_in_with_a_wrong_key_is_refused(page: WebDriver, dashboard: Dashboa
 
 def test_sign_in_sets_a_strict_httponly_session(dashboard: Dashboard) -> None:
     with dashboard.client() as client:
-        answer = client.post("/login", data={"key": dashboard.key, "next": "/queue"})
+        answer = post_login(client, dashboard.key, "/queue")
         assert answer.status_code == 303 and answer.headers["location"] == "/queue"
         cookie = answer.headers["set-cookie"].lower()
         assert "httponly" in cookie and "samesite=strict" in cookie
         assert client.get("/queue").status_code == 200
         # an open redirect is not followed
-        again = client.post("/login", data={"key": dashboard.key, "next": "//evil.example/"})
-        assert again.headers["location"] == "/"
+        with dashboard.client() as fresh:
+            again = post_login(fresh, dashboard.key, "//evil.example/")
+            assert again.headers["location"] == "/"
         # revoking the key ends its sessions (the key list is re-read within a second)
         assert Keys(dashboard.app.engine).revoke(dashboard.key_name)
         time.sleep(1.1)
@@ -230,7 +231,7 @@ def test_sign_out_ends_the_session_on_the_server_and_sign_ins_are_audited(
     with dashboard.client() as thief:
         thief.cookies.set("expiry_session", kept)
         assert thief.get("/queue").headers["location"] == "/login?next=%2Fqueue"
-        refused = thief.post("/login", data={"key": "not-a-key", "next": "/"})
+        refused = post_login(thief, "not-a-key")
         assert refused.status_code == 401
     actions = [e.action for e in dashboard.app.engine.audit_list(limit=20)]
     assert "dashboard.signed_in" in actions and "dashboard.signed_out" in actions
@@ -241,15 +242,27 @@ def test_sign_out_ends_the_session_on_the_server_and_sign_ins_are_audited(
     assert signed_in[0].actor == f"dashboard:{dashboard.key_name}"
 
 
+def test_the_sign_in_form_needs_its_own_token(dashboard: Dashboard) -> None:
+    """A page of another site cannot sign a browser in (login CSRF): a post
+    without the token the form's page set, or with another page's, is refused."""
+    with dashboard.client() as client:
+        bare = client.post("/login", data={"key": dashboard.key, "next": "/"})
+        assert bare.status_code == 403 and "expiry_session" not in bare.cookies
+        assert "did not come from this server" in bare.text
+    with dashboard.client() as other, dashboard.client() as client:
+        token = csrf_of(other.get("/login").text)  # another browser's form
+        client.get("/login")
+        forged = client.post("/login", data={"key": dashboard.key, "next": "/", "csrf": token})
+        assert forged.status_code == 403
+        assert post_login(client, dashboard.key).status_code == 303
+
+
 def test_refused_sign_ins_are_rate_limited_per_address(dashboard: Dashboard) -> None:
     with dashboard.client() as client:
-        codes = [
-            client.post("/login", data={"key": f"guess-{i}", "next": "/"}).status_code
-            for i in range(12)
-        ]
+        codes = [post_login(client, f"guess-{i}", "/").status_code for i in range(12)]
         assert codes[:10] == [401] * 10
         assert codes[10:] == [429, 429]
-        slow = client.post("/login", data={"key": dashboard.key, "next": "/"})
+        slow = post_login(client, dashboard.key, "/")
         assert slow.status_code == 429 and int(slow.headers["retry-after"]) >= 1
         assert "Too many sign-in attempts" in slow.text
 
@@ -304,3 +317,29 @@ def test_the_cron_page_shows_next_fire_overdue_last_response_and_calls_now(
     assert len(jobs) == 1 and jobs[0].handler == "expiry.http_call"
     actions = [(e.action, e.actor) for e in app.engine.audit_list(limit=20)]
     assert ("cron.called", f"dashboard:{dashboard.key_name}") in actions
+
+
+def test_the_dashboard_honours_the_keys_scopes(dashboard: Dashboard) -> None:
+    """A read key reads every page and changes nothing (403 naming the scope it
+    lacks); a key without read is refused the pages; cron targets show to
+    their own key."""
+    dead_job(dashboard, "lost-3")
+    keys = dashboard.app.keys
+    reader = keys.create("watcher", ["read"])
+    publisher = keys.create("publisher", ["queue:publish:*"])
+    dashboard.app.crons.create("theirs", dashboard.url("/v1/health"), "@daily", owner="someone")
+    with dashboard.client() as client:
+        assert post_login(client, reader).status_code == 303
+        for path in ("/", "/runs", "/dlq", "/workers", "/crons", "/audit"):
+            assert client.get(path).status_code == 200, path
+        assert "theirs" not in client.get("/crons").text
+        csrf = csrf_of(client.get("/dlq").text)
+        refused = client.post("/dlq/redrive", data={"key": "lost-3", "csrf": csrf})
+        assert refused.status_code == 403 and "dlq:manage" in refused.text
+        assert dashboard.job_state("lost-3") == "dead"
+    with dashboard.client() as client:
+        assert post_login(client, publisher).status_code == 303
+        page = client.get("/")
+        assert page.status_code == 403 and "lacks the scope <code>read</code>" in page.text
+    with dashboard.signed_in_client() as admin:
+        assert "theirs" in admin.get("/crons").text

@@ -166,7 +166,7 @@ def test_the_workers_page_shows_each_worker_and_what_it_holds(
         sign_in(page, dashboard)
         page.get(dashboard.url("/workers"))
         section = page.find_element(By.CSS_SELECTOR, "section.worker").text
-        assert "box:77:cafe" in section and "Threads\n2" in section
+        assert "box:77:cafe" in section and "Threads\n4" in section  # 2, and 2 for cron calls
         assert "export-1" in section
         screenshot(page, "workers-holding")
     finally:

@@ -49,15 +49,21 @@ def utc(year: int, month: int, day: int, hour: int = 0, minute: int = 0) -> date
     return datetime(year, month, day, hour, minute, tzinfo=UTC)
 
 
+def queue_of(key: str) -> str:
+    """The queue a test job waits in alone: one of expiry's own (only those
+    jobs are part of runs), named after its key."""
+    return f"expiry.test.{key}"
+
+
 def enqueue(engine: Engine, key: str, run_id: str | None, handler: str = "expiry.window") -> None:
     """A due job of ``run_id``, alone in a queue named after its key (so that
     ``claim`` takes exactly it)."""
     payload: dict[str, Any] = {"run_id": run_id} if run_id else {}
-    engine.job_insert_many([NewJob(handler, payload, key, queue=key)])
+    engine.job_insert_many([NewJob(handler, payload, key, queue=queue_of(key))])
 
 
 def claim(engine: Engine, key: str) -> Job:
-    [job] = engine.job_claim([key], 1, 30.0, "conformance")
+    [job] = engine.job_claim([queue_of(key)], 1, 30.0, "conformance")
     return job
 
 

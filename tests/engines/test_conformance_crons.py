@@ -156,3 +156,10 @@ def test_cron_call_insert_then_calls_newest_first_limited(engine: Engine) -> Non
     assert is_utc(newest.at) and before <= newest.at <= engine.now()
     assert [c.attempt for c in engine.cron_calls("nightly", limit=2)] == [3, 2]
     assert engine.cron_calls("none") == []
+
+
+def test_cron_insert_records_the_owning_key(engine: Engine) -> None:
+    assert engine.cron_insert("mine", URL, "@daily", "UTC", "whsec_a", owner="alice")
+    create(engine, "operators", "whsec_b")
+    assert target(engine, "mine").owner == "alice"
+    assert target(engine, "operators").owner is None

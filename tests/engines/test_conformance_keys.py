@@ -7,7 +7,7 @@ Each test runs once on SQLite and once on PostgreSQL (the ``engine`` fixture).
 from __future__ import annotations
 
 import pytest
-from _conformance import is_utc
+from _conformance import execute, is_utc
 
 from expiry.engines import Engine
 
@@ -25,7 +25,7 @@ def test_key_insert_then_list_shows_the_key_without_its_hash(engine: Engine) -> 
 def test_key_insert_of_an_existing_name_is_refused_revoked_or_not(engine: Engine) -> None:
     assert engine.key_insert("ci-bot", "hash-1") is True
     assert engine.key_insert("ci-bot", "hash-2") is False
-    assert engine.key_active() == {"ci-bot": "hash-1"}
+    assert {n: k.hash for n, k in engine.key_active().items()} == {"ci-bot": "hash-1"}
 
     engine.key_revoke("ci-bot")
     assert engine.key_insert("ci-bot", "hash-3") is False
@@ -69,4 +69,46 @@ def test_key_active_maps_each_key_in_force_to_its_hash(engine: Engine) -> None:
     engine.key_insert("ops", "hash-o")
     engine.key_revoke("ops")
 
-    assert engine.key_active() == {"alice": "hash-a", "ci-bot": "hash-c"}
+    active = engine.key_active()
+    assert {n: k.hash for n, k in active.items()} == {"alice": "hash-a", "ci-bot": "hash-c"}
+
+
+def test_key_insert_keeps_the_scopes_and_key_active_reads_them(engine: Engine) -> None:
+    assert engine.key_insert("ci", "hash-1", ["queue:publish:ci.*", "read"])
+    assert engine.key_active()["ci"].scopes == ("queue:publish:ci.*", "read")
+    [key] = engine.key_list()
+    assert key.scopes == ("queue:publish:ci.*", "read")
+
+
+def test_key_set_scopes_replaces_them_for_a_key_in_force_only(engine: Engine) -> None:
+    engine.key_insert("ci", "hash-1")
+    assert engine.key_active()["ci"].scopes == ("admin",)
+    assert engine.key_set_scopes("ci", ["read"]) is True
+    assert engine.key_active()["ci"].scopes == ("read",)
+    engine.key_revoke("ci")
+    assert engine.key_set_scopes("ci", ["admin"]) is False
+    assert engine.key_set_scopes("nobody", ["read"]) is False
+
+
+def test_keys_made_before_migration_0009_become_admin(engine: Engine) -> None:
+    every = engine.migrations
+    try:
+        if engine.dialect == "postgres":
+            execute(engine, "drop schema expiry cascade")
+        else:
+            for row in execute(
+                engine,
+                "select name from sqlite_master where type = 'table' and name like 'expiry%'",
+            ):
+                execute(engine, f'drop table "{row["name"]}"')
+        engine.migrations = [m for m in every if m[0] < 9]
+        engine.migrate()
+        execute(
+            engine,
+            "insert into expiry.api_keys (name, hash, created_at) values ('old', 'h', %s)",
+            (engine.time_param(engine.now()),),
+        )
+    finally:
+        engine.migrations = every
+    engine.migrate()
+    assert engine.key_active()["old"].scopes == ("admin",)

@@ -14,7 +14,7 @@ from _http_live import Live, Receiver, Serve, assert_error, make_app
 from expiry import webhooks
 from expiry.types import JobState
 
-LOCAL = {"allowed_hosts": ["127.0.0.1"]}
+LOCAL = {"allowed_hosts": ["127.0.0.1:*"]}
 
 
 def fire_and_work(live: Live, minutes: int = 1) -> list[object]:
@@ -157,7 +157,7 @@ def test_an_unsafe_target_is_refused_with_the_reason(
 
 
 def test_allowed_hosts_lets_a_named_private_host_through(sqlite_url: str, serve: Serve) -> None:
-    live = serve(sqlite_url, http={"allowed_hosts": ["127.0.0.1"]})
+    live = serve(sqlite_url, http={"allowed_hosts": ["127.0.0.1:*"]})
     create = {"schedule": "@daily"}
     ok = live.client.post(
         "/v1/cron/create", json={**create, "name": "a", "http_url": "http://127.0.0.1:1/"}

@@ -67,7 +67,7 @@ def test_a_retry_right_after_the_answer_is_replayed_never_in_flight(live: Live) 
 
 
 def test_a_created_status_is_replayed_with_its_body(db_url: str, serve: Serve) -> None:
-    live = serve(db_url, http={"allowed_hosts": ["127.0.0.1"]})
+    live = serve(db_url, http={"allowed_hosts": ["127.0.0.1:*"]})
     body = {"name": "digest", "http_url": "http://127.0.0.1:9/hook", "schedule": "@daily"}
     headers = {"Idempotency-Key": "create-digest"}
     first = live.client.post("/v1/cron/create", json=body, headers=headers)

@@ -225,7 +225,7 @@ def test_publish_batch_reports_duplicates(live: Live) -> None:
 def test_publish_batch_with_the_wrong_number_of_keys_is_422(sqlite_live: Live) -> None:
     live = sqlite_live  # validation, before any database work
     response = live.client.post(
-        "/v1/queue/publish_batch", json={"messages": [{}, {}], "keys": ["only-one"]}
+        "/v1/queue/publish_batch", json={"queue": "q", "messages": [{}, {}], "keys": ["only-one"]}
     )
     message = assert_error(response, 422, "invalid_request")
     assert "keys has 1 items for 2 messages" in message

@@ -27,7 +27,7 @@ def test_expiry_serve_end_to_end(pg_url: str, tmp_path: Path) -> None:
     db.create_sessions()
     db.insert_sessions(expired=120, live=30)
     config = write_config(
-        tmp_path / "expiry.toml", config_data(pg_url, http={"allowed_hosts": ["127.0.0.1"]})
+        tmp_path / "expiry.toml", config_data(pg_url, http={"allowed_hosts": ["127.0.0.1:*"]})
     )
     made = subprocess.run(
         expiry_cmd("--config", str(config), "--json", "keys", "create", "ops"),

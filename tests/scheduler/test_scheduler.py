@@ -654,7 +654,7 @@ def test_the_scheduler_wakes_for_cron_targets_not_only_policies(
     assert daily is not None and daily > 3600
 
     before = app.engine.schedule_version()
-    app.crons.allowed_hosts = ["127.0.0.1"]
+    app.crons.allowed_hosts = ["127.0.0.1:*"]
     app.crons.create("minutely", "http://127.0.0.1:9/", "* * * * *")
     assert app.engine.schedule_version() != before  # a sleeping scheduler wakes
     target = app.engine.cron_get("minutely")

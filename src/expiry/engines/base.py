@@ -37,6 +37,8 @@ from ..errors import (
 )
 from ..timestamps import Storage
 from ..types import (
+    RESERVED_PREFIX,
+    ActiveKey,
     ApiKey,
     AuditAction,
     AuditCount,
@@ -102,6 +104,20 @@ def check_payload(payload: dict[str, Any]) -> str:
             "(256 KiB): carry identifiers, not records"
         )
     return text
+
+
+def run_of(job: NewJob) -> str | None:
+    """The run a job belongs to, stored as jobs.run_id: only expiry's own jobs
+    (a reserved handler in a reserved queue) are part of runs. A run_id in an
+    application's payload is the application's data, never run bookkeeping."""
+    run_id = job.payload.get("run_id")
+    mine = job.queue.startswith(RESERVED_PREFIX) and job.handler.startswith(RESERVED_PREFIX)
+    return run_id if mine and isinstance(run_id, str) else None
+
+
+def _scopes(value: Any) -> tuple[str, ...]:
+    """Stored scopes (a JSON array, as text on SQLite) as a tuple."""
+    return tuple(json.loads(value) if isinstance(value, str) else value)
 
 
 def in_turns(jobs: Sequence[Job]) -> list[Job]:
@@ -793,10 +809,13 @@ class Engine(abc.ABC):
         timezone: str,
         secret: str,
         *,
+        owner: str | None = None,
         conn: Any | None = None,
     ) -> bool:
-        """Create a cron target whose fires count from now; False when ``name`` exists."""
+        """Create a cron target whose fires count from now, belonging to the key
+        ``owner`` (None: to admin keys only); False when ``name`` exists."""
         params = {
+            "owner": owner,
             "name": name,
             "http_url": http_url,
             "schedule": schedule,
@@ -825,6 +844,7 @@ class Engine(abc.ABC):
             created_at=self._time(row["created_at"]),
             updated_at=self._time(row["updated_at"]),
             last_fire_stored=row["last_fire_at"],
+            owner=row["owner"],
         )
 
     def cron_delete(self, name: str, *, conn: Any | None = None) -> bool:
@@ -943,24 +963,46 @@ class Engine(abc.ABC):
 
     # -- API keys -------------------------------------------------------------------
 
-    def key_insert(self, name: str, key_hash: str, *, conn: Any | None = None) -> bool:
-        """Store a new key's hash; False when a key of that name exists (revoked or not)."""
-        return bool(self._tx_rows(conn, "key_insert", {"name": name, "hash": key_hash}))
+    def key_insert(
+        self,
+        name: str,
+        key_hash: str,
+        scopes: Sequence[str] = ("admin",),
+        *,
+        conn: Any | None = None,
+    ) -> bool:
+        """Store a new key's hash and scopes; False when a key of that name exists
+        (revoked or not)."""
+        params = {"name": name, "hash": key_hash, "scopes": json.dumps(list(scopes))}
+        return bool(self._tx_rows(conn, "key_insert", params))
 
     def key_list(self, *, conn: Any | None = None) -> list[ApiKey]:
         """Every key, revoked ones included, by name; never a secret or hash."""
         return [
-            ApiKey(row["name"], self._time(row["created_at"]), self._maybe_time(row["revoked_at"]))
+            ApiKey(
+                row["name"],
+                self._time(row["created_at"]),
+                self._maybe_time(row["revoked_at"]),
+                _scopes(row["scopes"]),
+            )
             for row in self._tx_rows(conn, "key_list")
         ]
+
+    def key_set_scopes(self, name: str, scopes: Sequence[str], *, conn: Any | None = None) -> bool:
+        """Replace the scopes of a key in force; False when there is none of that name."""
+        params = {"name": name, "scopes": json.dumps(list(scopes))}
+        return bool(self._tx_rows(conn, "key_set_scopes", params))
 
     def key_revoke(self, name: str, *, conn: Any | None = None) -> bool:
         """Revoke a key; False when there is no key of that name still in force."""
         return bool(self._tx_rows(conn, "key_revoke", {"name": name}))
 
-    def key_active(self, *, conn: Any | None = None) -> dict[str, str]:
-        """{name: hash} of every key still in force."""
-        return {row["name"]: row["hash"] for row in self._tx_rows(conn, "key_active")}
+    def key_active(self, *, conn: Any | None = None) -> dict[str, ActiveKey]:
+        """{name: its hash and scopes} of every key still in force."""
+        return {
+            row["name"]: ActiveKey(row["hash"], _scopes(row["scopes"]))
+            for row in self._tx_rows(conn, "key_active")
+        }
 
     # -- idempotency ------------------------------------------------------------------
 

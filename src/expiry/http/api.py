@@ -17,7 +17,7 @@ from .deps import attach
 from .errors import COMMON, DatabaseUnavailable, add_handlers
 from .idempotency import IdempotencyMiddleware
 from .routes import cleanup, cron, dashboard, dlq, meta, pages, queue, steering
-from .security import BodyLimit, Idempotency
+from .security import BodyLimit, Idempotency, KeyGate
 
 ROUTERS = (meta, queue, cron, cleanup, dlq, dashboard, pages, steering)
 """The route modules, each one APIRouter, in the order they are mounted."""
@@ -28,12 +28,21 @@ def create_app(app: App) -> FastAPI:
     http = app.config.http if app.config is not None else HttpConfig()
     api = FastAPI(title="expiry", version="1", description=__doc__, responses=COMMON)
     attach(api, app, http)
+    api.state.scrapes = meta.Scrapes()
     add_handlers(api)
     for module in ROUTERS:
         api.include_router(module.router)
-    # The last added runs first: DatabaseUnavailable wraps everything, BodyLimit
-    # bounds what the idempotency store reads.
-    api.add_middleware(IdempotencyMiddleware, store=Idempotency(app.engine), keys=api.state.keys)
+    # The last added runs first: DatabaseUnavailable wraps everything; KeyGate
+    # answers from the headers alone, before any body is read; BodyLimit reads
+    # the body whole (up to the limit) for the idempotency store and the routes.
+    api.add_middleware(IdempotencyMiddleware, store=Idempotency(app.engine))
     api.add_middleware(BodyLimit, limit=http.max_body_bytes)
+    api.add_middleware(
+        KeyGate,
+        keys=api.state.keys,
+        per_key=api.state.limiter,
+        anonymous=api.state.anonymous,
+        metrics_key=http.metrics_key,
+    )
     api.add_middleware(DatabaseUnavailable, engine=app.engine)
     return api

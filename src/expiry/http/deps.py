@@ -1,5 +1,6 @@
 """What the routes share, as FastAPI dependencies: the App, the caller's key
-(checked and rate-limited), and the dashboard's pages.
+(checked and rate-limited by security.KeyGate before the body is read) and
+its scopes, and the dashboard's pages.
 
 ``attach`` keeps the App and what lives as long as the server on
 ``api.state``; the getters read them back. A route is a module-level function
@@ -15,17 +16,16 @@ its cache of key hashes is stale), so it stays a plain function.
 
 from __future__ import annotations
 
-import math
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, Request
 
 from ..app import App
 from ..config import HttpConfig
-from ..keys import Keys
+from ..keys import Keys, Principal
 from .errors import ApiError
 from .render import Pages
-from .security import RateLimiter, bearer
+from .security import RateLimiter
 from .sessions import Sessions
 from .views import WatermarkHistory
 
@@ -38,6 +38,9 @@ def attach(api: FastAPI, app: App, http: HttpConfig) -> None:
     api.state.expiry = app
     api.state.keys = keys
     api.state.limiter = RateLimiter(http.rate_limit_per_second, http.rate_limit_burst)
+    api.state.anonymous = RateLimiter(
+        http.anonymous_rate_limit_per_second, http.anonymous_rate_limit_burst
+    )
     api.state.pages = Pages(app.engine, Sessions(keys))
     api.state.history = WatermarkHistory()
 
@@ -52,11 +55,6 @@ async def get_keys(request: Request) -> Keys:
     return keys
 
 
-async def get_limiter(request: Request) -> RateLimiter:
-    limiter: RateLimiter = request.app.state.limiter
-    return limiter
-
-
 async def get_pages(request: Request) -> Pages:
     pages: Pages = request.app.state.pages
     return pages
@@ -69,32 +67,66 @@ async def get_history(request: Request) -> WatermarkHistory:
 
 ExpiryApp = Annotated[App, Depends(get_app)]
 ApiKeys = Annotated[Keys, Depends(get_keys)]
-Limiter = Annotated[RateLimiter, Depends(get_limiter)]
 DashboardPages = Annotated[Pages, Depends(get_pages)]
 History = Annotated[WatermarkHistory, Depends(get_history)]
 
 
-def require_key(request: Request, keys: ApiKeys, limiter: Limiter) -> str:
-    """The name of the caller's key: 401 without a valid one, 429 over its rate limit."""
-    secret = bearer(request.headers.get("authorization", ""))
-    name = keys.resolve(secret) if secret is not None else None
-    if name is None:
+async def require_key(request: Request) -> Principal:
+    """The caller's key, as security.KeyGate found it from the headers (before
+    the body was read, and rate-limited there): 401 without a valid one."""
+    principal: Principal | None = request.scope.get("state", {}).get("principal")
+    if principal is None:
         raise ApiError(
             401,
             "unauthorized",
             "send a valid API key: Authorization: Bearer KEY "
             "(create one with `expiry keys create NAME`)",
         )
-    wait = limiter.take(name)
-    if wait > 0:
-        raise ApiError(
-            429,
-            "rate_limited",
-            f"too many requests for key {name!r}; retry in {math.ceil(wait)}s",
-            {"Retry-After": str(max(1, math.ceil(wait)))},
-        )
-    return name
+    return principal
 
 
-Key = Annotated[str, Depends(require_key)]
-"""The caller's key name; a route that takes it is closed to unknown callers."""
+Key = Annotated[Principal, Depends(require_key)]
+"""The caller's key; a route that takes it is closed to unknown callers. What
+it may do is the route's to check (``Reader``, ``Trigger``..., ``Principal.can_queue``)."""
+
+
+def forbidden(principal: Principal, scope: str) -> ApiError:
+    return ApiError(
+        403,
+        "forbidden",
+        f"key {principal.name!r} lacks the scope {scope!r} "
+        f"(an operator grants it: expiry keys scope {principal.name} --scope {scope} ...)",
+    )
+
+
+def holding(principal: Principal, scope: str) -> Principal:
+    """``principal`` if it holds ``scope`` (or admin), else 403."""
+    if not principal.can(scope):
+        raise forbidden(principal, scope)
+    return principal
+
+
+async def _reader(principal: Key) -> Principal:
+    return holding(principal, "read")
+
+
+async def _trigger(principal: Key) -> Principal:
+    return holding(principal, "cleanup:trigger")
+
+
+async def _cron_manager(principal: Key) -> Principal:
+    return holding(principal, "cron:manage")
+
+
+async def _dlq_manager(principal: Key) -> Principal:
+    return holding(principal, "dlq:manage")
+
+
+Reader = Annotated[Principal, Depends(_reader)]
+"""A key with the read scope: policies, runs, the queue's state."""
+Trigger = Annotated[Principal, Depends(_trigger)]
+"""A key with cleanup:trigger: open, pause, resume and cancel runs."""
+CronManager = Annotated[Principal, Depends(_cron_manager)]
+"""A key with cron:manage: its own cron targets."""
+DlqManager = Annotated[Principal, Depends(_dlq_manager)]
+"""A key with dlq:manage: the whole dead-letter queue."""

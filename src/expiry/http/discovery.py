@@ -18,6 +18,7 @@ from fastapi import FastAPI
 
 CAPABILITIES: dict[str, dict[str, Any]] = {
     "queue.publish": {
+        "scope": "queue:publish:emails",
         "method": "POST",
         "path": "/v1/queue/publish",
         "summary": "enqueue one delayed job with an optional dedupe key",
@@ -29,6 +30,7 @@ CAPABILITIES: dict[str, dict[str, Any]] = {
         },
     },
     "queue.publish_batch": {
+        "scope": "queue:publish:cleanup",
         "method": "POST",
         "path": "/v1/queue/publish_batch",
         "summary": "enqueue up to 1,000 jobs in one statement",
@@ -39,30 +41,35 @@ CAPABILITIES: dict[str, dict[str, Any]] = {
         },
     },
     "queue.receive": {
+        "scope": "queue:consume:emails",
         "method": "POST",
         "path": "/v1/queue/receive",
         "summary": "lease jobs for a pull consumer; each comes with a receipt",
         "example": {"queue": "emails", "max": 10, "lease_seconds": 30},
     },
     "queue.ack": {
+        "scope": "queue:consume:PATTERN",
         "method": "POST",
         "path": "/v1/queue/ack",
         "summary": "complete a received job",
         "example": {"receipt": "RECEIPT"},
     },
     "queue.nack": {
+        "scope": "queue:consume:PATTERN",
         "method": "POST",
         "path": "/v1/queue/nack",
         "summary": "fail a received job: retry after delay_seconds (default backoff) or permanent",
         "example": {"receipt": "RECEIPT", "delay_seconds": 30, "error": "smtp timeout"},
     },
     "queue.heartbeat": {
+        "scope": "queue:consume:PATTERN",
         "method": "POST",
         "path": "/v1/queue/heartbeat",
         "summary": "extend a lease",
         "example": {"receipt": "RECEIPT", "lease_seconds": 30},
     },
     "cron.create": {
+        "scope": "cron:manage",
         "method": "POST",
         "path": "/v1/cron/create",
         "summary": "call http_url with a signed POST on a cron schedule",
@@ -74,12 +81,21 @@ CAPABILITIES: dict[str, dict[str, Any]] = {
         },
     },
     "cleanup.trigger": {
+        "scope": "cleanup:trigger",
         "method": "POST",
         "path": "/v1/cleanup/trigger",
         "summary": "open a cleanup run now (idempotent for the same cutoff), or dry-run it",
         "example": {"policy": "expired-sessions", "dry_run": True},
     },
+    "runs.cancel": {
+        "scope": "cleanup:trigger",
+        "method": "POST",
+        "path": "/v1/runs/cancel",
+        "summary": "cancel a run: planning stops, waiting windows are cancelled, running ones finish",
+        "example": {"run_id": "expired-sessions:2026-12-01T06:00:00Z"},
+    },
     "dlq.redrive": {
+        "scope": "dlq:manage",
         "method": "POST",
         "path": "/v1/dlq/redrive",
         "summary": "send dead jobs back with a fresh attempt budget",
@@ -92,10 +108,15 @@ LIMITS = {
     "batch_messages": 1000,
     "idempotency_hours": 24,
     "auth": "Authorization: Bearer KEY on every route but /v1/discovery and /v1/health",
+    "scopes": "each capability names the scope its key needs; admin keys hold every one",
+    "reserved": "queues named expiry.* and keys shaped policy:2026-... or cron:... are expiry's own",
+    "message_depth": 32,
 }
 
 ERRORS = {
+    "400": "invalid_idempotency_key: not 1 to 200 printable ASCII characters",
     "401": "unauthorized: missing or unknown API key",
+    "403": "forbidden: the key lacks the scope this capability names",
     "409": "idempotency_in_flight, or receipt_expired for ack/nack/heartbeat",
     "413": "message_too_large (over 256 KiB) or body_too_large",
     "422": "invalid_request (bad JSON, wrong types, unknown fields) or idempotency_key_reused",
@@ -187,6 +208,7 @@ def describe(
         "summary": cap["summary"],
         "method": cap["method"],
         "path": cap["path"],
+        "scope": cap["scope"],
         "request_schema": _resolve(request, components),
         "response_schemas": responses,
         "errors": ERRORS,
@@ -205,6 +227,7 @@ def capabilities() -> dict[str, Any]:
                 "method": c["method"],
                 "path": c["path"],
                 "summary": c["summary"],
+                "scope": c["scope"],
                 "href": f"/v1/discovery/{n}",
             }
             for n, c in CAPABILITIES.items()

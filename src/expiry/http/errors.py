@@ -61,7 +61,10 @@ def error_response(
 
 COMMON: dict[int | str, dict[str, Any]] = {
     422: {"model": ErrorResponse},
+    400: {"model": ErrorResponse, "description": "an Idempotency-Key that is not printable ASCII"},
     401: {"model": ErrorResponse},
+    403: {"model": ErrorResponse, "description": "the key lacks the scope the route needs"},
+    413: {"model": ErrorResponse, "description": "a body over the limit"},
     429: {"model": ErrorResponse, "description": "over the rate limit: wait Retry-After"},
 }
 """What any route may answer."""
@@ -99,7 +102,17 @@ async def too_large(request: Request, exc: PayloadTooLarge) -> JSONResponse:
 async def expiry_error(request: Request, exc: ExpiryError) -> JSONResponse:
     if isinstance(exc, CutoffRefused):
         return error_response(422, "cutoff_refused", str(exc))
-    if isinstance(exc, ConfigError | SchemaError):
+    if isinstance(exc, SchemaError):
+        # The reason quotes the policy's table, columns and where clause: an
+        # operator reads it in `expiry check`, the log and the dashboard, not
+        # every API caller.
+        log.warning("request refused: %s", exc)
+        return error_response(
+            422,
+            "policy_unusable",
+            "the policy does not fit its table now; an operator sees why with `expiry check`",
+        )
+    if isinstance(exc, ConfigError):
         return error_response(422, "invalid_request", str(exc))
     return error_response(409 if isinstance(exc, LeaseLost) else 500, type(exc).__name__, str(exc))
 

@@ -8,15 +8,12 @@ lock (SQLite's single writer) does not stall the other requests."""
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .security import Idempotency, bearer, request_hash
-
-if TYPE_CHECKING:
-    from ..keys import Keys
+from .security import Idempotency, request_hash, send_error
 
 REFUSALS = {
     "mismatch": (
@@ -33,20 +30,34 @@ REFUSALS = {
 """What the store's refusals answer: status, code, message."""
 
 
+MAX_KEY = 200
+"""The longest Idempotency-Key: printable ASCII, as HTTP header values are."""
+
+
 class IdempotencyMiddleware:
-    def __init__(self, app: ASGIApp, store: Idempotency, keys: Keys) -> None:
-        self.app, self.store, self.keys = app, store, keys
+    def __init__(self, app: ASGIApp, store: Idempotency) -> None:
+        self.app, self.store = app, store
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = dict(scope.get("headers") or [])
-        key = headers.get(b"idempotency-key", b"").decode()
-        if scope["type"] != "http" or scope["method"] != "POST" or not key:
+        raw = headers.get(b"idempotency-key", b"")
+        if scope["type"] != "http" or scope["method"] != "POST" or not raw:
             await self.app(scope, receive, send)
             return
-        owner = await self._owner(headers.get(b"authorization", b"").decode())
-        if owner is None:  # let the route answer 401
+        principal = scope.get("state", {}).get("principal")
+        if principal is None:  # not an API call with a key: the gate or route answers
             await self.app(scope, receive, send)
             return
+        if len(raw) > MAX_KEY or not all(0x21 <= b <= 0x7E for b in raw):
+            await send_error(
+                send,
+                400,
+                "invalid_idempotency_key",
+                f"Idempotency-Key must be 1 to {MAX_KEY} printable ASCII characters "
+                "(a UUID is a good one)",
+            )
+            return
+        key, owner = raw.decode("ascii"), principal.name
         body = await _read_body(receive)
         state, status, stored = await run_in_threadpool(
             self.store.begin, owner, key, request_hash("POST", scope["path"], body)
@@ -59,11 +70,6 @@ class IdempotencyMiddleware:
             await _send_json(send, status, {"error": {"code": code, "message": message}})
         else:
             await self._answer_and_store(scope, _Exchange(body, receive), send, (owner, key))
-
-    async def _owner(self, authorization: str) -> str | None:
-        """The name of the caller's key, or None for a missing or unknown one."""
-        secret = bearer(authorization)
-        return None if secret is None else await run_in_threadpool(self.keys.resolve, secret)
 
     async def _answer_and_store(
         self, scope: Scope, exchange: _Exchange, send: Send, record: tuple[str, str]

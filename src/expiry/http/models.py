@@ -6,22 +6,32 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ..queue import is_reserved, is_reserved_key
 from ..times import in_utc
+from ..types import RESERVED_PREFIX
 
 QUEUE_NAME = r"^[A-Za-z0-9_.:-]{1,100}$"
+MAX_DEPTH = 32
+"""The deepest nesting of arrays and objects a message may have."""
+MAX_KEY = 500
+"""The longest dedupe key, in characters: 2,000 bytes of UTF-8 at most, within
+what a unique index can hold (about 2,700 bytes on PostgreSQL)."""
 CRON_NAME = r"^[a-z0-9][a-z0-9-]{0,62}$"
 NO_NUL = r"^[^\x00]*$"
 """Free text the databases can store (PostgreSQL text refuses NUL)."""
 
 
-def _storable(value: Any) -> None:
+def _storable(value: Any, depth: int = 0) -> None:
     """Refuse what parses as JSON but the databases cannot hold: NUL characters
     and lone surrogates (PostgreSQL text and jsonb refuse both; a surrogate does
-    not even encode as UTF-8) and NaN or Infinity (not JSON numbers)."""
+    not even encode as UTF-8), NaN or Infinity (not JSON numbers), and nesting
+    deeper than MAX_DEPTH (no message needs it; reading one back would fail)."""
+    if depth > MAX_DEPTH:
+        raise ValueError(f"is nested deeper than {MAX_DEPTH} levels")
     if isinstance(value, str):
         if "\x00" in value:
             raise ValueError("contains a NUL character (\\u0000), which cannot be stored")
@@ -36,11 +46,36 @@ def _storable(value: Any) -> None:
             raise ValueError("NaN and Infinity are not JSON numbers")
     elif isinstance(value, dict):
         for key, item in value.items():
-            _storable(key)
-            _storable(item)
+            _storable(key, depth + 1)
+            _storable(item, depth + 1)
     elif isinstance(value, list | tuple):
         for item in value:
-            _storable(item)
+            _storable(item, depth + 1)
+
+
+def public_queue(value: str) -> str:
+    """A queue the public API may name: not one of expiry's own."""
+    if is_reserved(value):
+        raise ValueError(
+            f"{value!r} is one of expiry's own queues (names starting with "
+            f"{RESERVED_PREFIX!r} are reserved); publish to and consume from your own"
+        )
+    return value
+
+
+def public_key(value: str | None) -> str | None:
+    if value is not None and is_reserved_key(value):
+        raise ValueError(
+            f"{value!r} is shaped like one of expiry's own job keys (policy:cutoff... or "
+            "cron:...); choose another"
+        )
+    return value
+
+
+NAME_A_QUEUE = (
+    'name the queue: "queue": "emails" (a worker running a handler of that name, or a '
+    "consumer of POST /v1/queue/receive, takes the messages)"
+)
 
 
 class Body(BaseModel):
@@ -70,7 +105,7 @@ class ErrorResponse(Body):
 
 
 class PublishRequest(Request):
-    queue: str = Field("default", pattern=QUEUE_NAME, description="queue (and handler) name")
+    queue: str = Field(pattern=QUEUE_NAME, description="queue (and handler) name")
     message: dict[str, Any] = Field(
         description="the job payload: identifiers, not records (<= 256 KiB)"
     )
@@ -80,9 +115,19 @@ class PublishRequest(Request):
     run_at: datetime | None = Field(
         None, strict=False, description="run at this time (ISO-8601 with zone)"
     )
-    key: str | None = Field(None, min_length=1, max_length=500, description="dedupe key")
+    key: str | None = Field(None, min_length=1, max_length=MAX_KEY, description="dedupe key")
     priority: int = Field(0, ge=-100, le=100, description="lower runs first")
     max_attempts: int = Field(8, ge=1, le=100)
+
+    _queue = field_validator("queue")(public_queue)
+    _key = field_validator("key")(public_key)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _named(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "queue" not in data:
+            raise ValueError(NAME_A_QUEUE)
+        return data
 
     @field_validator("run_at")
     @classmethod
@@ -107,12 +152,30 @@ class Published(Body):
 
 
 class PublishBatchRequest(Request):
-    queue: str = Field("default", pattern=QUEUE_NAME)
+    queue: str = Field(pattern=QUEUE_NAME)
     messages: list[dict[str, Any]] = Field(
         min_length=1, max_length=1000, description="message bodies"
     )
-    keys: list[str] | None = Field(None, description="one dedupe key per message")
+    keys: list[Annotated[str, Field(min_length=1, max_length=MAX_KEY)]] | None = Field(
+        None, description="one dedupe key per message"
+    )
     delay_seconds: float | None = Field(None, ge=0, le=10 * 366 * 86400)
+
+    _queue = field_validator("queue")(public_queue)
+
+    @field_validator("keys")
+    @classmethod
+    def _own_keys(cls, value: list[str] | None) -> list[str] | None:
+        for key in value or []:
+            public_key(key)
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _named(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "queue" not in data:
+            raise ValueError(NAME_A_QUEUE)
+        return data
 
     @model_validator(mode="after")
     def _keys(self) -> PublishBatchRequest:
@@ -131,6 +194,8 @@ class ReceiveRequest(Request):
     queue: str = Field(pattern=QUEUE_NAME)
     max: int = Field(1, ge=1, le=100)
     lease_seconds: float = Field(30.0, gt=0, le=3600)
+
+    _queue = field_validator("queue")(public_queue)
 
 
 class ReceivedJob(Body):
@@ -185,6 +250,7 @@ class CronTarget(Body):
     paused: bool
     last_fire_at: str | None
     created_at: str
+    owner: str | None = Field(description="the key that created it (null: an operator's)")
 
 
 class CronCreated(CronTarget):
@@ -260,9 +326,11 @@ class Triggered(Body):
 
 
 class RedriveRequest(Request):
-    keys: list[str] = Field(default_factory=list, max_length=10_000)
+    keys: list[Annotated[str, Field(min_length=1, max_length=MAX_KEY)]] = Field(
+        default_factory=list, max_length=10_000
+    )
     all: bool = False
-    policy: str | None = None
+    policy: str | None = Field(None, max_length=63)
 
     @model_validator(mode="after")
     def _something(self) -> RedriveRequest:
@@ -272,7 +340,9 @@ class RedriveRequest(Request):
 
 
 class DiscardRequest(Request):
-    keys: list[str] = Field(min_length=1, max_length=10_000)
+    keys: list[Annotated[str, Field(min_length=1, max_length=MAX_KEY)]] = Field(
+        min_length=1, max_length=10_000
+    )
 
 
 class Keys(Body):

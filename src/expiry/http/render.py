@@ -171,13 +171,31 @@ class Pages:
         )
         return response
 
-    def guard(self, request: Request, form: dict[str, str]) -> Session | Response:
-        """The session of a state-changing POST, or the response refusing it."""
+    def reading(self, request: Request) -> Session | Response:
+        """The session of a reading page, which needs the read scope; else the
+        sign-in page, or a 403 page naming the scope."""
+        session = self.session(request)
+        if session is None:
+            return self.to_login(request)
+        if not session.can("read"):
+            return self.render(request, "refused.html", session, status=403, scope="read")
+        return session
+
+    def guard(
+        self, request: Request, form: dict[str, str], scope: str | None = None
+    ) -> Session | Response:
+        """The session of a state-changing POST that needs ``scope`` (None:
+        signing out), or the response refusing it (no session, no valid CSRF
+        token, no such scope)."""
         session = self.session(request)
         if session is None:
             return self.to_login(request)
         if not Sessions.csrf_ok(session, form.get("csrf")):
             return self.render(request, "refused.html", session, status=403)
+        if scope is not None and not session.can(scope):
+            return self.render(
+                request, "refused.html", session, status=403, scope=scope, action=True
+            )
         return session
 
 

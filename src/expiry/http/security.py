@@ -1,20 +1,29 @@
-"""The gates of a request: the bearer key's secret, per-key rate limits,
-Idempotency-Key replay and the body limit. The keys themselves are
-expiry.keys."""
+"""The gates of a request, in the order a request meets them: the bearer key
+(checked from the headers alone, before any body is read; requests without a
+valid key rate-limited per client address), per-key rate limits, the body
+limit (the body read whole, up to the limit, then handed on), and
+Idempotency-Key replay. The keys themselves are expiry.keys."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
     from ..engines import Engine
+    from ..keys import Keys
+
+
+PUBLIC_PATHS = ("/v1/health", "/v1/discovery", "/openapi.json", "/docs", "/redoc")
+"""What answers without a key (still rate-limited per address)."""
 
 
 def bearer(authorization: str) -> str | None:
@@ -95,9 +104,95 @@ class Idempotency:
         self.engine.idempotency_forget(api_key, key)
 
 
+async def send_error(
+    send: Send, status: int, code: str, message: str, headers: dict[str, str] | None = None
+) -> None:
+    """The API's JSON error, sent from a middleware."""
+    body = json.dumps({"error": {"code": code, "message": message}}).encode()
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+def client_address(scope: Scope) -> str:
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
+
+
+class KeyGate:
+    """ASGI middleware, before any body is read: a request under /v1 (and
+    /metrics when it needs a key) must carry a valid bearer key, else 401;
+    a request without a valid key, wherever it goes, is rate-limited per client
+    address (429), and one with a key per key (429, replays of an
+    Idempotency-Key included). The key found is ``scope["state"]["principal"]``
+    for the routes."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        keys: Keys,
+        per_key: RateLimiter,
+        anonymous: RateLimiter,
+        *,
+        metrics_key: bool = False,
+    ) -> None:
+        self.app, self.keys, self.per_key, self.anonymous = app, keys, per_key, anonymous
+        self.metrics_key = metrics_key
+
+    def _guarded(self, path: str) -> bool:
+        if path == "/metrics":
+            return self.metrics_key
+        return path.startswith("/v1/") and not path.startswith(PUBLIC_PATHS)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        dashboard = not (path.startswith("/v1/") or path == "/metrics")
+        authorization = dict(scope.get("headers") or []).get(b"authorization", b"")
+        secret = bearer(authorization.decode("latin-1"))
+        principal = await run_in_threadpool(self.keys.resolve, secret) if secret else None
+        if principal is None:
+            if not dashboard and await self._too_many(self.anonymous, client_address(scope), send):
+                return
+            if self._guarded(path):
+                await send_error(
+                    send,
+                    401,
+                    "unauthorized",
+                    "send a valid API key: Authorization: Bearer KEY "
+                    "(create one with `expiry keys create NAME`)",
+                )
+                return
+        elif not dashboard and await self._too_many(
+            self.per_key, principal.name, send, f" for key {principal.name!r}"
+        ):
+            return
+        scope.setdefault("state", {})["principal"] = principal
+        await self.app(scope, receive, send)
+
+    @staticmethod
+    async def _too_many(limiter: RateLimiter, who: str, send: Send, named: str = "") -> bool:
+        wait = limiter.take(who)
+        if wait <= 0:
+            return False
+        retry = max(1, math.ceil(wait))
+        await send_error(
+            send,
+            429,
+            "rate_limited",
+            f"too many requests{named}; retry in {retry}s",
+            {"Retry-After": str(retry)},
+        )
+        return True
+
+
 class BodyLimit:
-    """ASGI middleware: 413 for a body over the limit, declared or streamed; every
-    body is read as JSON."""
+    """ASGI middleware: 413 for a body over the limit, declared or streamed
+    (chunked): the body is read whole, up to the limit, before the app sees
+    any of it; every body is read as JSON."""
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app, self.limit = app, limit
@@ -118,41 +213,32 @@ class BodyLimit:
         if declared and declared.isdigit() and int(declared) > self.limit:
             await self._refuse(send)
             return
-        seen = 0
-        refused = False
-
-        async def counted() -> Message:
-            nonlocal seen, refused
+        if scope["method"] not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        chunks, seen = [], 0
+        while True:
             message = await receive()
-            seen += len(message.get("body", b""))
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            seen += len(chunk)
             if seen > self.limit:
-                refused = True
-                raise _TooLarge
-            return message
+                await self._refuse(send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body"):
+                break
+        body, sent = b"".join(chunks), False
 
-        try:
-            await self.app(scope, counted, send)
-        except _TooLarge:
-            await self._refuse(send)
+        async def replay() -> Message:
+            nonlocal sent
+            if sent:  # the body was handed on already: wait for a disconnect
+                return await receive()
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
 
     async def _refuse(self, send: Send) -> None:
-        body = json.dumps(
-            {
-                "error": {
-                    "code": "body_too_large",
-                    "message": f"request body is over {self.limit} bytes",
-                }
-            }
-        ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [(b"content-type", b"application/json")],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
-
-
-class _TooLarge(Exception):
-    pass
+        await send_error(send, 413, "body_too_large", f"request body is over {self.limit} bytes")

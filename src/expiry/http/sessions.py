@@ -13,7 +13,9 @@ derived from two secrets:
 The cost of the first: a restart signs everyone out, and a dashboard behind a
 load balancer needs sticky sessions. The CSRF token is an HMAC of the session's
 nonce under the same key: it is different for every sign-in and is never
-stored server-side.
+stored server-side. The sign-in form carries a token of its own: an HMAC of a
+random value the form's page sets as a cookie (LOGIN_COOKIE), so a page of
+another site cannot sign a browser in under a key of the attacker's.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from ..keys import Keys, hash_key
 from .security import RateLimiter
 
 COOKIE = "expiry_session"
+LOGIN_COOKIE = "expiry_login"
 MAX_AGE_SECONDS = 12 * 3600
 """A session lasts 12 hours; then the key is asked for again."""
 
@@ -46,6 +49,12 @@ class Session:
     issued: int
     nonce: str
     csrf: str
+    scopes: tuple[str, ...] = ()
+    """The key's scopes now (read at every request: a narrowed key's session
+    is narrowed within a second)."""
+
+    def can(self, scope: str) -> bool:
+        return "admin" in self.scopes or scope in self.scopes
 
 
 def _b64(data: bytes) -> str:
@@ -78,15 +87,31 @@ class Sessions:
             self._ended = {n: t for n, t in self._ended.items() if now - t < self.max_age}
             self._ended[session.nonce] = session.issued
 
+    def login_token(self) -> tuple[str, str]:
+        """(the sign-in page's cookie value, the token its form carries)."""
+        value = secrets.token_urlsafe(16)
+        return value, self._login_token(value)
+
+    def login_token_ok(self, cookie: str | None, token: str | None) -> bool:
+        """The form's token matches the cookie its page set."""
+        if not cookie or not token:
+            return False
+        return hmac.compare_digest(self._login_token(cookie).encode(), token.encode())
+
+    def _login_token(self, value: str) -> str:
+        digest = hmac.new(self._server_secret, b"login\n" + value.encode(), hashlib.sha256)
+        return _b64(digest.digest())
+
     def _signing_key(self, name: str, stored_hash: str) -> bytes:
         message = f"expiry-dashboard-session\n{name}\n{stored_hash}".encode()
         return hmac.new(self._server_secret, message, hashlib.sha256).digest()
 
     def sign_in(self, secret: str) -> str | None:
         """The cookie value for a valid API key, or None for a wrong one."""
-        name = self.keys.resolve(secret.strip())
-        if name is None:
+        principal = self.keys.resolve(secret.strip())
+        if principal is None:
             return None
+        name = principal.name
         body = {"k": name, "t": int(time.time()), "n": secrets.token_urlsafe(16)}
         payload = _b64(json.dumps(body, separators=(",", ":")).encode())
         key = self._signing_key(name, hash_key(secret.strip()))
@@ -106,8 +131,9 @@ class Sessions:
         with self._lock:
             if nonce in self._ended:
                 return None
+        principal = self.keys.principal(name)
         stored = self.keys.stored_hash(name)
-        if stored is None:
+        if principal is None or stored is None:
             return None
         key = self._signing_key(name, stored)
         expected = hmac.new(key, payload.encode(), hashlib.sha256).digest()
@@ -116,7 +142,7 @@ class Sessions:
         if not 0 <= time.time() - issued < self.max_age:
             return None
         csrf = _b64(hmac.new(key, b"csrf\n" + nonce.encode(), hashlib.sha256).digest())
-        return Session(name, issued, nonce, csrf)
+        return Session(name, issued, nonce, csrf, principal.scopes)
 
     @staticmethod
     def csrf_ok(session: Session, token: str | None) -> bool:

@@ -30,6 +30,7 @@ from ..base import (
     classify_exception,
     load_migrations,
     load_queries,
+    run_of,
 )
 from .tables import PostgresTables
 
@@ -335,10 +336,7 @@ class PostgresEngine(PostgresTables):
             "max_attempts": [j.max_attempts for j in jobs],
             "run_ats": [j.run_at for j in jobs],
             "delays": [float(j.delay) for j in jobs],
-            "run_ids": [
-                j.payload.get("run_id") if isinstance(j.payload.get("run_id"), str) else None
-                for j in jobs
-            ],
+            "run_ids": [run_of(j) for j in jobs],
         }
 
     def _notify(self, conn: Any, due_keys: set[str], jobs: Sequence[NewJob]) -> None:

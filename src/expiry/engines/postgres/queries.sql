@@ -119,7 +119,8 @@ returning id;
 
 -- name: job_fail
 -- Record a failed attempt: retryable at now() + delay while attempts remain
--- and the error is transient, else dead. Every attempt's error is kept.
+-- and the error is transient, else dead. Every attempt's error is kept. Only
+-- while the caller's lease holds: after it expired, the rescuer decides.
 update expiry.jobs
 set state = case when %(retry)s and attempt < max_attempts then 'retryable' else 'dead' end,
     run_at = case when %(retry)s and attempt < max_attempts
@@ -133,6 +134,7 @@ set state = case when %(retry)s and attempt < max_attempts then 'retryable' else
     lease_owner = null, lease_token = null, lease_expires_at = null,
     updated_at = now()
 where id = %(id)s and lease_token = %(token)s and state = 'running'
+  and lease_expires_at > now()
 returning state;
 
 -- name: job_release
@@ -398,21 +400,26 @@ select greatest(
 
 -- name: key_insert
 -- Store a new API key's hash (the secret itself is never stored).
-insert into expiry.api_keys (name, hash) values (%(name)s, %(hash)s)
+insert into expiry.api_keys (name, hash, scopes) values (%(name)s, %(hash)s, %(scopes)s::jsonb)
 on conflict (name) do nothing returning name;
 
 -- name: key_list
 -- Every API key, without secrets.
-select name, created_at, revoked_at from expiry.api_keys order by name;
+select name, scopes, created_at, revoked_at from expiry.api_keys order by name;
 
 -- name: key_revoke
 -- Revoke a key; it stops working at once.
 update expiry.api_keys set revoked_at = now() where name = %(name)s and revoked_at is null
 returning name;
 
+-- name: key_set_scopes
+-- Replace the scopes of a key in force.
+update expiry.api_keys set scopes = %(scopes)s::jsonb
+where name = %(name)s and revoked_at is null returning name;
+
 -- name: key_active
 -- Hashes of every key still in force.
-select name, hash from expiry.api_keys where revoked_at is null;
+select name, hash, scopes from expiry.api_keys where revoked_at is null;
 
 -- name: idempotency_begin
 -- Record that a request with this key is in flight; no row back means it exists.
@@ -436,8 +443,8 @@ where (api_key = %(api_key)s and key = %(key)s) or created_at < now() - interval
 
 -- name: cron_insert
 -- Create a cron target; the name is unique.
-insert into expiry.cron_targets (name, http_url, schedule, timezone, secret, last_fire_at)
-values (%(name)s, %(http_url)s, %(schedule)s, %(timezone)s, %(secret)s, now())
+insert into expiry.cron_targets (name, http_url, schedule, timezone, secret, owner, last_fire_at)
+values (%(name)s, %(http_url)s, %(schedule)s, %(timezone)s, %(secret)s, %(owner)s, now())
 on conflict (name) do nothing returning name;
 
 -- name: cron_list

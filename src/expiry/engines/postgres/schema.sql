@@ -63,7 +63,8 @@ CREATE TABLE expiry.api_keys (
     name text NOT NULL,
     hash text NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
-    revoked_at timestamp with time zone
+    revoked_at timestamp with time zone,
+    scopes jsonb DEFAULT '["admin"]'::jsonb NOT NULL
 );
 
 CREATE TABLE expiry.audit (
@@ -116,7 +117,8 @@ CREATE TABLE expiry.cron_targets (
     paused boolean DEFAULT false NOT NULL,
     last_fire_at timestamp with time zone,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    owner text
 );
 
 CREATE TABLE expiry.idempotency (

@@ -21,7 +21,14 @@ from typing import Any
 from ...defaults import SQLITE_POLL_SECONDS
 from ...errors import MigrationError
 from ...types import Job, JobState, NewJob
-from ..base import Row, classify_exception, in_turns, load_migrations, load_queries
+from ..base import (
+    Row,
+    classify_exception,
+    in_turns,
+    load_migrations,
+    load_queries,
+    run_of,
+)
 from .tables import SQLiteTables
 
 NOW_SQL = "((julianday('now') - 2440587.5) * 86400.0)"
@@ -160,9 +167,7 @@ class SQLiteEngine(SQLiteTables):
                 "max_attempts": j.max_attempts,
                 "run_at": None if j.run_at is None else epoch(j.run_at),
                 "delay": float(j.delay),
-                "run_id": j.payload.get("run_id")
-                if isinstance(j.payload.get("run_id"), str)
-                else None,
+                "run_id": run_of(j),
             }
             for j, payload in zip(jobs, payloads, strict=True)
         ]

@@ -95,6 +95,7 @@ set state = case when :retry and attempt < max_attempts then 'retryable' else 'd
     lease_owner = null, lease_token = null, lease_expires_at = null,
     updated_at = $now
 where id = :id and lease_token = :token and state = 'running'
+  and lease_expires_at > $now
 returning state;
 
 -- name: job_release
@@ -345,21 +346,26 @@ select max(coalesce((select max(updated_at) from expiry_schedules), 0),
 
 -- name: key_insert
 -- Store a new API key's hash (the secret itself is never stored).
-insert into expiry_api_keys (name, hash, created_at) values (:name, :hash, $now)
+insert into expiry_api_keys (name, hash, scopes, created_at) values (:name, :hash, :scopes, $now)
 on conflict (name) do nothing returning name;
 
 -- name: key_list
 -- Every API key, without secrets.
-select name, created_at, revoked_at from expiry_api_keys order by name;
+select name, scopes, created_at, revoked_at from expiry_api_keys order by name;
 
 -- name: key_revoke
 -- Revoke a key; it stops working at once.
 update expiry_api_keys set revoked_at = $now where name = :name and revoked_at is null
 returning name;
 
+-- name: key_set_scopes
+-- Replace the scopes of a key in force.
+update expiry_api_keys set scopes = :scopes
+where name = :name and revoked_at is null returning name;
+
 -- name: key_active
 -- Hashes of every key still in force.
-select name, hash from expiry_api_keys where revoked_at is null;
+select name, hash, scopes from expiry_api_keys where revoked_at is null;
 
 -- name: idempotency_begin
 -- Record that a request with this key is in flight; no row back means it exists.
@@ -384,9 +390,9 @@ where (api_key = :api_key and key = :key) or created_at < $now - 86400;
 
 -- name: cron_insert
 -- Create a cron target; the name is unique.
-insert into expiry_cron_targets (name, http_url, schedule, timezone, secret, last_fire_at,
-                                 created_at, updated_at)
-values (:name, :http_url, :schedule, :timezone, :secret, $now, $now, $now)
+insert into expiry_cron_targets (name, http_url, schedule, timezone, secret, owner,
+                                 last_fire_at, created_at, updated_at)
+values (:name, :http_url, :schedule, :timezone, :secret, :owner, $now, $now, $now)
 on conflict (name) do nothing returning name;
 
 -- name: cron_list

@@ -24,7 +24,7 @@ CREATE TABLE expiry_api_keys (
     hash       text not null,
     created_at real not null,
     revoked_at real
-);
+, scopes text not null default '["admin"]');
 
 CREATE TABLE expiry_audit (
     id       integer primary key,
@@ -59,7 +59,7 @@ CREATE TABLE expiry_cron_targets (
     last_fire_at real,
     created_at   real    not null,
     updated_at   real    not null
-);
+, owner text);
 
 CREATE TABLE expiry_idempotency (
     api_key      text    not null,

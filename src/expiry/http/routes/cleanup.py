@@ -13,7 +13,7 @@ from ...cleanup import Cleanup
 from ...errors import ConfigError
 from ...times import format_time
 from .. import models as m
-from ..deps import ExpiryApp, Key
+from ..deps import ExpiryApp, Reader, Trigger
 from ..errors import NOT_FOUND, ApiError
 
 router = APIRouter(prefix="/v1", tags=["cleanup"])
@@ -41,7 +41,7 @@ def known_policy(app: App, name: str) -> Cleanup:
 
 
 @router.post("/cleanup/trigger", response_model=m.Triggered, responses=NOT_FOUND)
-def trigger(body: m.TriggerRequest, name: Key, app: ExpiryApp) -> m.Triggered:
+def trigger(body: m.TriggerRequest, key: Trigger, app: ExpiryApp) -> m.Triggered:
     cleanup = known_policy(app, body.policy)
     if body.dry_run:
         preview = cleanup.preview(body.policy, body.cutoff)
@@ -59,7 +59,7 @@ def trigger(body: m.TriggerRequest, name: Key, app: ExpiryApp) -> m.Triggered:
             partitions=preview.partitions,
         )
     opened = cleanup.open_run(
-        body.policy, body.cutoff, opened_by="api", actor=f"api:{name}", force=body.force
+        body.policy, body.cutoff, opened_by="api", actor=f"api:{key.name}", force=body.force
     )
     return m.Triggered(
         policy=body.policy,
@@ -71,7 +71,7 @@ def trigger(body: m.TriggerRequest, name: Key, app: ExpiryApp) -> m.Triggered:
 
 
 @router.get("/policies")
-def policies(_: Key, app: ExpiryApp) -> list[dict[str, Any]]:
+def policies(_: Reader, app: ExpiryApp) -> list[dict[str, Any]]:
     return status_view.policies(app)
 
 
@@ -82,36 +82,36 @@ def set_paused(app: App, policy: str, paused: bool, actor: str) -> m.Paused:
 
 
 @router.post("/policies/{name}/pause", response_model=m.Paused, responses=NOT_FOUND)
-def policy_pause(name: str, key: Key, app: ExpiryApp) -> m.Paused:
-    return set_paused(app, name, True, f"api:{key}")
+def policy_pause(name: str, key: Trigger, app: ExpiryApp) -> m.Paused:
+    return set_paused(app, name, True, f"api:{key.name}")
 
 
 @router.post("/policies/{name}/resume", response_model=m.Paused, responses=NOT_FOUND)
-def policy_resume(name: str, key: Key, app: ExpiryApp) -> m.Paused:
-    return set_paused(app, name, False, f"api:{key}")
+def policy_resume(name: str, key: Trigger, app: ExpiryApp) -> m.Paused:
+    return set_paused(app, name, False, f"api:{key.name}")
 
 
 @router.get("/runs")
 def runs(
-    _: Key, app: ExpiryApp, policy: PolicyFilter = None, limit: int = 20
+    _: Reader, app: ExpiryApp, policy: PolicyFilter = None, limit: int = 20
 ) -> list[dict[str, Any]]:
     return status_view.runs(app, policy, max(1, min(limit, 200)))
 
 
 @router.post("/runs/cancel", responses=NOT_FOUND)
-def run_cancel(body: m.CancelRunRequest, key: Key, app: ExpiryApp) -> dict[str, Any]:
+def run_cancel(body: m.CancelRunRequest, key: Trigger, app: ExpiryApp) -> dict[str, Any]:
     """Cancel a run: planning stops, its waiting jobs are cancelled, running ones
     finish; 404 for no such run, 409 for one that finished already."""
     if status_view.run_summary(app, body.run_id) is None:
         raise ApiError(404, "not_found", f"no run {body.run_id!r}")
     try:
-        return app.runs.cancel(body.run_id, actor=f"api:{key}")
+        return app.runs.cancel(body.run_id, actor=f"api:{key.name}")
     except ConfigError as exc:
         raise ApiError(409, "run_finished", str(exc)) from None
 
 
 @router.get("/runs/{run_id:path}", responses=NOT_FOUND)
-def run(run_id: RunId, _: Key, app: ExpiryApp) -> dict[str, Any]:
+def run(run_id: RunId, _: Reader, app: ExpiryApp) -> dict[str, Any]:
     found = status_view.run_summary(app, run_id)
     if found is None:
         raise ApiError(404, "not_found", f"no run {run_id!r}")

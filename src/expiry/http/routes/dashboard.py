@@ -21,16 +21,34 @@ from fastapi.responses import RedirectResponse, Response
 from ...types import AuditAction
 from ..deps import DashboardPages
 from ..render import STATIC, Form, local_path, secured, static_file
-from ..sessions import COOKIE, Session
+from ..sessions import COOKIE, LOGIN_COOKIE, Session
 
 router = APIRouter(include_in_schema=False)
+
+
+def login_page(
+    request: Request, pages: DashboardPages, status: int = 200, **context: object
+) -> Response:
+    """The sign-in form with a fresh token, and the cookie that token matches."""
+    value, token = pages.sessions.login_token()
+    page = pages.render(request, "login.html", None, status=status, login_token=token, **context)
+    page.set_cookie(
+        LOGIN_COOKIE,
+        value,
+        max_age=3600,
+        path="/login",
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+    )
+    return page
 
 
 @router.get("/login")
 def login_form(request: Request, pages: DashboardPages, next: str = "/") -> Response:
     if pages.session(request) is not None:
         return secured(RedirectResponse(local_path(next), 303))
-    return pages.render(request, "login.html", None, next=local_path(next))
+    return login_page(request, pages, next=local_path(next))
 
 
 @router.post("/login")
@@ -42,11 +60,11 @@ def login(request: Request, form: Form, pages: DashboardPages) -> Response:
     sessions = pages.sessions
     wait = sessions.failures.wait(client)
     if wait:
-        slow = pages.render(
-            request, "login.html", None, status=429, next=target, error=True, slow_down=wait
-        )
+        slow = login_page(request, pages, 429, next=target, error=True, slow_down=wait)
         slow.headers["Retry-After"] = str(max(1, round(wait)))
         return slow
+    if not sessions.login_token_ok(request.cookies.get(LOGIN_COOKIE), form.get("csrf")):
+        return login_page(request, pages, 403, next=target, expired=True)
     cookie = sessions.sign_in(form.get("key", ""))
     session = sessions.read(cookie) if cookie else None
     pages.audit(
@@ -56,8 +74,9 @@ def login(request: Request, form: Form, pages: DashboardPages) -> Response:
     )
     if cookie is None:
         sessions.failures.take(client)
-        return pages.render(request, "login.html", None, status=401, next=target, error=True)
+        return login_page(request, pages, 401, next=target, error=True)
     response = secured(RedirectResponse(target, 303))
+    response.delete_cookie(LOGIN_COOKIE, path="/login")
     response.set_cookie(
         COOKIE,
         cookie,

@@ -17,6 +17,7 @@ from ...types import JobState
 from .. import views as v
 from ..deps import DashboardPages, ExpiryApp, History
 from ..render import page_number
+from ..sessions import Session
 
 router = APIRouter(include_in_schema=False)
 
@@ -27,9 +28,9 @@ def policy_names(app: App) -> list[str]:
 
 @router.get("/")
 def overview(request: Request, app: ExpiryApp, pages: DashboardPages, history: History) -> Response:
-    session = pages.session(request)
-    if session is None:
-        return pages.to_login(request)
+    session = pages.reading(request)
+    if not isinstance(session, Session):
+        return session
     policies, error = _policies(app, history)
     totals: dict[str, int] = {}
     for states in app.queue.stats().by_state.values():
@@ -51,9 +52,9 @@ def overview(request: Request, app: ExpiryApp, pages: DashboardPages, history: H
 def runs(
     request: Request, app: ExpiryApp, pages: DashboardPages, policy: str = "", page: str = "1"
 ) -> Response:
-    session = pages.session(request)
-    if session is None:
-        return pages.to_login(request)
+    session = pages.reading(request)
+    if not isinstance(session, Session):
+        return session
     number = page_number(page)
     limit = min(number * v.PAGE_SIZE + 1, v.SCAN_LIMIT)
     found = app.engine.run_list(policy or None, limit)
@@ -72,9 +73,9 @@ def runs(
 
 @router.get("/runs/{run_id:path}")
 def run(request: Request, run_id: str, app: ExpiryApp, pages: DashboardPages) -> Response:
-    session = pages.session(request)
-    if session is None:
-        return pages.to_login(request)
+    session = pages.reading(request)
+    if not isinstance(session, Session):
+        return session
     summary = status_view.run_summary(app, run_id)
     if summary is None:
         return pages.render(request, "missing.html", session, status=404, what=f"run {run_id}")
@@ -94,18 +95,19 @@ def run(request: Request, run_id: str, app: ExpiryApp, pages: DashboardPages) ->
 
 @router.get("/queue")
 def queue(request: Request, app: ExpiryApp, pages: DashboardPages) -> Response:
-    session = pages.session(request)
-    if session is None:
-        return pages.to_login(request)
+    session = pages.reading(request)
+    if not isinstance(session, Session):
+        return session
     return pages.render(request, "queue.html", session, **_queue_charts(app))
 
 
 @router.get("/crons")
 def crons(request: Request, app: ExpiryApp, pages: DashboardPages) -> Response:
-    session = pages.session(request)
-    if session is None:
-        return pages.to_login(request)
-    targets = app.crons.targets()
+    session = pages.reading(request)
+    if not isinstance(session, Session):
+        return session
+    mine = "admin" in session.scopes
+    targets = [t for t in app.crons.targets() if mine or t["owner"] == session.key_name]
     now = app.engine.now()
     for target in targets:
         target["calls"] = app.crons.calls(target["name"], limit=5)
@@ -115,9 +117,9 @@ def crons(request: Request, app: ExpiryApp, pages: DashboardPages) -> Response:
 
 @router.get("/workers")
 def workers(request: Request, app: ExpiryApp, pages: DashboardPages) -> Response:
-    session = pages.session(request)
-    if session is None:
-        return pages.to_login(request)
+    session = pages.reading(request)
+    if not isinstance(session, Session):
+        return session
     return pages.render(request, "workers.html", session, **status_view.workers(app))
 
 
@@ -130,9 +132,9 @@ def audit(
     action: str = "",
     page: str = "1",
 ) -> Response:
-    session = pages.session(request)
-    if session is None:
-        return pages.to_login(request)
+    session = pages.reading(request)
+    if not isinstance(session, Session):
+        return session
     every, truncated = v.audit_events(app, policy=policy or None)
     actions = sorted({e["action"] for e in every})
     chosen = [e for e in every if not action or e["action"] == action]
@@ -160,9 +162,9 @@ def jobs(
     run: str = "",
     page: str = "1",
 ) -> Response:
-    session = pages.session(request)
-    if session is None:
-        return pages.to_login(request)
+    session = pages.reading(request)
+    if not isinstance(session, Session):
+        return session
     chosen = JobState(state) if state in JobState._value2member_map_ else JobState.AVAILABLE
     filters = {"queue": queue, "policy": policy, "run": run, "page": page}
     return pages.render(request, "jobs.html", session, **_jobs(app, chosen, False, filters))
@@ -179,18 +181,18 @@ def dlq(
     error: str = "",
     page: str = "1",
 ) -> Response:
-    session = pages.session(request)
-    if session is None:
-        return pages.to_login(request)
+    session = pages.reading(request)
+    if not isinstance(session, Session):
+        return session
     filters = {"queue": queue, "policy": policy, "run": run, "error": error, "page": page}
     return pages.render(request, "jobs.html", session, **_jobs(app, JobState.DEAD, True, filters))
 
 
 @router.get("/jobs/{key:path}")
 def job(request: Request, key: str, app: ExpiryApp, pages: DashboardPages) -> Response:
-    session = pages.session(request)
-    if session is None:
-        return pages.to_login(request)
+    session = pages.reading(request)
+    if not isinstance(session, Session):
+        return session
     found = app.queue.get(key)
     if found is None:
         return pages.render(request, "missing.html", session, status=404, what=f"job {key}")

@@ -1,18 +1,28 @@
 """The queue over HTTP: publish (one or a batch), and receive, ack, nack and
 heartbeat for pull consumers. A received job comes with a receipt,
 ``id.attempt.lease_token``, that names its lease: an expired one gets 409 and
-changes nothing."""
+changes nothing. A receipt is a capability: its token is unguessable and
+issued only to a consumer that may receive from the job's queue. Publishing
+needs queue:publish for the queue, the others queue:consume; expiry's own
+queues are never named here (422)."""
 
 from __future__ import annotations
+
+import logging
 
 from fastapi import APIRouter
 
 from ...errors import LeaseLost
+from ...keys import Principal
 from ...queue import new_job
 from ...types import Job, JobState
 from .. import models as m
-from ..deps import ExpiryApp, Key
+from ..deps import ExpiryApp, Key, forbidden
 from ..errors import CONFLICT, TOO_LARGE, ApiError
+
+log = logging.getLogger("expiry.http")
+
+MAX_ID = 2**63 - 1
 
 router = APIRouter(prefix="/v1/queue", tags=["queue"])
 
@@ -25,6 +35,8 @@ def job_from_receipt(text: str) -> Job:
     """The leased job a receipt names (its id, attempt and lease token; the rest blank)."""
     try:
         job_id, attempt, token = text.split(".", 2)
+        if not (0 < int(job_id) <= MAX_ID and 0 < int(attempt) < 2**31):
+            raise ValueError("out of range")
         return Job(
             id=int(job_id),
             queue="",
@@ -46,8 +58,21 @@ def receipt_expired(message: str) -> ApiError:
     return ApiError(409, "receipt_expired", message)
 
 
+def may(key: Principal, verb: str, queue: str) -> None:
+    """403 unless the key may ``verb`` (publish, consume) on ``queue``."""
+    if not key.can_queue(verb, queue):
+        raise forbidden(key, f"queue:{verb}:{queue}")
+
+
+def consumer(key: Principal) -> None:
+    """403 for a key that consumes no queue (a receipt's holder must be one)."""
+    if not (key.admin or any(s.startswith("queue:consume:") for s in key.scopes)):
+        raise forbidden(key, "queue:consume:PATTERN")
+
+
 @router.post("/publish", response_model=m.Published, responses=TOO_LARGE)
-def publish(body: m.PublishRequest, _: Key, app: ExpiryApp) -> m.Published:
+def publish(body: m.PublishRequest, key: Key, app: ExpiryApp) -> m.Published:
+    may(key, "publish", body.queue)
     job = new_job(
         body.queue,
         body.message,
@@ -62,7 +87,8 @@ def publish(body: m.PublishRequest, _: Key, app: ExpiryApp) -> m.Published:
 
 
 @router.post("/publish_batch", response_model=m.PublishedBatch, responses=TOO_LARGE)
-def publish_batch(body: m.PublishBatchRequest, _: Key, app: ExpiryApp) -> m.PublishedBatch:
+def publish_batch(body: m.PublishBatchRequest, key: Key, app: ExpiryApp) -> m.PublishedBatch:
+    may(key, "publish", body.queue)
     jobs = [
         new_job(
             body.queue,
@@ -80,26 +106,40 @@ def publish_batch(body: m.PublishBatchRequest, _: Key, app: ExpiryApp) -> m.Publ
 
 
 @router.post("/receive", response_model=m.Received)
-def receive(body: m.ReceiveRequest, name: Key, app: ExpiryApp) -> m.Received:
-    jobs = app.queue.claim(body.max, body.lease_seconds, queues=(body.queue,), owner=f"http:{name}")
-    return m.Received(
-        jobs=[
-            m.ReceivedJob(
-                receipt=receipt(j),
-                key=j.key,
-                queue=j.queue,
-                message=j.payload,
-                attempt=j.attempt,
-                max_attempts=j.max_attempts,
-                lease_expires_at=j.lease_expires_at,
-            )
-            for j in jobs
-        ]
+def receive(body: m.ReceiveRequest, key: Key, app: ExpiryApp) -> m.Received:
+    may(key, "consume", body.queue)
+    jobs = app.queue.claim(
+        body.max, body.lease_seconds, queues=(body.queue,), owner=f"http:{key.name}"
     )
+    return m.Received(jobs=[shown for j in jobs if (shown := deliverable(app, j)) is not None])
+
+
+def deliverable(app: ExpiryApp, job: Job) -> m.ReceivedJob | None:
+    """The job as a consumer receives it; a message that cannot be sent (stored
+    before messages were bounded) goes to the dead-letter queue alone, with
+    the reason, and the rest of the batch is delivered."""
+    try:
+        shown = m.ReceivedJob(
+            receipt=receipt(job),
+            key=job.key,
+            queue=job.queue,
+            message=job.payload,
+            attempt=job.attempt,
+            max_attempts=job.max_attempts,
+            lease_expires_at=job.lease_expires_at,
+        )
+        shown.model_dump_json()
+    except (ValueError, RecursionError) as exc:
+        reason = f"undeliverable: the message cannot be sent as JSON ({type(exc).__name__})"
+        app.engine.job_fail(job, reason, "undeliverable", None)
+        log.error("job dead-lettered: %s", reason, extra={"job": job.key, "queue": job.queue})
+        return None
+    return shown
 
 
 @router.post("/ack", response_model=m.JobOutcome, responses=CONFLICT)
-def ack(body: m.AckRequest, _: Key, app: ExpiryApp) -> m.JobOutcome:
+def ack(body: m.AckRequest, key: Key, app: ExpiryApp) -> m.JobOutcome:
+    consumer(key)
     job = job_from_receipt(body.receipt)
     try:
         app.queue.complete(job)
@@ -112,7 +152,8 @@ def ack(body: m.AckRequest, _: Key, app: ExpiryApp) -> m.JobOutcome:
 
 
 @router.post("/nack", response_model=m.JobOutcome, responses=CONFLICT)
-def nack(body: m.NackRequest, _: Key, app: ExpiryApp) -> m.JobOutcome:
+def nack(body: m.NackRequest, key: Key, app: ExpiryApp) -> m.JobOutcome:
+    consumer(key)
     job = job_from_receipt(body.receipt)
     error = body.error or "nacked by consumer"
     if body.permanent:
@@ -127,7 +168,8 @@ def nack(body: m.NackRequest, _: Key, app: ExpiryApp) -> m.JobOutcome:
 
 
 @router.post("/heartbeat", response_model=m.JobOutcome, responses=CONFLICT)
-def heartbeat(body: m.HeartbeatRequest, _: Key, app: ExpiryApp) -> m.JobOutcome:
+def heartbeat(body: m.HeartbeatRequest, key: Key, app: ExpiryApp) -> m.JobOutcome:
+    consumer(key)
     job = job_from_receipt(body.receipt)
     if not app.queue.heartbeat(job, body.lease_seconds):
         raise receipt_expired("the lease behind this receipt expired; stop working on it")

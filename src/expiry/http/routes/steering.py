@@ -24,7 +24,7 @@ router = APIRouter(include_in_schema=False)
 
 @router.post("/dlq/redrive")
 def redrive(request: Request, form: Form, app: ExpiryApp, pages: DashboardPages) -> Response:
-    guarded = pages.guard(request, form)
+    guarded = pages.guard(request, form, "dlq:manage")
     if not isinstance(guarded, Session):
         return guarded
     keys = [form["key"]] if form.get("key") else []
@@ -35,7 +35,7 @@ def redrive(request: Request, form: Form, app: ExpiryApp, pages: DashboardPages)
 
 @router.post("/dlq/discard")
 def discard(request: Request, form: Form, app: ExpiryApp, pages: DashboardPages) -> Response:
-    guarded = pages.guard(request, form)
+    guarded = pages.guard(request, form, "dlq:manage")
     if not isinstance(guarded, Session):
         return guarded
     keys = [form["key"]] if form.get("key") else []
@@ -92,7 +92,7 @@ def bulk_confirm(
 
 @router.post("/dlq/bulk")
 def bulk(request: Request, form: Form, app: ExpiryApp, pages: DashboardPages) -> Response:
-    guarded = pages.guard(request, form)
+    guarded = pages.guard(request, form, "dlq:manage")
     if not isinstance(guarded, Session):
         return guarded
     action = "discard" if form.get("action") == "discard" else "redrive"
@@ -122,7 +122,7 @@ def bulk(request: Request, form: Form, app: ExpiryApp, pages: DashboardPages) ->
 
 @router.post("/runs/cancel")
 def cancel_run(request: Request, form: Form, app: ExpiryApp, pages: DashboardPages) -> Response:
-    guarded = pages.guard(request, form)
+    guarded = pages.guard(request, form, "cleanup:trigger")
     if not isinstance(guarded, Session):
         return guarded
     run_id = form.get("run", "")
@@ -138,7 +138,7 @@ def cancel_run(request: Request, form: Form, app: ExpiryApp, pages: DashboardPag
 
 @router.post("/policies/pause")
 def pause_policy(request: Request, form: Form, app: ExpiryApp, pages: DashboardPages) -> Response:
-    guarded = pages.guard(request, form)
+    guarded = pages.guard(request, form, "cleanup:trigger")
     if not isinstance(guarded, Session):
         return guarded
     name, paused = form.get("policy", ""), form.get("paused") == "1"
@@ -153,12 +153,20 @@ def pause_policy(request: Request, form: Form, app: ExpiryApp, pages: DashboardP
     )
 
 
+def owns(app: App, session: Session, name: str) -> bool:
+    """The session's key may steer the cron target ``name`` (its own, or admin)."""
+    target = app.crons.get(name)
+    return target is not None and ("admin" in session.scopes or target["owner"] == session.key_name)
+
+
 @router.post("/crons/call")
 def call_cron(request: Request, form: Form, app: ExpiryApp, pages: DashboardPages) -> Response:
-    guarded = pages.guard(request, form)
+    guarded = pages.guard(request, form, "cron:manage")
     if not isinstance(guarded, Session):
         return guarded
     name = form.get("name", "")
+    if not owns(app, guarded, name):
+        return pages.done(request, "/crons", f"No cron target named {name}.")
     now = app.engine.now()
     if not app.crons.call_now(name, now, actor=f"dashboard:{guarded.key_name}"):
         return pages.done(request, "/crons", f"No cron target named {name}.")
@@ -167,10 +175,12 @@ def call_cron(request: Request, form: Form, app: ExpiryApp, pages: DashboardPage
 
 @router.post("/crons/pause")
 def pause_cron(request: Request, form: Form, app: ExpiryApp, pages: DashboardPages) -> Response:
-    guarded = pages.guard(request, form)
+    guarded = pages.guard(request, form, "cron:manage")
     if not isinstance(guarded, Session):
         return guarded
     name, paused = form.get("name", ""), form.get("paused") == "1"
+    if not owns(app, guarded, name):
+        return pages.done(request, "/crons", f"No cron target named {name}.")
     if not app.crons.set_paused(name, paused, actor=f"dashboard:{guarded.key_name}"):
         return pages.done(request, "/crons", f"No cron target named {name}.")
     return pages.done(request, "/crons", f"{'Paused' if paused else 'Resumed'} cron target {name}.")

@@ -1,0 +1,440 @@
+"""Safe to expose: each finding of an outsider holding one ordinary key, tried
+again against the real server over a socket. expiry's own jobs cannot be
+named, received or mistaken for a run's; keys do what their scopes say; cron
+calls reach only global addresses, within one deadline, on threads of their
+own; a poison message hurts nobody else; and requests without a key cost the
+server nothing before their 401 or 429."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+from _http_live import Live, Serve, assert_error
+
+from expiry.keys import Keys
+from expiry.queue import new_job
+from expiry.times import format_time
+
+POLICY = "expired-sessions"
+
+
+def key(live: Live, name: str, *scopes: str) -> httpx.Client:
+    """A client with a new key holding ``scopes`` (made through the server's own
+    key cache, so it works at once)."""
+    return live.new_client(live.app.keys.create(name, scopes))
+
+
+# -- two worlds in one queue -----------------------------------------------------------
+
+
+def test_expirys_own_queues_cannot_be_published_to_or_received_from(live: Live) -> None:
+    live.db.insert_sessions(expired=300, live=10)
+    opened = live.client.post("/v1/cleanup/trigger", json={"policy": POLICY}).json()
+    for queue in ("expiry.cron", f"expiry.policy.{POLICY}"):
+        received = live.client.post("/v1/queue/receive", json={"queue": queue, "max": 100})
+        assert "reserved" in assert_error(received, 422, "invalid_request")
+        published = live.client.post("/v1/queue/publish", json={"queue": queue, "message": {}})
+        assert "reserved" in assert_error(published, 422, "invalid_request")
+    # A consumer of "default" (where expiry's jobs used to wait) gets none of them.
+    default = live.client.post("/v1/queue/receive", json={"queue": "default", "max": 100})
+    assert default.json()["jobs"] == []
+    assert live.app.worker(until_idle=True, poll=0.05).run() == 0
+    summary = live.client.get(f"/v1/runs/{opened['run_id']}").json()
+    assert summary["state"] == "finished" and live.db.count() == 10
+
+
+def test_publish_without_a_queue_says_to_name_one(live: Live) -> None:
+    message = assert_error(
+        live.client.post("/v1/queue/publish", json={"message": {}}), 422, "invalid_request"
+    )
+    assert "name the queue" in message
+    batch = live.client.post("/v1/queue/publish_batch", json={"messages": [{}]})
+    assert "name the queue" in assert_error(batch, 422)
+    assert live.app.queue.pending() == 0
+
+
+def test_a_published_message_is_never_part_of_a_run(live: Live) -> None:
+    """A message carrying an earlier run's id, delayed ten years, does not make
+    later runs wait for it; a key shaped like a run's planning job is refused."""
+    live.db.insert_sessions(expired=50, live=0)
+    first = live.client.post("/v1/cleanup/trigger", json={"policy": POLICY}).json()
+    assert live.app.worker(until_idle=True, poll=0.05).run() == 0
+    squatter = live.client.post(
+        "/v1/queue/publish",
+        json={
+            "queue": "mail",
+            "message": {"run_id": first["run_id"], "policy": POLICY},
+            "delay_seconds": 10 * 365 * 86400,
+        },
+    )
+    assert squatter.status_code == 200, squatter.text
+    live.db.insert_sessions(expired=40)  # the first run deleted ids 1..50
+    time.sleep(1.1)  # a later cutoff (whole seconds) than the first run's
+    later = live.app.engine.now().replace(microsecond=0)
+    plan_key = f"{POLICY}:{format_time(later)}:plan"
+    taken = live.client.post(
+        "/v1/queue/publish", json={"queue": "mail", "message": {}, "key": plan_key}
+    )
+    assert "expiry's own job keys" in assert_error(taken, 422)
+    second = live.client.post(
+        "/v1/cleanup/trigger", json={"policy": POLICY, "cutoff": format_time(later)}
+    ).json()
+    assert live.app.worker(until_idle=True, poll=0.05).run() == 0
+    summary = live.client.get(f"/v1/runs/{second['run_id']}").json()
+    assert summary["state"] == "finished", summary
+    assert live.db.count() == 0
+    assert live.app.queue.pending() == 1  # the squatter waits, alone in its own queue
+
+
+def test_a_run_whose_planning_key_is_taken_says_so(live: Live) -> None:
+    """A job holding a run's planning key (enqueued by the application's own
+    code, which the API refuses) makes the trigger fail with the reason
+    instead of a run that stays in planning forever."""
+    live.db.insert_sessions(expired=5, live=0)
+    cutoff = live.app.engine.now().replace(microsecond=0)
+    live.app.queue.enqueue_many(
+        [new_job("mine", {}, key=f"{POLICY}:{format_time(cutoff)}:plan", queue="mine")]
+    )
+    refused = live.client.post(
+        "/v1/cleanup/trigger", json={"policy": POLICY, "cutoff": format_time(cutoff)}
+    )
+    assert "held by another job" in assert_error(refused, 500)
+    assert live.client.get("/v1/runs").json() == []
+
+
+# -- scoped keys --------------------------------------------------------------------
+
+
+def test_a_queue_scoped_key_publishes_and_consumes_only_its_queues(live: Live) -> None:
+    orders = key(live, "orders", "queue:publish:orders.*", "queue:consume:orders.*")
+    ok = orders.post("/v1/queue/publish", json={"queue": "orders.paid", "message": {"n": 1}})
+    assert ok.status_code == 200, ok.text
+    other = orders.post("/v1/queue/publish", json={"queue": "emails", "message": {}})
+    assert "queue:publish:emails" in assert_error(other, 403, "forbidden")
+    assert_error(orders.post("/v1/queue/receive", json={"queue": "emails"}), 403)
+    [job] = orders.post("/v1/queue/receive", json={"queue": "orders.paid"}).json()["jobs"]
+    assert orders.post("/v1/queue/ack", json={"receipt": job["receipt"]}).status_code == 200
+    for route, body in (
+        ("/v1/cleanup/trigger", {"policy": POLICY}),
+        (
+            "/v1/cron/create",
+            {"name": "x", "http_url": "https://example.com/", "schedule": "@daily"},
+        ),
+        ("/v1/dlq/redrive", {"all": True}),
+        ("/v1/runs/cancel", {"run_id": "x"}),
+    ):
+        assert_error(orders.post(route, json=body), 403, "forbidden")
+    assert_error(orders.get("/v1/runs"), 403, "forbidden")
+    assert_error(orders.get("/v1/cron"), 403, "forbidden")
+
+
+def test_cron_targets_belong_to_the_key_that_made_them(serve: Serve, sqlite_url: str) -> None:
+    live = serve(sqlite_url, http={"allowed_hosts": ["127.0.0.1:*"]})
+    alice = key(live, "alice", "cron:manage")
+    bob = key(live, "bob", "cron:manage")
+    made = alice.post(
+        "/v1/cron/create",
+        json={"name": "alices", "http_url": "http://127.0.0.1:9/", "schedule": "@daily"},
+    )
+    assert made.status_code == 201 and made.json()["owner"] == "alice"
+    assert [t["name"] for t in alice.get("/v1/cron").json()] == ["alices"]
+    assert bob.get("/v1/cron").json() == []
+    for method, path in (
+        ("GET", "/v1/cron/alices"),
+        ("GET", "/v1/cron/alices/calls"),
+        ("POST", "/v1/cron/alices/pause"),
+        ("POST", "/v1/cron/alices/resume"),
+        ("DELETE", "/v1/cron/alices"),
+    ):
+        assert_error(bob.request(method, path), 404, "not_found")
+    assert live.client.get("/v1/cron/alices").status_code == 200  # admin sees every target
+    assert alice.delete("/v1/cron/alices").status_code == 200
+
+
+def test_a_read_key_reads_and_changes_nothing(live: Live) -> None:
+    reader = key(live, "grafana", "read")
+    assert reader.get("/v1/runs").status_code == 200
+    assert reader.get("/v1/policies").status_code == 200
+    assert_error(reader.post("/v1/cleanup/trigger", json={"policy": POLICY}), 403)
+    assert_error(reader.post(f"/v1/policies/{POLICY}/pause"), 403)
+    assert_error(reader.post("/v1/queue/publish", json={"queue": "q", "message": {}}), 403)
+
+
+def test_a_consumer_works_the_dead_jobs_of_its_queues_only(live: Live) -> None:
+    live.app.queue.enqueue("orders.paid", {}, key="o-1", queue="orders.paid", max_attempts=1)
+    live.app.queue.enqueue("emails", {}, key="e-1", queue="emails", max_attempts=1)
+    assert live.app.worker(queues=("orders.paid", "emails"), until_idle=True).run() == 0
+    orders = key(live, "orders", "queue:consume:orders.*")
+    assert [j["key"] for j in orders.get("/v1/dlq").json()] == ["o-1"]
+    assert_error(orders.get("/v1/dlq", params={"queue": "emails"}), 403)
+    assert_error(orders.post("/v1/dlq/discard", json={"keys": ["e-1"]}), 403)
+    assert orders.post("/v1/dlq/redrive", json={"keys": ["o-1"]}).json()["keys"] == ["o-1"]
+    assert sorted(j["key"] for j in live.client.get("/v1/dlq").json()) == ["e-1"]
+
+
+def test_keys_made_before_scopes_keep_working_as_admin(live: Live) -> None:
+    """The fixture's key was made as keys were before migration 0009 (no scope
+    named): it may do everything."""
+    [tests] = [k for k in Keys(live.app.engine).all() if k.name == "tests"]
+    assert tests.scopes == ("admin",)
+    assert live.client.get("/v1/cron").status_code == 200
+    assert live.client.get("/v1/runs").status_code == 200
+
+
+# -- outgoing calls ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://100.64.0.1/",  # shared address space (carrier-grade NAT)
+        "http://100.100.100.200/latest/meta-data/",  # a cloud's metadata service
+        "http://192.88.99.1/",  # the 6to4 relay anycast block
+        "http://[2002:7f00:1::]/",  # 6to4 wrapping 127.0.0.1
+        "http://[fec0::1]/",  # IPv6 site-local
+        "http://[64:ff9b::7f00:1]/",  # NAT64 wrapping 127.0.0.1
+        "http://127.0.0.1:2/",  # allowed is port 1 only
+    ],
+)
+def test_a_non_global_target_is_refused_unless_its_host_and_port_are_allowed(
+    serve: Serve, sqlite_url: str, url: str
+) -> None:
+    live = serve(sqlite_url, http={"allowed_hosts": ["127.0.0.1:1"]})
+    refused = live.client.post(
+        "/v1/cron/create", json={"name": "probe", "http_url": url, "schedule": "@daily"}
+    )
+    assert "allowed_hosts" in assert_error(refused, 422)
+    ok = live.client.post(
+        "/v1/cron/create",
+        json={"name": "fine", "http_url": "http://127.0.0.1:1/", "schedule": "@daily"},
+    )
+    assert ok.status_code == 201, ok.text
+
+
+@contextmanager
+def dripping_target(interval: float) -> Iterator[int]:
+    """A server that answers every request with one byte every ``interval``
+    seconds, forever; yields its port."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def drip(conn: socket.socket) -> None:
+        with conn:
+            conn.recv(65536)
+            for byte in b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b"x" * 100000:
+                if stop.wait(interval):
+                    return
+                try:
+                    conn.sendall(bytes([byte]))
+                except OSError:
+                    return
+
+    def accept() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:  # closed as the test ends
+                return
+            threading.Thread(target=drip, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        stop.set()
+        listener.close()
+
+
+def test_a_dripping_target_is_cut_at_the_deadline_and_never_holds_cleanup(
+    serve: Serve, pg_url: str
+) -> None:
+    """Two targets that drip a byte every half second: each call ends at its
+    2 s deadline, and a cleanup run on the same worker finishes meanwhile
+    (cron calls have threads of their own)."""
+    live = serve(pg_url, http={"allowed_hosts": ["127.0.0.1:*"], "call_timeout": "2s"})
+    live.db.insert_sessions(expired=2000, live=10)
+    with dripping_target(0.5) as port:
+        for name in ("slow-a", "slow-b"):
+            made = live.client.post(
+                "/v1/cron/create",
+                json={"name": name, "http_url": f"http://127.0.0.1:{port}/", "schedule": "@daily"},
+            )
+            assert made.status_code == 201, made.text
+            now = live.app.engine.now()
+            assert live.app.crons.call_now(name, now, actor="test")
+        worker = live.app.worker(concurrency=1, poll=0.05)
+        thread = threading.Thread(target=worker.run)
+        began = time.monotonic()
+        thread.start()
+        try:
+            opened = live.client.post("/v1/cleanup/trigger", json={"policy": POLICY}).json()
+            summary = live.app.runs.wait(opened["run_id"], timeout=20)
+            cleaned_in = time.monotonic() - began
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and not all(
+                live.client.get(f"/v1/cron/{n}/calls").json() for n in ("slow-a", "slow-b")
+            ):
+                time.sleep(0.1)
+        finally:
+            worker.stop()
+            thread.join(30)
+    assert summary["state"] == "finished" and live.db.count() == 10
+    assert cleaned_in < 2.0, cleaned_in  # not behind the two 2 s calls
+    for name in ("slow-a", "slow-b"):
+        calls = live.client.get(f"/v1/cron/{name}/calls").json()
+        assert calls, name
+        for call in calls:  # the first, and any retry begun before the worker stopped
+            assert call["error"].startswith("TimeoutError") and "2 s" in call["error"], call
+            assert 1900 <= call["duration_ms"] < 3500, call
+
+
+# -- limits before work ------------------------------------------------------------------
+
+
+def test_a_poison_message_goes_to_the_dead_letters_alone(live: Live) -> None:
+    """A message nested too deep to send (enqueued before messages were bounded,
+    or by the application's own code): the batch it lands in is delivered
+    without it, it is dead with the reason, and the DLQ still lists."""
+    deep: dict[str, object] = {"leaf": 1}
+    for _ in range(300):
+        deep = {"a": deep}
+    live.app.queue.enqueue_many(
+        [
+            new_job("q", {"n": 1}, key="good-1", queue="q"),
+            new_job("q", deep, key="poison", queue="q"),
+            new_job("q", {"n": 2}, key="good-2", queue="q"),
+        ]
+    )
+    got = live.client.post("/v1/queue/receive", json={"queue": "q", "max": 10})
+    assert got.status_code == 200, got.text
+    assert sorted(j["key"] for j in got.json()["jobs"]) == ["good-1", "good-2"]
+    poison = live.app.queue.get("poison")
+    assert poison is not None and poison.state.value == "dead"
+    assert poison.last_error_kind == "undeliverable"
+    dlq = live.client.get("/v1/dlq")
+    assert dlq.status_code == 200 and [j["key"] for j in dlq.json()] == ["poison"]
+
+
+def test_a_request_without_a_key_is_answered_before_its_body_is_read(
+    serve: Serve, sqlite_url: str
+) -> None:
+    live = serve(
+        sqlite_url,
+        http={
+            "max_body_bytes": 32 * 1024 * 1024,
+            "anonymous_rate_limit_per_second": 1,
+            "anonymous_rate_limit_burst": 3,
+        },
+    )
+    stranger = live.new_client()
+    huge = b'{"queue": "q", "message": {"pad": "' + b"x" * 15_000_000 + b'"}}'
+    began = time.monotonic()
+    refused = stranger.post(
+        "/v1/queue/publish", content=huge, headers={"Content-Type": "application/json"}
+    )
+    assert_error(refused, 401, "unauthorized")
+    assert time.monotonic() - began < 2.0
+    codes = [stranger.get("/v1/runs").status_code for _ in range(4)]
+    assert codes[-1] == 429 and 429 not in codes[:2]
+    assert live.client.get("/v1/runs").status_code == 200  # a key has its own bucket
+
+
+def raw_request(live: Live, head: bytes, body: bytes) -> bytes:
+    """Send bytes no HTTP client would (a header that is not UTF-8) over a socket."""
+    host, port = live.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    return answer
+
+
+def test_bad_headers_and_identifiers_are_4xx_not_500(live: Live) -> None:
+    publish = {"queue": "q", "message": {}}
+    answer = raw_request(
+        live,
+        b"POST /v1/queue/publish HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        b"Authorization: Bearer " + live.key.encode() + b"\r\n"
+        b"Content-Type: application/json\r\nIdempotency-Key: \xff\xfe\r\n",
+        b'{"queue": "q", "message": {}}',
+    )
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    assert b"invalid_idempotency_key" in answer
+    long = live.client.post(
+        "/v1/queue/publish", json=publish, headers={"Idempotency-Key": "k" * 3000}
+    )
+    assert_error(long, 400, "invalid_idempotency_key")
+    batch = {"queue": "q", "messages": [{}], "keys": ["k" * 3000]}
+    assert_error(live.client.post("/v1/queue/publish_batch", json=batch), 422)
+    for receipt in (f"{2**70}.1.x", "1.99999999999.x", "-5.1.x"):
+        assert_error(live.client.post("/v1/queue/ack", json={"receipt": receipt}), 422)
+
+
+def test_nack_after_the_lease_expired_is_409(live: Live) -> None:
+    live.client.post("/v1/queue/publish", json={"queue": "q", "message": {}})
+    [job] = live.client.post("/v1/queue/receive", json={"queue": "q", "lease_seconds": 0.2}).json()[
+        "jobs"
+    ]
+    time.sleep(0.4)
+    late = live.client.post("/v1/queue/nack", json={"receipt": job["receipt"]})
+    assert_error(late, 409, "receipt_expired")
+
+
+def test_a_chunked_body_over_the_limit_is_413(serve: Serve, sqlite_url: str) -> None:
+    live = serve(sqlite_url, http={"max_body_bytes": 4096})
+
+    def chunks() -> Iterator[bytes]:
+        yield b'{"queue": "q", "message": {"pad": "'
+        for _ in range(10):
+            yield b"x" * 1024
+        yield b'"}}'
+
+    answer = live.client.post(
+        "/v1/queue/publish", content=chunks(), headers={"Content-Type": "application/json"}
+    )
+    assert_error(answer, 413, "body_too_large")
+
+
+def test_idempotent_replays_count_against_the_rate_limit(serve: Serve, sqlite_url: str) -> None:
+    live = serve(sqlite_url, http={"rate_limit_per_second": 0.5, "rate_limit_burst": 3})
+    publish = {"queue": "q", "message": {}}
+    codes = [
+        live.client.post(
+            "/v1/queue/publish", json=publish, headers={"Idempotency-Key": "same"}
+        ).status_code
+        for _ in range(5)
+    ]
+    assert codes[:3] == [200, 200, 200] and codes[-1] == 429
+
+
+def test_metrics_labels_are_bounded_and_can_need_a_key(
+    serve: Serve, sqlite_url: str, tmp_path: Path
+) -> None:
+    live = serve(sqlite_url, http={"metrics_queues": ["emails"]})
+    live.app.queue.enqueue_many(new_job("x", {}, queue=f"caller-{i}") for i in range(50))
+    live.app.queue.enqueue("emails", {}, queue="emails")
+    text = live.new_client().get("/metrics").text
+    queues = {
+        line.split('queue="', 1)[1].split('"', 1)[0]
+        for line in text.splitlines()
+        if line.startswith("expiry_jobs{")
+    }
+    assert queues == {"emails", "other"}
+    assert 'expiry_jobs{queue="other",state="available"} 50.0' in text
+    guarded = serve(f"sqlite:///{tmp_path / 'guarded.db'}", http={"metrics_key": True})
+    assert_error(guarded.new_client().get("/metrics"), 401)
+    assert guarded.client.get("/metrics").status_code == 200
+    reader = key(guarded, "grafana", "read")
+    assert reader.get("/metrics").status_code == 200
+    assert_error(key(guarded, "writer", "queue:publish:*").get("/metrics"), 403)
