@@ -72,6 +72,13 @@ def public_key(value: str | None) -> str | None:
     return value
 
 
+def queue_named(cls: type, data: Any) -> Any:
+    """A publish body must name its queue (there is no default queue to land in)."""
+    if isinstance(data, dict) and "queue" not in data:
+        raise ValueError(NAME_A_QUEUE)
+    return data
+
+
 NAME_A_QUEUE = (
     'name the queue: "queue": "emails" (a worker running a handler of that name, or a '
     "consumer of POST /v1/queue/receive, takes the messages)"
@@ -122,12 +129,7 @@ class PublishRequest(Request):
     _queue = field_validator("queue")(public_queue)
     _key = field_validator("key")(public_key)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _named(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "queue" not in data:
-            raise ValueError(NAME_A_QUEUE)
-        return data
+    _named = model_validator(mode="before")(queue_named)
 
     @field_validator("run_at")
     @classmethod
@@ -170,12 +172,7 @@ class PublishBatchRequest(Request):
             public_key(key)
         return value
 
-    @model_validator(mode="before")
-    @classmethod
-    def _named(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "queue" not in data:
-            raise ValueError(NAME_A_QUEUE)
-        return data
+    _named = model_validator(mode="before")(queue_named)
 
     @model_validator(mode="after")
     def _keys(self) -> PublishBatchRequest:
