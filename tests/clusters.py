@@ -107,6 +107,8 @@ def primary_and_standby() -> Iterator[tuple[Cluster, Cluster]]:
             conf.write(
                 "wal_level = replica\nmax_wal_senders = 4\nhot_standby = on\n"
                 "fsync = off\nhot_standby_feedback = on\n"
+                # the standby reports its replay position every second, not every 10 s
+                "wal_receiver_status_interval = 1s\n"
             )
         with (primary.data / "pg_hba.conf").open("a") as hba:
             hba.write("host replication all 127.0.0.1/32 trust\n")

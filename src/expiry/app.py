@@ -27,11 +27,12 @@ from .crons import Crons
 from .engines import Engine, open_engine
 from .errors import AlreadyApplied, ConfigError, MigrationError
 from .handlers import Handler, HandlerFn
+from .health import Health
 from .keys import Keys
 from .queue import CRON_QUEUE, Queue, is_reserved, policy_queue
 from .runs import Runs
 from .scheduler import Scheduler
-from .types import Job
+from .types import Gates, Job
 from .worker import Hooks, Worker
 
 log = logging.getLogger("expiry.app")
@@ -65,6 +66,19 @@ class Once:
         return None
 
 
+def merge_gates(*gates: Gates) -> Gates:
+    """Several services' gates as one: each queue rests until the latest of
+    its rests, and takes the smallest of its limits."""
+    resting: dict[str, float] = {}
+    limits: dict[str, int] = {}
+    for gate in gates:
+        for queue, until in gate.resting.items():
+            resting[queue] = max(until, resting.get(queue, until))
+        for queue, n in gate.limits.items():
+            limits[queue] = min(n, limits.get(queue, n))
+    return Gates(resting, limits)
+
+
 class App:
     """The wiring: one database, its queue, its handlers and (from a config) its
     policies. Services take their collaborators explicitly; the App builds them
@@ -87,6 +101,7 @@ class App:
         self._crons: Crons | None = None
         self._keys: Keys | None = None
         self._runs: Runs | None = None
+        self._health: Health | None = None
         self._register_builtins()
 
     def _register_builtins(self) -> None:
@@ -114,6 +129,8 @@ class App:
         self.config = config
         if self._cleanup is not None:
             self._cleanup.reload(config)
+        if self._health is not None:
+            self._health.reload(config)
         if self._crons is not None:
             self._crons.allowed_hosts = list(config.http.allowed_hosts)
             self._crons.call_timeout = config.http.call_timeout
@@ -158,6 +175,9 @@ class App:
         """The policies' cleanup; None for an App without a config."""
         if self._cleanup is None and self.config is not None:
             self._cleanup = Cleanup(self.engine, self.config, self.runs)
+            health = self.health
+            assert health is not None
+            self._cleanup.observer = health.observe  # the throttle's running rate
         return self._cleanup
 
     def _need_cleanup(self) -> Cleanup:
@@ -192,13 +212,23 @@ class App:
         return self._keys
 
     @property
+    def health(self) -> Health | None:
+        """The policies' throttles (None for an App without a config)."""
+        if self._health is None and self.config is not None:
+            self._health = Health(self.engine, self.config)
+        return self._health
+
+    @property
     def hooks(self) -> Hooks:
-        """What the worker calls back into: the cleanup's run bookkeeping."""
-        cleanup = self.cleanup
-        if cleanup is None:
+        """What the worker calls back into: the cleanup's run bookkeeping and
+        pacing, and the throttles' health readings and holds."""
+        cleanup, health = self.cleanup, self.health
+        if cleanup is None or health is None:
             return Hooks()
         return Hooks(
-            gates=cleanup.gates,
+            gates=lambda: merge_gates(cleanup.gates(), health.gates()),
+            monitor=health.check,
+            report=health.snapshot,
             sweep=cleanup.finish_idle_runs,
             dead=lambda job: cleanup.finish_runs(
                 {job.payload["run_id"]} if job.payload.get("run_id") else set()
@@ -293,3 +323,6 @@ class App:
             self._crons = None
             self._keys = None
             self._runs = None
+        if self._health is not None:
+            self._health.close()
+            self._health = None

@@ -138,6 +138,8 @@ class Cleanup:
         self._targets: dict[str, Target] = {}
         self._paces: dict[str, _Pace] = {}
         self._lock = threading.Lock()
+        self.observer: Callable[[str, float], None] | None = None
+        """Told (policy, seconds) after each window (the throttle's rate)."""
         self.broken: dict[str, str] = {}
         """Quarantined policies: name -> why its check failed. Each is checked
         again on its next use (a repaired table, a reloaded config): the others
@@ -703,6 +705,8 @@ class Cleanup:
         rest holds no thread: the worker claims other policies' jobs meanwhile."""
         policy = self.policy(job.payload["policy"])
         WINDOW_ROWS.labels(policy.name).observe(result.rows)
+        if self.observer is not None:
+            self.observer(policy.name, seconds)
         pace = self._pace(policy)
         with pace.lock:
             if result.rows and seconds > policy.target_transaction * 1.5:

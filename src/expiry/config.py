@@ -120,7 +120,91 @@ class HttpConfig(Strict):
         return value
 
 
-class WorkerConfig(Strict):
+HEALTH_FIELDS = (
+    "max_replica_lag",
+    "critical_replica_lag",
+    "max_active_backends",
+    "critical_active_backends",
+    "throttle_query",
+    "pause_file",
+    "canary",
+    "max_latency_ratio",
+    "critical_latency_ratio",
+    "max_dead_tuple_ratio",
+    "vacuum_after",
+    "health_interval",
+)
+"""The throttle's knobs: set in [worker] for every policy, or per policy."""
+
+
+class HealthSettings(Strict):
+    """When to hold a policy's windows, read from the database's health every
+    ``health_interval`` (health.py; the controller is throttle.py)."""
+
+    max_replica_lag: Duration | None = None
+    """Hold while a replica replays more than this behind (pg_stat_replication
+    on the primary, or each [[replica]] url)."""
+    critical_replica_lag: Duration | None = None
+    """Stop the policy (until `expiry resume`) past this lag."""
+    max_active_backends: int | None = Field(None, ge=1)
+    """Hold while more client backends than this are active (pg_stat_activity)."""
+    critical_active_backends: int | None = Field(None, ge=1)
+    throttle_query: str | None = None
+    """SQL whose first column is true to hold (trusted config, as where)."""
+    pause_file: str | None = None
+    """Hold while this file exists."""
+    canary: str | None = None
+    """A cheap statement of the application's (select 1 from sessions where id = 1),
+    timed each check against its own baseline taken while the policy is idle."""
+    max_latency_ratio: float | None = Field(None, gt=1)
+    """Hold while the canary takes more than this many times its baseline."""
+    critical_latency_ratio: float | None = Field(None, gt=1)
+    max_dead_tuple_ratio: float | None = Field(None, gt=0, le=1)
+    """Hold while the table's dead tuples exceed this share of its rows."""
+    vacuum_after: bool = False
+    """VACUUM (ANALYZE) the table once a run finishes (PostgreSQL)."""
+    health_interval: Duration = defaults.HEALTH_INTERVAL_SECONDS
+
+    @field_validator("throttle_query", "canary")
+    @classmethod
+    def _statement(cls, value: str | None) -> str | None:
+        if value is not None and (";" in value or "--" in value or "/*" in value):
+            raise ValueError("must be one SQL statement without ';' or comments")
+        return value
+
+    @field_validator("health_interval")
+    @classmethod
+    def _interval(cls, value: float) -> float:
+        if value < 0.05:
+            raise ValueError('read the health at most 20 times a second: write "50ms" or more')
+        return value
+
+    @model_validator(mode="after")
+    def _pairs(self) -> HealthSettings:
+        if self.max_latency_ratio is not None and self.canary is None:
+            raise ValueError(
+                'max_latency_ratio needs canary = "<a cheap statement of the application\'s>"'
+            )
+        for name in ("replica_lag", "active_backends", "latency_ratio"):
+            limit, stop = getattr(self, f"max_{name}"), getattr(self, f"critical_{name}")
+            if limit is not None and stop is not None and stop < limit:
+                raise ValueError(f"critical_{name} must not be below max_{name}")
+        return self
+
+
+class ReplicaConfig(Strict):
+    url: str
+    """A standby whose replay lag max_replica_lag also reads (postgresql://...)."""
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not value.startswith(("postgresql://", "postgres://")):
+            raise ValueError("a replica is a PostgreSQL standby: postgresql://host/db")
+        return value
+
+
+class WorkerConfig(HealthSettings):
     concurrency: int = Field(2, ge=1, le=256)
     cron_threads: int = Field(defaults.CRON_THREADS, ge=1, le=64)
     """Threads of their own for cron calls: a slow target never holds a thread
@@ -130,7 +214,7 @@ class WorkerConfig(Strict):
     prune_after: Duration = defaults.PRUNE_AFTER_SECONDS
 
 
-class Policy(Strict):
+class Policy(HealthSettings):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$", max_length=63)
     table: str
     key: str
@@ -234,7 +318,30 @@ class Config(Strict):
     database: DatabaseConfig
     http: HttpConfig = HttpConfig()
     worker: WorkerConfig = WorkerConfig()
+    replica: list[ReplicaConfig] = []
     policy: list[Policy] = []
+
+    @model_validator(mode="after")
+    def _health_defaults(self) -> Config:
+        """Each policy's health knobs it does not set come from [worker]."""
+        given = self.worker.model_fields_set & set(HEALTH_FIELDS)
+        if given:
+            policies = []
+            for policy in self.policy:
+                inherited = {f: getattr(self.worker, f) for f in given - policy.model_fields_set}
+                policies.append(policy.model_copy(update=inherited) if inherited else policy)
+            object.__setattr__(self, "policy", policies)
+        sqlite = self.database.url.startswith("sqlite")
+        for policy in self.policy:
+            for name in ("max_replica_lag", "max_active_backends", "max_dead_tuple_ratio"):
+                if sqlite and getattr(policy, name) is not None:
+                    raise ValueError(
+                        f"policy {policy.name!r}: field {name!r}: SQLite has no such signal "
+                        "(it has no replicas, backends or vacuum): remove it"
+                    )
+        if sqlite and self.replica:
+            raise ValueError("[[replica]] is for PostgreSQL standbys; this database is SQLite")
+        return self
 
     @model_validator(mode="after")
     def _unique(self) -> Config:
@@ -264,6 +371,7 @@ _SECTIONS: dict[str, type[BaseModel]] = {
     "database": DatabaseConfig,
     "http": HttpConfig,
     "worker": WorkerConfig,
+    "replica": ReplicaConfig,
     "policy": Policy,
 }
 

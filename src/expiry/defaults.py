@@ -73,3 +73,6 @@ CALL_TIMEOUT_SECONDS = 10.0
 
 CRON_THREADS = 2
 """Worker threads for cron calls alone, besides the ones that clean."""
+
+HEALTH_INTERVAL_SECONDS = 1.0
+"""How often a worker reads the database's health for the throttle: never per row."""

@@ -229,6 +229,9 @@ class WorkerSeen:
     started_at: datetime
     seen_at: datetime
     seen_seconds_ago: float
+    health: dict[str, Any] = field(default_factory=dict)
+    """Policy -> its throttle in this worker: state, reason, rate, seconds held
+    by reason, last readings (health.Health.snapshot)."""
 
 
 @dataclass(frozen=True)
@@ -446,3 +449,32 @@ class WindowApply:
     """Completed in the same statement or transaction, when given."""
     lock_timeout_ms: int
     statement_timeout_ms: int
+
+
+@dataclass(frozen=True)
+class Replica:
+    """A standby as the primary sees it (pg_stat_replication)."""
+
+    name: str
+    replay_position: int | None
+    """The WAL position it has replayed up to (bytes); None without pg_monitor."""
+    replay_lag: float | None
+    """pg_stat_replication's own replay_lag in seconds (None: none measured lately)."""
+    visible: bool = True
+    """False when this role may not see the standby's positions (no pg_monitor);
+    True with no replay_position: the standby has not reported one yet."""
+
+
+@dataclass(frozen=True)
+class VacuumStats:
+    """A table's vacuum pressure (pg_stat_user_tables)."""
+
+    live_tuples: int
+    dead_tuples: int
+    last_vacuum: datetime | None
+    """The later of the last manual and the last automatic vacuum."""
+    last_analyze: datetime | None
+
+    @property
+    def dead_ratio(self) -> float:
+        return self.dead_tuples / max(1, self.live_tuples + self.dead_tuples)

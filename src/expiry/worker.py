@@ -34,6 +34,8 @@ from .types import AuditAction, Gates, Job, JobState
 log = logging.getLogger("expiry.worker")
 
 HELPER_JOIN_SECONDS = 10.0
+ROLL_CALL_SECONDS = 5.0
+"""With a health monitor, the roll call also tells the throttles this often."""
 
 
 def job_fields(job: Job) -> dict[str, Any]:
@@ -59,6 +61,11 @@ class Hooks:
     gates: Callable[[], Gates] | None = None
     """Read before each claim: the queues to leave alone for now (a resting
     policy's), and how many jobs a claim may take from each."""
+    monitor: Callable[[], float] | None = None
+    """Read the database's health for the throttles (health.Health.check), on a
+    thread of its own; returns the seconds until the next reading."""
+    report: Callable[[], dict[str, Any]] | None = None
+    """The policies' throttles as the roll call tells them."""
 
 
 class Worker:
@@ -130,6 +137,15 @@ class Worker:
             threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True),
             threading.Thread(target=self._rescue_loop, name="rescuer", daemon=True),
         ]
+        if self.hooks.monitor is not None:
+            # A first reading before the first claim: a held policy is held from
+            # the start, and a canary's baseline is taken while nothing runs.
+            delay = self._monitor()
+            helpers.append(
+                threading.Thread(
+                    target=self._monitor_loop, args=(delay,), name="health", daemon=True
+                )
+            )
         shared = tuple(q for q in self.queues if q not in self.pools)
         loops = [
             threading.Thread(target=self._job_loop, args=(shared,), name=f"job-{i}", daemon=True)
@@ -278,6 +294,22 @@ class Worker:
             with self._lock:
                 self._held.pop(job.id, None)
 
+    def _monitor(self) -> float:
+        assert self.hooks.monitor is not None
+        try:
+            return max(0.05, self.hooks.monitor())
+        except Exception as exc:  # the health must not stop the worker
+            log.warning("health check failed: %s", exc)
+            return self.poll
+
+    def _monitor_loop(self, delay: float) -> None:
+        told = time.monotonic()
+        while not self.stopping.wait(delay):
+            delay = self._monitor()
+            if time.monotonic() - told > ROLL_CALL_SECONDS:  # the throttles, fresh enough
+                told = time.monotonic()
+                self._roll_call()
+
     def _roll_call(self) -> None:
         """Say on the workers' roll who this worker is, what it works, how many
         jobs it holds and which of its queues rest (the dashboard's workers page)."""
@@ -294,6 +326,7 @@ class Worker:
                 queues=self.queues,
                 resting={q: t - now for q, t in gates.resting.items() if t > now},
                 holding=holding,
+                health=self.hooks.report() if self.hooks.report is not None else None,
             )
         except Exception as exc:
             log.warning("roll call failed: %s", exc, extra={"worker": self.name})

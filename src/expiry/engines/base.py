@@ -59,10 +59,12 @@ from ..types import (
     QueueStats,
     Reference,
     Relation,
+    Replica,
     Run,
     RunJobs,
     RunTotals,
     Schedule,
+    VacuumStats,
     WindowApply,
     WorkerSeen,
 )
@@ -358,6 +360,39 @@ class Engine(abc.ABC):
     ) -> None:
         """Detach ``partition`` from ``table`` and, with ``drop``, drop it, in
         ``conn``'s transaction, waiting at most ``lock_timeout_ms`` for locks."""
+
+    # -- the database's health (the throttle reads these every check) -------------
+
+    @abc.abstractmethod
+    def health_wal_position(self, conn: Any) -> int | None:
+        """The primary's current WAL position in bytes (None: no WAL to speak of,
+        or a standby)."""
+
+    @abc.abstractmethod
+    def health_replicas(self, conn: Any) -> list[Replica]:
+        """The standbys streaming from this primary ([] for none, or SQLite)."""
+
+    @abc.abstractmethod
+    def health_replay_lag(self, conn: Any) -> float | None:
+        """On a standby: seconds its replay is behind what it received (0 when it
+        has replayed all of it; infinite when it is behind but has replayed no
+        transaction since it started, to date the lag by); None on a primary or
+        SQLite."""
+
+    @abc.abstractmethod
+    def health_active_backends(self, conn: Any) -> int | None:
+        """Client backends running a statement now, this one aside (None: SQLite)."""
+
+    @abc.abstractmethod
+    def table_vacuum_stats(self, conn: Any, table: str) -> VacuumStats | None:
+        """The table's live and dead tuples and last vacuum (None: SQLite, or no
+        statistics yet)."""
+
+    @abc.abstractmethod
+    def table_vacuum(self, conn: Any, table: str) -> None:
+        """VACUUM (ANALYZE) the table; ``conn`` outside any transaction
+        (``transaction(statement=True)``). SQLite: ANALYZE only (a VACUUM would
+        rewrite the whole file)."""
 
     @abc.abstractmethod
     def explain(self, conn: Any, statement: str) -> None:
@@ -918,10 +953,12 @@ class Engine(abc.ABC):
         queues: Sequence[str],
         resting: Mapping[str, float],
         holding: int,
+        health: Mapping[str, Any] | None = None,
         conn: Any | None = None,
     ) -> None:
-        """A worker's roll call (every heartbeat): stored or refreshed, and any
-        worker not seen for a day forgotten."""
+        """A worker's roll call (every heartbeat): stored or refreshed, with its
+        policies' throttles (health.py's snapshot), and any worker not seen for
+        a day forgotten."""
         params = {
             "name": name,
             "host": host,
@@ -930,6 +967,7 @@ class Engine(abc.ABC):
             "queues": json.dumps(list(queues)),
             "resting": json.dumps({q: round(s, 3) for q, s in resting.items()}),
             "holding": holding,
+            "health": json.dumps(health or {}),
         }
         with self.transaction_or(conn) as tx:
             self._rows(tx, "worker_forget")
@@ -954,6 +992,7 @@ class Engine(abc.ABC):
                 queues=list(loaded(row["queues"])),
                 resting=dict(loaded(row["resting"])),
                 holding=int(row["holding"]),
+                health=dict(loaded(row["health"])),
                 started_at=self._time(row["started_at"]),
                 seen_at=self._time(row["seen_at"]),
                 seen_seconds_ago=max(0.0, float(row["seen_seconds_ago"])),

@@ -488,12 +488,12 @@ select action, policy, count(*) as n from expiry.audit group by action, policy;
 -- name: worker_seen
 -- A worker process's roll call at each heartbeat: who it is, what it works,
 -- how many jobs it holds and which queues rest.
-insert into expiry.workers (name, host, pid, threads, queues, resting, holding)
+insert into expiry.workers (name, host, pid, threads, queues, resting, holding, health)
 values (%(name)s, %(host)s, %(pid)s, %(threads)s, %(queues)s::jsonb, %(resting)s::jsonb,
-        %(holding)s)
+        %(holding)s, %(health)s::jsonb)
 on conflict (name) do update
 set threads = excluded.threads, queues = excluded.queues, resting = excluded.resting,
-    holding = excluded.holding, seen_at = now();
+    holding = excluded.holding, health = excluded.health, seen_at = now();
 
 -- name: worker_forget
 -- Workers not seen for a day are forgotten (killed without a word).
@@ -505,6 +505,6 @@ delete from expiry.workers where name = %(name)s;
 
 -- name: worker_list
 -- The roll, newest first, with how long ago each was seen (the database's clock).
-select name, host, pid, threads, queues, resting, holding, started_at, seen_at,
+select name, host, pid, threads, queues, resting, holding, health, started_at, seen_at,
        extract(epoch from now() - seen_at)::float8 as seen_seconds_ago
 from expiry.workers order by started_at desc, name;

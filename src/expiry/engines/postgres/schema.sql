@@ -216,7 +216,8 @@ CREATE TABLE expiry.workers (
     started_at timestamp with time zone DEFAULT now() NOT NULL,
     seen_at timestamp with time zone DEFAULT now() NOT NULL,
     resting jsonb DEFAULT '{}'::jsonb NOT NULL,
-    holding integer DEFAULT 0 NOT NULL
+    holding integer DEFAULT 0 NOT NULL,
+    health jsonb DEFAULT '{}'::jsonb NOT NULL
 );
 
 ALTER TABLE ONLY expiry.api_keys

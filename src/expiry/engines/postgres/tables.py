@@ -19,7 +19,17 @@ from psycopg.pq import TransactionStatus
 
 from ...errors import ForeignKeyBlocked
 from ...timestamps import NUMERIC_RANGES, Storage
-from ...types import Column, Index, Layout, Partition, Reference, Relation, WindowApply
+from ...types import (
+    Column,
+    Index,
+    Layout,
+    Partition,
+    Reference,
+    Relation,
+    Replica,
+    VacuumStats,
+    WindowApply,
+)
 from ..base import Engine
 
 # The window statement's named parameters as window_apply passes them ($1..$5,
@@ -102,6 +112,34 @@ select pg_relation_size(c.oid) / current_setting('block_size')::int as pages,
           and s.attname = %(column)s and not s.inherited) as correlation
 from pg_class c join pg_namespace n on n.oid = c.relnamespace
 where c.oid = to_regclass(%(table)s)
+"""
+
+_REPLICAS = """
+select coalesce(nullif(application_name, ''), client_addr::text, pid::text) as name,
+       state is not null as visible,
+       (replay_lsn - '0/0'::pg_lsn)::bigint as replay,
+       extract(epoch from replay_lag)::float8 as lag
+from pg_stat_replication order by name
+"""
+
+_REPLAY_LAG = """
+select pg_is_in_recovery() as standby,
+       case when pg_last_wal_receive_lsn() is not distinct from pg_last_wal_replay_lsn() then 0
+            -- behind, and nothing replayed since it started to date it by: unknown, late
+            when pg_last_xact_replay_timestamp() is null then 'Infinity'::float8
+            else extract(epoch from now() - pg_last_xact_replay_timestamp())::float8 end as lag
+"""
+
+_ACTIVE = """
+select count(*) as n from pg_stat_activity
+where state = 'active' and backend_type = 'client backend' and pid <> pg_backend_pid()
+"""
+
+_VACUUM_STATS = """
+select n_live_tup as live, n_dead_tup as dead,
+       greatest(last_vacuum, last_autovacuum) as vacuumed,
+       greatest(last_analyze, last_autoanalyze) as analyzed
+from pg_stat_user_tables where relid = to_regclass(%(table)s)
 """
 
 _ON_DELETE = {
@@ -191,6 +229,43 @@ class PostgresTables(Engine):
             int(row["rows"]),
             None if correlation is None else float(correlation),
         )
+
+    def health_wal_position(self, conn: Any) -> int | None:
+        row = conn.execute(
+            "select case when pg_is_in_recovery() then null"
+            " else (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint end as lsn"
+        ).fetchone()
+        return None if row is None or row["lsn"] is None else int(row["lsn"])
+
+    def health_replicas(self, conn: Any) -> list[Replica]:
+        return [
+            Replica(
+                str(row["name"]),
+                None if row["replay"] is None else int(row["replay"]),
+                None if row["lag"] is None else float(row["lag"]),
+                bool(row["visible"]),
+            )
+            for row in conn.execute(_REPLICAS).fetchall()
+        ]
+
+    def health_replay_lag(self, conn: Any) -> float | None:
+        row = conn.execute(_REPLAY_LAG).fetchone()
+        if row is None or not row["standby"]:
+            return None
+        return max(0.0, float(row["lag"]))
+
+    def health_active_backends(self, conn: Any) -> int | None:
+        row = conn.execute(_ACTIVE).fetchone()
+        return int(row["n"]) if row else 0
+
+    def table_vacuum_stats(self, conn: Any, table: str) -> VacuumStats | None:
+        row = conn.execute(_VACUUM_STATS, {"table": self.quote(table)}).fetchone()
+        if row is None:
+            return None
+        return VacuumStats(int(row["live"]), int(row["dead"]), row["vacuumed"], row["analyzed"])
+
+    def table_vacuum(self, conn: Any, table: str) -> None:
+        conn.execute(f"vacuum (analyze) {self.quote(table)}")
 
     def estimate_rows(self, conn: Any, statement: str, params: dict[str, Any]) -> int | None:
         row = conn.execute("explain (format json) " + statement, params).fetchone()

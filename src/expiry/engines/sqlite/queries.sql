@@ -434,11 +434,12 @@ select action, policy, count(*) as n from expiry_audit group by action, policy;
 
 -- name: worker_seen
 -- A worker process's roll call at each heartbeat (postgres/queries.sql).
-insert into expiry_workers (name, host, pid, threads, queues, resting, holding, started_at, seen_at)
-values (:name, :host, :pid, :threads, :queues, :resting, :holding, $now, $now)
+insert into expiry_workers (name, host, pid, threads, queues, resting, holding, health,
+                            started_at, seen_at)
+values (:name, :host, :pid, :threads, :queues, :resting, :holding, :health, $now, $now)
 on conflict (name) do update
 set threads = excluded.threads, queues = excluded.queues, resting = excluded.resting,
-    holding = excluded.holding, seen_at = $now;
+    holding = excluded.holding, health = excluded.health, seen_at = $now;
 
 -- name: worker_forget
 -- Workers not seen for a day are forgotten (SQLite runs one statement a query).
@@ -450,6 +451,6 @@ delete from expiry_workers where name = :name;
 
 -- name: worker_list
 -- The roll, newest first, with how long ago each was seen.
-select name, host, pid, threads, queues, resting, holding, started_at, seen_at,
+select name, host, pid, threads, queues, resting, holding, health, started_at, seen_at,
        $now - seen_at as seen_seconds_ago
 from expiry_workers order by started_at desc, name;

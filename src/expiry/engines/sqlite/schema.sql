@@ -141,7 +141,7 @@ CREATE TABLE expiry_workers (
     seen_at     real    not null,
     resting     text    not null default '{}',
     holding     integer not null default 0
-);
+, health text not null default '{}');
 
 CREATE TRIGGER expiry_audit_no_delete before delete on expiry_audit
 begin select raise(abort, 'expiry_audit is append-only'); end;

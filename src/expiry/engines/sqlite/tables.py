@@ -26,6 +26,8 @@ from ...types import (
     Partition,
     Reference,
     Relation,
+    Replica,
+    VacuumStats,
     WindowApply,
 )
 from ..base import Engine
@@ -101,6 +103,26 @@ class SQLiteTables(Engine):
 
     def estimate_rows(self, conn: Any, statement: str, params: dict[str, Any]) -> int | None:
         return None
+
+    # The health signals SQLite has none of: one file, one writer, no replicas.
+
+    def health_wal_position(self, conn: Any) -> int | None:
+        return None
+
+    def health_replicas(self, conn: Any) -> list[Replica]:
+        return []
+
+    def health_replay_lag(self, conn: Any) -> float | None:
+        return None
+
+    def health_active_backends(self, conn: Any) -> int | None:
+        return None
+
+    def table_vacuum_stats(self, conn: Any, table: str) -> VacuumStats | None:
+        return None
+
+    def table_vacuum(self, conn: Any, table: str) -> None:
+        conn.execute(f"analyze {self.quote(table)}")
 
     def placeholder_as(self, name: str, declared: str) -> str:
         return f":{name}"  # values are bound as they were read, storage class and all

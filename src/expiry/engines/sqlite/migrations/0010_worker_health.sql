@@ -1,0 +1,2 @@
+-- 0010: each worker's throttle on the roll (postgres/migrations/0010 says why).
+alter table expiry_workers add column health text not null default '{}';

@@ -1,0 +1,346 @@
+"""The database's health, read every ``health_interval`` by each worker process,
+and what it makes the worker hold back.
+
+Each check reads, once for all policies: which policies are paused (a paused
+policy's windows wait, as its schedule does), and where a policy asks for
+them, the replicas' replay lag and the active client backends; then per
+policy its ``throttle_query``, ``pause_file``, ``canary`` and dead-tuple share.
+The readings go to the policy's throttle.Controller; the worker's gates hold a
+held or stopped policy's queue, and space a rate-limited policy's windows.
+
+Replica lag is read on the primary from pg_stat_replication: the larger of
+its replay_lag and the age of the oldest WAL a standby has not replayed,
+dated by this process's own samples of the primary's WAL position (a paused
+replay keeps replay_lag where it was, while the unreplayed WAL grows old).
+Each ``[[replica]]`` url is also asked its own replay lag. A standby whose
+position cannot be read (no pg_monitor) reads as infinitely late: the policy
+holds, and the log says which grant is missing.
+
+A critical reading pauses the policy in the database (``schedule_set_paused``,
+audited as the throttle's), so every process holds it until an operator runs
+``expiry resume``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import statistics
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .config import Config, Policy
+from .engines import Engine, open_engine
+from .queue import policy_queue
+from .throttle import CRITICAL, Controller
+from .types import AuditAction, Gates
+
+log = logging.getLogger("expiry.health")
+
+WAL_HISTORY_SECONDS = 3600.0
+"""How far back the primary's WAL positions are kept to date a standby's lag."""
+RATE_WINDOW_SECONDS = 5.0
+"""A policy's running rate is its windows over the last this many seconds."""
+IDLE_AFTER_SECONDS = 2.0
+"""A policy none of whose windows ended for this long is idle: its canary
+samples then make its baseline."""
+CANARY_RUNS = 5
+"""Canary runs a check; their median is the sample."""
+
+
+def limits_of(policy: Policy) -> tuple[dict[str, float], dict[str, float]]:
+    """The signals a policy holds on, and those that stop it, with their limits."""
+    limits: dict[str, float] = {}
+    critical: dict[str, float] = {}
+    for name in ("replica_lag", "active_backends", "latency_ratio"):
+        if (limit := getattr(policy, f"max_{name}")) is not None:
+            limits[name] = float(limit)
+        if (stop := getattr(policy, f"critical_{name}")) is not None:
+            critical[name] = float(stop)
+    if policy.max_dead_tuple_ratio is not None:
+        limits["dead_tuple_ratio"] = policy.max_dead_tuple_ratio
+    if policy.throttle_query is not None:
+        limits["throttle_query"] = 0.5  # true reads 1
+    if policy.pause_file is not None:
+        limits["pause_file"] = 0.5
+    return limits, critical
+
+
+@dataclass
+class _Policy:
+    """One policy's throttle state in this process."""
+
+    controller: Controller
+    ends: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
+    next_start: float = 0.0
+    baseline: float | None = None
+    readings: dict[str, float] = field(default_factory=dict)
+
+
+class Health:
+    def __init__(
+        self,
+        engine: Engine,
+        config: Config,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        open_replica: Callable[[str], Engine] = open_engine,
+    ) -> None:
+        self.engine, self.config, self.clock = engine, config, clock
+        self._open_replica = open_replica
+        self._replicas: dict[str, Engine] = {}
+        self._wal: deque[tuple[float, int]] = deque()
+        self._policies: dict[str, _Policy] = {}
+        self._paused: set[str] = set()
+        self._warned: set[str] = set()
+        self._lock = threading.Lock()
+        self.reload(config)
+
+    def reload(self, config: Config) -> None:
+        """A new config: each policy's limits again; what was measured stays."""
+        with self._lock:
+            self.config = config
+            kept = self._policies
+            self._policies = {}
+            for policy in config.policy:
+                limits, critical = limits_of(policy)
+                state = kept.get(policy.name) or _Policy(Controller(limits, critical))
+                state.controller.limits, state.controller.critical = limits, critical
+                self._policies[policy.name] = state
+
+    @property
+    def interval(self) -> float:
+        return min((p.health_interval for p in self.config.policy), default=1.0)
+
+    # -- a check -------------------------------------------------------------------
+
+    def check(self) -> float:
+        """Read every signal once, feed each policy's controller, log each change
+        of state; returns the seconds to the next check."""
+        now = self.clock()
+        policies = list(self.config.policy)
+        try:
+            shared = self._shared_readings(policies, now)
+        except Exception as exc:  # the database went away: the worker's claims say so
+            log.warning("health check failed: %s", exc)
+            return self.interval
+        for policy in policies:
+            readings = {**shared, **self._policy_readings(policy, now)}
+            self._feed(policy, readings, now)
+        return self.interval
+
+    def _shared_readings(self, policies: list[Policy], now: float) -> dict[str, float]:
+        readings: dict[str, float] = {}
+        engine = self.engine
+        wants_lag = any(p.max_replica_lag or p.critical_replica_lag for p in policies)
+        wants_backends = any(p.max_active_backends or p.critical_active_backends for p in policies)
+        with engine.transaction() as conn:
+            paused = {s.policy for s in engine.schedule_list(conn=conn) if s.paused}
+            if wants_lag:
+                readings["replica_lag"] = self._primary_lag(conn, now)
+            if wants_backends:
+                readings["active_backends"] = float(engine.health_active_backends(conn) or 0)
+        if wants_lag:
+            for url in (r.url for r in self.config.replica):
+                readings["replica_lag"] = max(readings["replica_lag"], self._standby_lag(url))
+        with self._lock:
+            resumed = self._paused - paused
+            self._paused = paused
+        for name in resumed:  # an operator resumed it: a critical stop ends
+            state = self._policies.get(name)
+            if state is not None and (change := state.controller.reset(now)) is not None:
+                log.warning("policy resumed: %s", change.detail, extra={"policy": name})
+        return readings
+
+    def _primary_lag(self, conn: Any, now: float) -> float:
+        """The largest lag of the standbys streaming from this primary."""
+        position = self.engine.health_wal_position(conn)
+        if position is None:
+            return 0.0
+        self._wal.append((now, position))
+        while self._wal and self._wal[0][0] < now - WAL_HISTORY_SECONDS:
+            self._wal.popleft()
+        worst = 0.0
+        for replica in self.engine.health_replicas(conn):
+            if replica.replay_position is None and replica.visible:
+                continue  # just connected: it reports its position within a second or ten
+            if replica.replay_position is None:
+                self._warn_once(
+                    "pg_monitor",
+                    "cannot read the standbys' replay positions: grant pg_monitor to the "
+                    "worker's role (GRANT pg_monitor TO ...); holding the policies meanwhile",
+                )
+                return float("inf")
+            behind = 0.0
+            if replica.replay_position < position:
+                first_past = next((t for t, lsn in self._wal if lsn > replica.replay_position), now)
+                behind = now - first_past
+            worst = max(worst, behind, replica.replay_lag or 0.0)
+        return worst
+
+    def _standby_lag(self, url: str) -> float:
+        engine = self._replicas.get(url)
+        try:
+            if engine is None:
+                engine = self._replicas[url] = self._open_replica(url)
+            with engine.transaction() as conn:
+                lag = engine.health_replay_lag(conn)
+        except Exception as exc:
+            self._warn_once(url, f"cannot read replica {url}: {exc}; holding the policies")
+            return float("inf")
+        return 0.0 if lag is None else lag
+
+    def _policy_readings(self, policy: Policy, now: float) -> dict[str, float]:
+        readings: dict[str, float] = {}
+        if policy.pause_file is not None:
+            readings["pause_file"] = 1.0 if os.path.exists(policy.pause_file) else 0.0
+        if policy.throttle_query is not None:
+            readings["throttle_query"] = self._ask(policy, policy.throttle_query)
+        if policy.canary is not None:
+            readings["latency_ratio"] = self._latency_ratio(policy, now)
+        if policy.max_dead_tuple_ratio is not None:
+            with self.engine.transaction() as conn:
+                stats = self.engine.table_vacuum_stats(conn, policy.table)
+            readings["dead_tuple_ratio"] = stats.dead_ratio if stats else 0.0
+        return readings
+
+    def _ask(self, policy: Policy, query: str) -> float:
+        """1 when the throttle query's first column is true, else 0; a query that
+        fails holds (the log says why, once)."""
+        try:
+            with self.engine.transaction() as conn:
+                row = conn.execute(query).fetchone()
+        except Exception as exc:
+            self._warn_once(f"q:{policy.name}", f"policy {policy.name!r}: throttle_query: {exc}")
+            return 1.0
+        if row is None:
+            return 0.0
+        value = next(iter(row.values()), None) if isinstance(row, dict) else row[0]
+        return 1.0 if value else 0.0
+
+    def _latency_ratio(self, policy: Policy, now: float) -> float:
+        """The canary's median now over its baseline, which idle samples make."""
+        assert policy.canary is not None
+        samples = []
+        try:
+            with self.engine.transaction() as conn:
+                for _ in range(CANARY_RUNS):
+                    began = time.perf_counter()
+                    conn.execute(policy.canary).fetchall()
+                    samples.append(time.perf_counter() - began)
+        except Exception as exc:
+            self._warn_once(f"c:{policy.name}", f"policy {policy.name!r}: canary: {exc}")
+            return float("inf")
+        sample = statistics.median(samples)
+        state = self._policies[policy.name]
+        idle = not state.ends or now - state.ends[-1] > IDLE_AFTER_SECONDS
+        if state.baseline is None or (idle and not state.controller.holding):
+            previous = state.baseline
+            state.baseline = sample if previous is None else 0.8 * previous + 0.2 * sample
+            return 1.0
+        return sample / max(state.baseline, 1e-6)
+
+    def _feed(self, policy: Policy, readings: dict[str, float], now: float) -> None:
+        state = self._policies[policy.name]
+        state.readings = readings
+        change = state.controller.observe(now, readings, self._running_rate(state, now))
+        if change is None:
+            return
+        fields = {"policy": policy.name, "reason": change.reason, "rate": change.rate}
+        if change.state == CRITICAL:
+            log.error(
+                "policy stopped: %s; `expiry resume %s` lifts it",
+                change.detail,
+                policy.name,
+                extra=fields,
+            )
+            self._stop(policy.name, change.detail)
+        elif change.reason is not None:
+            log.warning("policy held: %s", change.detail, extra=fields)
+        else:
+            log.info("policy unheld: %s", change.detail, extra=fields)
+
+    def _stop(self, name: str, why: str) -> None:
+        """A critical reading: pause the policy for every process, audited."""
+        try:
+            with self.engine.transaction() as conn:
+                self.engine.schedule_set_paused(name, True, conn=conn)
+                self.engine.audit_append(
+                    conn,
+                    AuditAction.POLICY_PAUSED,
+                    actor="throttle",
+                    policy=name,
+                    detail={"reason": why},
+                )
+            with self._lock:
+                self._paused.add(name)
+        except Exception as exc:
+            log.error("could not pause policy %s: %s", name, exc)
+
+    def _running_rate(self, state: _Policy, now: float) -> float | None:
+        recent = [t for t in state.ends if t > now - RATE_WINDOW_SECONDS]
+        return len(recent) / RATE_WINDOW_SECONDS if recent else None
+
+    def _warn_once(self, topic: str, message: str) -> None:
+        if topic not in self._warned:
+            self._warned.add(topic)
+            log.warning(message)
+
+    # -- what the worker reads and tells --------------------------------------------
+
+    def observe(self, policy: str, seconds: float) -> None:
+        """A window of ``policy`` just ended after ``seconds``: its rate, and
+        under a rate limit the earliest start of its next window."""
+        now = self.clock()
+        state = self._policies.get(policy)
+        if state is None:
+            return
+        with self._lock:
+            state.ends.append(now)
+            rate = state.controller.rate
+            if rate:
+                state.next_start = max(state.next_start, now - seconds) + 1.0 / rate
+
+    def gates(self) -> Gates:
+        """Paused, held and stopped policies' queues, until the next check; a
+        rate-limited one's until its next window may start."""
+        now = self.clock()
+        resting: dict[str, float] = {}
+        with self._lock:
+            for name, state in self._policies.items():
+                queue = policy_queue(name)
+                if name in self._paused or state.controller.holding:
+                    resting[queue] = now + self.interval
+                elif state.controller.rate and state.next_start > now:
+                    resting[queue] = state.next_start
+        return Gates(resting)
+
+    def snapshot(self) -> dict[str, dict[str, Any]]:
+        """Each policy's throttle as this process holds it (the workers' roll)."""
+        now = self.clock()
+        out = {}
+        with self._lock:
+            for name, state in self._policies.items():
+                c = state.controller
+                held = name in self._paused and not c.holding
+                out[name] = {
+                    "state": "paused" if held else c.state,
+                    "reason": "paused" if held else c.reason,
+                    "rate": c.rate,
+                    "throttled_seconds": {k: round(v, 3) for k, v in c.throttled_at(now).items()},
+                    "readings": {
+                        k: round(v, 4) if math.isfinite(v) else None
+                        for k, v in state.readings.items()
+                    },
+                }
+        return out
+
+    def close(self) -> None:
+        for engine in self._replicas.values():
+            engine.close()
+        self._replicas.clear()

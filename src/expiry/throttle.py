@@ -1,0 +1,135 @@
+"""The throttle's controller: from the database's health signals to a hold or a
+rate of windows, per policy. Pure: it is told the time and the readings.
+
+    open ──breach──► held ──all healthy──► open (rate limited) ──...──► open
+      └──────────────── any signal past its critical value ──► critical (stays)
+
+A breach holds new windows (in-flight ones finish) and halves the rate the
+policy may start windows at (multiplicative decrease, from the rate it was
+running at); each healthy check afterwards adds a twentieth of the rate it
+ran at before its first breach (additive increase), up to that rate: the rate
+settles near the highest the database takes. A critical reading stops the
+policy until an operator resumes it (``reset``). Held and critical time is
+counted by reason.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+OPEN, HELD, CRITICAL = "open", "held", "critical"
+
+DECREASE = 0.5
+"""The rate a breach leaves, as a share of the rate before it."""
+INCREASE_SHARE = 0.05
+"""Each healthy check adds this share of the unthrottled rate."""
+MIN_RATE = 0.2
+"""Windows a second the rate never goes below once held: recovery is
+measured by running, not by waiting."""
+STEP = 0.5
+"""The additive increase (windows a second) while the unthrottled rate is
+unknown (a breach before the policy's first windows)."""
+
+
+@dataclass(frozen=True)
+class Change:
+    """A state change, worth one log line."""
+
+    state: str
+    reason: str | None
+    rate: float | None
+    detail: str
+
+
+@dataclass
+class Controller:
+    """One policy's throttle. ``limits`` and ``critical`` map a signal's name to
+    the value past which it holds (or stops) the policy; a reading of a signal
+    without a limit is ignored."""
+
+    limits: dict[str, float]
+    critical: dict[str, float] = field(default_factory=dict)
+    state: str = OPEN
+    reason: str | None = None
+    rate: float | None = None
+    """Windows a second the policy may start; None: no limit."""
+    ceiling: float | None = None
+    """The rate it ran at before its first breach."""
+    throttled: dict[str, float] = field(default_factory=dict)
+    """Seconds held or stopped, by reason."""
+    _since: float | None = None
+
+    def observe(
+        self, now: float, readings: dict[str, float], running_rate: float | None
+    ) -> Change | None:
+        """Take one check's readings (``running_rate``: windows a second the
+        policy has been starting lately, None when unknown); the change of
+        state, if any."""
+        self._count(now)
+        if self.state == CRITICAL:
+            return None
+        critical = self._past(readings, self.critical)
+        if critical is not None:
+            return self._move(CRITICAL, critical, self._describe(critical, readings, self.critical))
+        breached = self._past(readings, self.limits)
+        if breached is not None:
+            if self.state == OPEN:  # a new breach: multiplicative decrease
+                before = self.rate or running_rate or self.ceiling
+                if self.ceiling is None:
+                    self.ceiling = running_rate or before
+                self.rate = max(MIN_RATE, (before or MIN_RATE / DECREASE) * DECREASE)
+                return self._move(HELD, breached, self._describe(breached, readings, self.limits))
+            if breached != self.reason:
+                return self._move(HELD, breached, self._describe(breached, readings, self.limits))
+            return None
+        if self.state == HELD:
+            return self._move(OPEN, None, f"healthy again; resuming at {self.rate:.2f} windows/s")
+        if self.rate is not None:  # additive increase, up to the unthrottled rate
+            if self.ceiling is None:
+                self.rate += STEP
+            else:
+                self.rate = min(self.ceiling, self.rate + self.ceiling * INCREASE_SHARE)
+        return None
+
+    def reset(self, now: float) -> Change | None:
+        """An operator resumed the policy: a critical stop ends, the rate stays."""
+        self._count(now)
+        if self.state != CRITICAL:
+            return None
+        return self._move(OPEN, None, "resumed by an operator")
+
+    @property
+    def holding(self) -> bool:
+        return self.state != OPEN
+
+    def throttled_at(self, now: float) -> dict[str, float]:
+        """Seconds held or stopped by reason, the current stretch counted to ``now``."""
+        out = dict(self.throttled)
+        if self.reason is not None and self._since is not None:
+            out[self.reason] = out.get(self.reason, 0.0) + max(0.0, now - self._since)
+        return out
+
+    def _count(self, now: float) -> None:
+        if self._since is not None and self.reason is not None:
+            self.throttled[self.reason] = self.throttled.get(self.reason, 0.0) + max(
+                0.0, now - self._since
+            )
+        self._since = now
+
+    def _move(self, state: str, reason: str | None, detail: str) -> Change:
+        self.state, self.reason = state, reason
+        return Change(state, reason, self.rate, detail)
+
+    @staticmethod
+    def _past(readings: dict[str, float], limits: dict[str, float]) -> str | None:
+        """The first signal (in the limits' order) whose reading is past its limit."""
+        for name, limit in limits.items():
+            value = readings.get(name)
+            if value is not None and not math.isnan(value) and value > limit:
+                return name
+        return None
+
+    @staticmethod
+    def _describe(name: str, readings: dict[str, float], limits: dict[str, float]) -> str:
+        return f"{name} {readings[name]:g} > {limits[name]:g}"

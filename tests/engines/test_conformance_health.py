@@ -1,0 +1,134 @@
+"""The database's health as the throttle reads it, on every engine: the WAL
+position, the standbys and their replay, active backends, a table's vacuum
+pressure and a vacuum. The replication methods run against a primary and a
+streaming standby of the test's own (tests/clusters.py); SQLite has none of
+these signals and says so with None or []."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from _conformance import execute
+
+from clusters import Cluster, primary_and_standby
+from expiry.engines import Engine, open_engine
+
+
+@pytest.fixture(scope="module")
+def clusters() -> Iterator[tuple[Cluster, Cluster]]:
+    with primary_and_standby() as pair:
+        yield pair
+
+
+def test_health_wal_position_grows_with_writes(engine: Engine) -> None:
+    with engine.transaction() as conn:
+        before = engine.health_wal_position(conn)
+    if engine.dialect == "sqlite":
+        assert before is None
+        return
+    execute(engine, "create table grows (id int)")
+    execute(engine, "insert into grows select generate_series(1, 1000)")
+    with engine.transaction() as conn:
+        after = engine.health_wal_position(conn)
+    assert before is not None and after is not None and after > before
+
+
+def test_health_active_backends_counts_others_running_a_statement(engine: Engine) -> None:
+    with engine.transaction() as conn:
+        alone = engine.health_active_backends(conn)
+    if engine.dialect == "sqlite":
+        assert alone is None
+        return
+    assert alone is not None
+    url = engine.url  # type: ignore[attr-defined]
+
+    def sleep() -> None:
+        with psycopg.connect(url, autocommit=True) as other:
+            other.execute("select pg_sleep(1.5)")
+
+    sleeping = threading.Thread(target=sleep)
+    sleeping.start()
+    time.sleep(0.5)
+    with engine.transaction() as conn:
+        busy = engine.health_active_backends(conn)
+    sleeping.join()
+    assert busy is not None and busy >= alone + 1
+
+
+def test_health_replicas_and_replay_lag_without_a_standby(engine: Engine) -> None:
+    with engine.transaction() as conn:
+        assert engine.health_replicas(conn) == []  # the test server streams to nobody
+        assert engine.health_replay_lag(conn) is None  # a primary, or SQLite
+
+
+def test_table_vacuum_stats_and_table_vacuum(engine: Engine) -> None:
+    ts = "timestamptz" if engine.dialect == "postgres" else "real"
+    flush = "select pg_stat_force_next_flush()" if engine.dialect == "postgres" else "select 1"
+    execute(engine, f"create table churn (id bigint primary key, at {ts})")
+    with engine.transaction() as conn:
+        conn.execute("insert into churn (id) values " + ", ".join(f"({i})" for i in range(1, 201)))
+        conn.execute("delete from churn where id <= 150")
+        conn.execute(flush)  # the statistics report them at commit
+    with engine.transaction(statement=True) as conn:
+        engine.table_vacuum(conn, "churn")  # outside a transaction: VACUUM refuses one
+    with engine.transaction() as conn:
+        stats = engine.table_vacuum_stats(conn, "churn")
+    if engine.dialect == "sqlite":
+        assert stats is None
+        return
+    assert stats is not None and stats.live_tuples == 50 and stats.dead_tuples == 0
+    assert stats.last_vacuum is not None and stats.last_analyze is not None
+    with engine.transaction() as conn:
+        conn.execute("delete from churn where id <= 180")
+        conn.execute(flush)
+    with engine.transaction() as conn:
+        dead = engine.table_vacuum_stats(conn, "churn")
+    assert dead is not None and dead.dead_tuples == 30 and dead.live_tuples == 20
+    assert dead.dead_ratio == 30 / 50
+
+
+def test_health_replicas_on_a_primary_and_health_replay_lag_on_its_standby(
+    clusters: tuple[Cluster, Cluster],
+) -> None:
+    primary, standby = clusters
+    on_primary, on_standby = open_engine(primary.url), open_engine(standby.url)
+    try:
+        deadline = time.monotonic() + 10
+        while True:  # a standby reports its position within wal_receiver_status_interval
+            with on_primary.transaction() as conn:
+                [replica] = on_primary.health_replicas(conn)
+                position = on_primary.health_wal_position(conn)
+                assert on_primary.health_replay_lag(conn) is None
+            if replica.replay_position is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert replica.visible and replica.replay_position is not None and position is not None
+        with on_standby.transaction() as conn:
+            assert on_standby.health_wal_position(conn) is None  # a standby writes no WAL
+            assert on_standby.health_replay_lag(conn) == 0.0  # caught up
+        standby.pause_replay()
+        try:
+            primary.sql("create table if not exists lagging (id int)")
+            primary.sql("insert into lagging select generate_series(1, 100)")
+            # Nothing replayed since the standby started dates the lag: unknown, late.
+            time.sleep(1.5)
+            with on_standby.transaction() as conn:
+                lag = on_standby.health_replay_lag(conn)
+            with on_primary.transaction() as conn:
+                [behind] = on_primary.health_replicas(conn)
+                now_at = on_primary.health_wal_position(conn)
+            assert lag is not None and lag >= 1.0  # infinite or dated
+            assert behind.replay_position is not None and now_at is not None
+            assert behind.replay_position < now_at
+        finally:
+            standby.resume_replay()
+        standby.wait_caught_up(primary)
+        with on_standby.transaction() as conn:
+            assert on_standby.health_replay_lag(conn) == 0.0
+    finally:
+        on_primary.close()
+        on_standby.close()

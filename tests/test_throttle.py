@@ -1,0 +1,100 @@
+"""The throttle's controller on a fake clock with scripted readings: a breach
+holds and halves the rate, recovery adds back a share of it per healthy check
+up to the rate before the first breach, flapping settles lower, a critical
+reading stops the policy until an operator resets it, and held time is
+counted by reason."""
+
+from __future__ import annotations
+
+from expiry.throttle import CRITICAL, HELD, MIN_RATE, OPEN, STEP, Controller
+
+LIMITS = {"replica_lag": 5.0, "latency_ratio": 1.25}
+CRITICAL_LIMITS = {"replica_lag": 60.0}
+
+
+def controller() -> Controller:
+    return Controller(dict(LIMITS), dict(CRITICAL_LIMITS))
+
+
+def test_a_breach_holds_and_halves_the_running_rate() -> None:
+    c = controller()
+    assert c.observe(0.0, {"replica_lag": 0.5}, running_rate=10.0) is None
+    assert (c.state, c.rate) == (OPEN, None)  # healthy: no limit at all
+
+    change = c.observe(1.0, {"replica_lag": 7.0}, running_rate=10.0)
+    assert change is not None and (change.state, change.reason) == (HELD, "replica_lag")
+    assert "replica_lag 7 > 5" in change.detail
+    assert c.holding and c.rate == 5.0 and c.ceiling == 10.0
+    # Still over: held, no new change and no further decrease.
+    assert c.observe(2.0, {"replica_lag": 9.0}, running_rate=0.0) is None
+    assert c.rate == 5.0
+
+
+def test_recovery_resumes_at_the_halved_rate_and_adds_back_up_to_the_old_one() -> None:
+    c = controller()
+    c.observe(0.0, {"replica_lag": 7.0}, running_rate=10.0)
+    change = c.observe(1.0, {"replica_lag": 1.0}, running_rate=0.0)
+    assert change is not None and change.state == OPEN and c.rate == 5.0
+    rates = []
+    for second in range(2, 30):
+        assert c.observe(float(second), {"replica_lag": 1.0}, running_rate=c.rate) is None
+        rates.append(c.rate)
+    assert rates[0] == 5.5  # a twentieth of the unthrottled 10 windows/s per check
+    assert rates == sorted(rates) and rates[-1] == 10.0  # never past it
+    assert not c.holding
+
+
+def test_flapping_settles_near_the_rate_the_database_takes() -> None:
+    """The database lags when windows start faster than 4 a second (and
+    recovers while they are held): every return above that halves the rate
+    again, and it ends oscillating at or below 4, never at 10."""
+    c = controller()
+    c.observe(0.0, {}, running_rate=10.0)
+    now, peaks = 0.0, []
+    for _ in range(300):
+        now += 1.0
+        rate = 0.0 if c.holding else (c.rate if c.rate is not None else 10.0)
+        lag = 9.0 if rate > 4.0 else 1.0
+        c.observe(now, {"replica_lag": lag}, running_rate=rate)
+        peaks.append(c.rate)
+    tail = [r for r in peaks[-100:] if r is not None]
+    assert tail and max(tail) <= 4.0 + 10.0 * 0.05 and min(tail) >= MIN_RATE
+    assert sum(tail) / len(tail) > 2.0  # near the limit, not collapsed to the floor
+
+
+def test_a_critical_reading_stops_the_policy_until_it_is_reset() -> None:
+    c = controller()
+    c.observe(0.0, {"replica_lag": 1.0}, running_rate=5.0)
+    change = c.observe(1.0, {"replica_lag": 90.0}, running_rate=5.0)
+    assert change is not None and change.state == CRITICAL and c.reason == "replica_lag"
+    # Healthy readings do not lift a critical stop: an operator does.
+    assert c.observe(2.0, {"replica_lag": 0.0}, running_rate=0.0) is None
+    assert c.state == CRITICAL
+    resumed = c.reset(3.0)
+    assert resumed is not None and resumed.state == OPEN
+    assert c.reset(4.0) is None  # not stopped: nothing to reset
+
+
+def test_held_time_is_counted_by_reason() -> None:
+    c = controller()
+    c.observe(0.0, {"replica_lag": 8.0}, running_rate=5.0)
+    c.observe(2.0, {"replica_lag": 1.0, "latency_ratio": 2.0}, running_rate=0.0)
+    c.observe(5.0, {"latency_ratio": 1.0}, running_rate=0.0)
+    c.observe(9.0, {}, running_rate=2.5)
+    assert c.throttled == {"replica_lag": 2.0, "latency_ratio": 3.0}
+
+
+def test_a_breach_before_any_window_recovers_by_steps() -> None:
+    c = controller()
+    c.observe(0.0, {"latency_ratio": 3.0}, running_rate=None)
+    assert c.rate == MIN_RATE and c.ceiling is None
+    c.observe(1.0, {}, running_rate=None)
+    c.observe(2.0, {}, running_rate=None)
+    assert c.rate == MIN_RATE + STEP
+
+
+def test_a_signal_without_a_limit_and_a_missing_reading_are_ignored() -> None:
+    c = controller()
+    assert c.observe(0.0, {"active_backends": 900.0}, running_rate=1.0) is None
+    assert c.observe(1.0, {"replica_lag": float("nan")}, running_rate=1.0) is None
+    assert c.state == OPEN
