@@ -42,7 +42,7 @@ from .errors import (
 from .handlers import Handler
 from .metrics import WINDOW_ROWS
 from .queue import new_job, policy_queue
-from .runs import PARTITION, PENDING, PLAN, WINDOW, Runs
+from .runs import PARTITION, PENDING, PLAN, VACUUM, WINDOW, Runs
 from .target import Target
 from .times import format_time, parse_time
 from .timestamps import Storage
@@ -295,12 +295,45 @@ class Cleanup:
 
     def finish_runs(self, run_ids: set[str]) -> None:
         """Finish each run that is planned and has nothing pending (runs.py's rule)."""
-        for rid in run_ids:
-            self.runs.finish(rid)
+        self._after_finish([rid for rid in run_ids if self.runs.finish(rid)])
 
     def finish_idle_runs(self) -> int:
         """The rescuer's sweep (Runs.finish_idle): how many runs it finished."""
-        return len(self.runs.finish_idle())
+        finished = self.runs.finish_idle()
+        self._after_finish(finished)
+        return len(finished)
+
+    def _after_finish(self, run_ids: list[str]) -> None:
+        """A run just finished: queue its table's VACUUM (ANALYZE) when the policy
+        asks (vacuum_after), in the policy's queue, under its throttle."""
+        for rid in run_ids:
+            name = rid.split(":", 1)[0]
+            try:
+                policy = self.policy(name)
+            except Exception:  # a policy removed from the config since
+                continue
+            if policy.vacuum_after:
+                job = new_job(
+                    VACUUM,
+                    {"policy": name, "run_id": rid},
+                    key=f"{rid}:vacuum",
+                    max_attempts=policy.max_attempts,
+                    priority=policy.priority,
+                    queue=policy_queue(name),
+                )
+                self.engine.job_insert_many([job])
+
+    def vacuum(self, job: Job) -> None:
+        """VACUUM (ANALYZE) the policy's table, outside any transaction."""
+        policy = self.policy(job.payload["policy"])
+        began = time.monotonic()
+        with self.engine.transaction(statement=True) as conn:
+            self.engine.table_vacuum(conn, policy.table)
+        log.info(
+            "table vacuumed in %.1fs",
+            time.monotonic() - began,
+            extra={"policy": policy.name, "run": job.payload.get("run_id"), "job": job.key},
+        )
 
     # -- the planning job -------------------------------------------------------
 
@@ -904,6 +937,7 @@ def handlers(cleanup: Callable[[], Cleanup]) -> list[Handler]:
             after=lambda job, result, seconds: cleanup().after_window(job, result, seconds),
             after_batch=lambda jobs: cleanup().finish_batch(jobs),
         ),
+        Handler(VACUUM, lambda job: cleanup().vacuum(job), transactional=False),
         Handler(
             WINDOW,
             lambda job, tx: cleanup().apply_window(job, tx),

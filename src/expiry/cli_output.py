@@ -170,6 +170,8 @@ def print_status(data: dict[str, Any]) -> None:
     for p in data["policies"]:
         if p["broken"]:
             out.print(f"quarantined: {p['broken']}")
+        if line := _throttle_line(p):
+            out.print(line)
     q = data["queue"]
     by_state = q["jobs_by_queue_and_state"].items()
     rows = (
@@ -194,6 +196,26 @@ def _policy_row(p: dict[str, Any]) -> tuple[str, ...]:
         "QUARANTINED" if p["broken"] else p["watermark"],
         f"{last['state']} {last['jobs_done']}/{last['jobs_total']}" if last else "-",
     )
+
+
+def _throttle_line(p: dict[str, Any]) -> str:
+    """A policy's throttle and vacuum pressure, when there is anything to say."""
+    parts = []
+    t = p.get("throttle") or {}
+    if t.get("state") not in (None, "open"):
+        parts.append(f"{t['state']} ({t.get('reason')})")
+    if t.get("rate"):
+        parts.append(f"rate limit {t['rate']:.2f} windows/s")
+    held = t.get("throttled_seconds") or {}
+    if held:
+        parts.append("held " + ", ".join(f"{r} {s:.0f}s" for r, s in sorted(held.items())))
+    v = p.get("vacuum")
+    if v and v["dead_tuples"]:
+        parts.append(
+            f"{v['dead_tuples']} dead tuples ({100 * v['dead_ratio']:.1f}%), "
+            f"last vacuum {v['last_vacuum'] or 'never'}"
+        )
+    return f"{p['name']}: " + "; ".join(parts) if parts else ""
 
 
 # -- the dead-letter queue ------------------------------------------------------------

@@ -76,3 +76,8 @@ CRON_THREADS = 2
 
 HEALTH_INTERVAL_SECONDS = 1.0
 """How often a worker reads the database's health for the throttle: never per row."""
+
+WORKER_STALE_SECONDS = 90.0
+"""A worker not seen on the roll for this long (three default heartbeats and
+more) may be stopped, stuck or cut off: the workers page says so, and its
+throttles no longer count in status and /metrics."""

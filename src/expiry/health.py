@@ -38,7 +38,7 @@ from .config import Config, Policy
 from .engines import Engine, open_engine
 from .queue import policy_queue
 from .throttle import CRITICAL, Controller
-from .types import AuditAction, Gates
+from .types import AuditAction, Gates, WorkerSeen
 
 log = logging.getLogger("expiry.health")
 
@@ -77,7 +77,8 @@ class _Policy:
 
     controller: Controller
     ends: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
-    next_start: float = 0.0
+    last_start: float = -1e18
+    """When its latest window started (monotonic)."""
     baseline: float | None = None
     readings: dict[str, float] = field(default_factory=dict)
 
@@ -302,23 +303,25 @@ class Health:
             return
         with self._lock:
             state.ends.append(now)
-            rate = state.controller.rate
-            if rate:
-                state.next_start = max(state.next_start, now - seconds) + 1.0 / rate
+            state.last_start = max(state.last_start, now - seconds)
 
     def gates(self) -> Gates:
         """Paused, held and stopped policies' queues, until the next check; a
-        rate-limited one's until its next window may start."""
+        rate-limited one's until its next window may start (1 / rate after the
+        latest began), one window a claim."""
         now = self.clock()
         resting: dict[str, float] = {}
+        limits: dict[str, int] = {}
         with self._lock:
             for name, state in self._policies.items():
-                queue = policy_queue(name)
+                queue, rate = policy_queue(name), state.controller.rate
                 if name in self._paused or state.controller.holding:
                     resting[queue] = now + self.interval
-                elif state.controller.rate and state.next_start > now:
-                    resting[queue] = state.next_start
-        return Gates(resting)
+                elif rate:
+                    limits[queue] = 1
+                    if (opens := state.last_start + 1.0 / rate) > now:
+                        resting[queue] = opens
+        return Gates(resting, limits)
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         """Each policy's throttle as this process holds it (the workers' roll)."""
@@ -344,3 +347,23 @@ class Health:
         for engine in self._replicas.values():
             engine.close()
         self._replicas.clear()
+
+
+def merge_throttles(workers: list[WorkerSeen]) -> dict[str, dict[str, Any]]:
+    """Each policy's throttle over several workers' reports: the first state
+    that is not open (held, stopped or paused), the seconds held by reason
+    summed, and the lowest rate limit."""
+    out: dict[str, dict[str, Any]] = {}
+    for worker in workers:
+        for name, h in worker.health.items():
+            mine = out.setdefault(
+                name, {"state": "open", "reason": None, "rate": None, "throttled_seconds": {}}
+            )
+            if h.get("state") not in (None, "open") and mine["state"] == "open":
+                mine["state"], mine["reason"] = h.get("state"), h.get("reason")
+            if h.get("rate") is not None:
+                mine["rate"] = min(h["rate"], mine["rate"] or h["rate"])
+            for reason, seconds in (h.get("throttled_seconds") or {}).items():
+                held = mine["throttled_seconds"]
+                held[reason] = held.get(reason, 0.0) + seconds
+    return out

@@ -19,8 +19,10 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from . import defaults
 from .config import Policy
 from .engines import Engine
+from .health import merge_throttles
 from .queue import Queue
 from .types import QueueStats
 
@@ -87,6 +89,64 @@ class ExpiryCollector(Collector):
         if self.cleanup is not None:
             yield self._watermarks(self.cleanup)
             yield self._quarantined(self.cleanup)
+            yield from self._throttles()
+            yield from self._vacuum(self.cleanup)
+
+    def _throttles(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        """Held time by reason and the rate limit, as the live workers report them."""
+        live = [
+            w
+            for w in self.engine.worker_list()
+            if w.seen_seconds_ago <= defaults.WORKER_STALE_SECONDS
+        ]
+        merged = merge_throttles(live)
+        held = CounterMetricFamily(
+            "expiry_throttled_seconds",
+            "Seconds a policy's windows were held, by reason (replica_lag, active_backends, "
+            "latency_ratio, dead_tuple_ratio, throttle_query, pause_file)",
+            labels=["policy", "reason"],
+        )
+        rate = GaugeMetricFamily(
+            "expiry_throttle_rate_limit",
+            "Windows a second the throttle lets a policy start (0: no limit)",
+            labels=["policy"],
+        )
+        holding = GaugeMetricFamily(
+            "expiry_throttle_holding",
+            "1 while a policy's windows are held (held, stopped or paused), else 0",
+            labels=["policy"],
+        )
+        for name, t in merged.items():
+            for reason, seconds in t["throttled_seconds"].items():
+                held.add_metric([name, reason], seconds)
+            rate.add_metric([name], t["rate"] or 0.0)
+            holding.add_metric([name], 0.0 if t["state"] == "open" else 1.0)
+        yield from (held, rate, holding)
+
+    def _vacuum(self, cleanup: Watermarks) -> Iterator[GaugeMetricFamily]:
+        """Each policy's table's dead tuples and the age of its last vacuum (PostgreSQL)."""
+        dead = GaugeMetricFamily(
+            "expiry_table_dead_tuples", "Dead tuples in the policy's table", labels=["policy"]
+        )
+        age = GaugeMetricFamily(
+            "expiry_table_last_vacuum_age_seconds",
+            "Seconds since the policy's table was last vacuumed (manually or automatically)",
+            labels=["policy"],
+        )
+        with self.engine.transaction() as conn:
+            now = self.engine.now(conn)
+            for policy in cleanup.policies:
+                try:
+                    with self.engine.atomic(conn):
+                        stats = self.engine.table_vacuum_stats(conn, policy.table)
+                except Exception:  # quarantined: reported by expiry_policy_quarantined
+                    continue
+                if stats is None:
+                    continue
+                dead.add_metric([policy.name], stats.dead_tuples)
+                if stats.last_vacuum is not None:
+                    age.add_metric([policy.name], (now - stats.last_vacuum).total_seconds())
+        yield from (dead, age)
 
     def _queue(self, stats: QueueStats) -> Iterator[GaugeMetricFamily]:
         """Jobs by state, the oldest due job, claims held, retries, the dead letters."""

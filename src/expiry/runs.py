@@ -35,6 +35,9 @@ PARTITION = "expiry.partition"
 """The handler of a run's partition jobs: a whole expired partition detached
 (and dropped), booked in the ledger like a window."""
 
+VACUUM = "expiry.vacuum"
+"""The handler of a finished run's VACUUM (ANALYZE) of its table (vacuum_after)."""
+
 PENDING = frozenset({JobState.SCHEDULED, JobState.AVAILABLE, JobState.RETRYABLE, JobState.RUNNING})
 """The states of a job not yet completed, dead or cancelled."""
 

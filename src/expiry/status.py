@@ -10,9 +10,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from . import defaults
 from .cron import next_fire
 from .durations import format_duration
 from .errors import SchemaError
+from .health import merge_throttles
 from .queue import is_reserved
 from .times import format_time
 from .types import JobState
@@ -37,6 +39,7 @@ def policies(app: App) -> list[dict[str, Any]]:
     recent = app.runs.recent
     schedules = {s.policy: s for s in app.engine.schedule_list()}
     now = app.engine.now()
+    throttles = throttle_by_policy(app)
     out = []
     for policy in cleanup.policies:
         last = recent(policy.name, 1)
@@ -59,9 +62,36 @@ def policies(app: App) -> list[dict[str, Any]]:
                 "watermark": format_duration(round(watermark)),
                 "last_run": last[0] if last else None,
                 "broken": broken,
+                "throttle": throttles.get(policy.name),
+                "vacuum": None if broken else vacuum(app, policy.table),
             }
         )
     return out
+
+
+def throttle_by_policy(app: App) -> dict[str, dict[str, Any]]:
+    """Each policy's throttle as the live workers on the roll report it."""
+    live = [w for w in app.engine.worker_list() if w.seen_seconds_ago <= STALE_AFTER_SECONDS]
+    return merge_throttles(live)
+
+
+def vacuum(app: App, table: str) -> dict[str, Any] | None:
+    """The table's vacuum pressure (PostgreSQL): dead tuples, their share, the
+    last (auto)vacuum and analyze."""
+    try:
+        with app.engine.transaction() as conn:
+            stats = app.engine.table_vacuum_stats(conn, table)
+    except Exception:  # a missing table is the quarantine's to report
+        return None
+    if stats is None:
+        return None
+    return {
+        "live_tuples": stats.live_tuples,
+        "dead_tuples": stats.dead_tuples,
+        "dead_ratio": round(stats.dead_ratio, 4),
+        "last_vacuum": format_time(stats.last_vacuum) if stats.last_vacuum else None,
+        "last_analyze": format_time(stats.last_analyze) if stats.last_analyze else None,
+    }
 
 
 def queue(app: App) -> dict[str, Any]:
@@ -77,9 +107,7 @@ def queue(app: App) -> dict[str, Any]:
     }
 
 
-STALE_AFTER_SECONDS = 90.0
-"""A worker not seen for this long (three default heartbeats and more) may be
-stopped, stuck or cut off: the workers page says so."""
+STALE_AFTER_SECONDS = defaults.WORKER_STALE_SECONDS
 
 
 def workers(app: App, limit: int = 5000) -> dict[str, Any]:
