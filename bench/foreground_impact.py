@@ -30,7 +30,15 @@ operation's latency is recorded with its wall-clock start. Scenarios:
   nice_ratio 1, lock_timeout 2 s), started and connected before the run is opened;
 * unthrottled: the same with target_transaction = 1 h and nice_ratio = 0 (the
   worker never shrinks its transactions, nor rests between them);
-* naive: one ``DELETE FROM sessions WHERE expires_at < now()`` transaction.
+* naive: one ``DELETE FROM sessions WHERE expires_at < now()`` transaction;
+* hand-loop: a hand-written primary-key window loop, as a team writes it
+  without expiry: ``DELETE ... WHERE id > lo AND id <= lo + window AND
+  expires_at < now()`` in its own transaction, then a rest of nice_ratio times
+  that transaction (the policy's window and nice_ratio, so that it paces as
+  expiry's defaults do), one connection;
+* budget: expiry with ``max_latency_ratio = 1.25`` and a canary on the table
+  (a point read of a live row), nice_ratio 0: the throttle alone paces it from
+  the canary's latency against its idle baseline.
 
 For the cleanup scenarios the foreground's latencies are those of operations
 that started while the cleanup ran: from the run's ``opened_at`` to its
@@ -254,6 +262,7 @@ class Result:
     cleanup_seconds: float = 0.0
     wal_bytes: int = 0  # written by the whole cluster during the scenario
     wal_fpi: int = 0  # of which full-page images (records)
+    throttled: float = 0.0  # seconds the throttle held the policy (budget)
 
     @property
     def ops_per_s(self) -> float:
@@ -334,6 +343,45 @@ def run_naive(url: str, args: argparse.Namespace) -> Result:
     )
 
 
+def run_hand_loop(url: str, args: argparse.Namespace, policy: dict[str, Any]) -> Result:
+    """The loop a team writes by hand: key windows, a rest in proportion to each."""
+    doomed, total = expected_gone(url)
+    window = int(policy.get("window", 10_000))
+    nice = float(policy.get("nice_ratio", 1.0))
+    fg = Foreground(url, args.rows, args.connections, args.rate)
+    fg.start()
+    time.sleep(args.lead)
+    began, deleted = time.time(), 0
+    with psycopg.connect(url, autocommit=True) as conn:
+        top = conn.execute("select max(id) from sessions").fetchone()[0]  # type: ignore[index]
+        lo = 0
+        while lo < top:
+            t0 = time.perf_counter()
+            deleted += conn.execute(
+                "delete from sessions where id > %s and id <= %s and expires_at < now()",
+                (lo, lo + window),
+            ).rowcount
+            lo += window
+            if nice:
+                time.sleep(nice * (time.perf_counter() - t0))
+    ended = time.time()
+    time.sleep(args.lead)
+    fg.finish()
+    verify(url, "hand-loop", doomed, total)
+    return summarize(
+        "hand-loop",
+        fg.window(began, ended),
+        ended - began,
+        rows=deleted,
+        cleanup_seconds=ended - began,
+    )
+
+
+def live_id(url: str) -> int:
+    """A row the run keeps: the canary reads it."""
+    return next(i for i in range(1, 10_000) if not expired(i))
+
+
 def toml(value: Any) -> str:
     return json.dumps(value) if isinstance(value, str) else str(value)
 
@@ -403,10 +451,17 @@ def run_expiry(
     with psycopg.connect(url) as conn:
         applied = conn.execute("select coalesce(sum(rows_affected), 0) from expiry.ledger")
         deleted = int(applied.fetchone()[0])  # type: ignore[index]
+        throttled = conn.execute(
+            "select coalesce(sum(value::float8), 0) from expiry.workers,"
+            " jsonb_each(health -> %s -> 'throttled_seconds')",
+            (POLICY,),
+        ).fetchone()[0]  # type: ignore[index]
     verify(url, name, doomed, total)
-    return summarize(
+    result = summarize(
         name, fg.window(began, ended), ended - began, rows=deleted, cleanup_seconds=ended - began
     )
+    result.throttled = float(throttled or 0.0)
+    return result
 
 
 def main() -> int:
@@ -425,7 +480,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="100,000 rows, 5 s baseline")
     parser.add_argument(
         "--scenarios",
-        default="baseline,defaults,unthrottled,naive",
+        default="baseline,defaults,budget,hand-loop,unthrottled,naive",
         help="comma-separated, run in this order each round",
     )
     parser.add_argument(
@@ -474,6 +529,16 @@ def main() -> int:
                             result = run_expiry(
                                 url, args, "defaults", overrides, tmp, worker_settings
                             )
+                        elif name == "hand-loop":
+                            result = run_hand_loop(url, args, overrides)
+                        elif name == "budget":
+                            policy = {
+                                **overrides,
+                                "nice_ratio": 0,
+                                "max_latency_ratio": 1.25,
+                                "canary": f"select * from sessions where id = {live_id(url)}",
+                            }
+                            result = run_expiry(url, args, "budget", policy, tmp, worker_settings)
                         elif name == "unthrottled":
                             policy = {**overrides, "target_transaction": "1h", "nice_ratio": 0}
                             result = run_expiry(
@@ -494,6 +559,7 @@ def main() -> int:
                             if result.rows
                             else ""
                         )
+                        + (f"  held {result.throttled:.1f}s" if result.throttled else "")
                         + f"  WAL {result.wal_bytes / 2**20:,.0f} MiB"
                         f" ({result.wal_fpi:,} full-page images)"
                         + f"  (load {os.getloadavg()[0]:.1f})",
@@ -532,7 +598,7 @@ def report(results: list[Result], overrides: dict[str, Any]) -> None:
     print("\nforeground latency while cleaning (median over rounds)")
     print(
         f"{'scenario':<14}{'p50 ms':>9}{'p99 ms':>9}{'p99/base':>10}{'ops/s':>9}{'rows/s':>11}"
-        f"{'WAL MiB':>9}{'FPIs':>9}"
+        f"{'held s':>8}{'WAL MiB':>9}{'FPIs':>9}"
     )
     for name in names:
         rate = median(name, "rows_per_s")
@@ -540,6 +606,7 @@ def report(results: list[Result], overrides: dict[str, Any]) -> None:
             f"{name:<14}{median(name, 'p50') * 1000:9.2f}{median(name, 'p99') * 1000:9.2f}"
             f"{median(name, 'p99') / base_p99:10.2f}{median(name, 'ops_per_s'):9.0f}"
             + (f"{rate:11,.0f}" if rate else f"{'-':>11}")
+            + f"{median(name, 'throttled'):8.1f}"
             + f"{median(name, 'wal_bytes') / 2**20:9,.0f}{median(name, 'wal_fpi'):9,.0f}"
         )
     if {"baseline", "defaults", "unthrottled"} <= set(names):
@@ -550,6 +617,21 @@ def report(results: list[Result], overrides: dict[str, Any]) -> None:
             f" {ratio:.2f}x {'met' if ratio <= 1.25 else 'MISSED'};"
             f" defaults rows/s >= 0.5x unthrottled: {keep:.2f}x {'met' if keep >= 0.5 else 'MISSED'}"
             + (f"  (overrides {overrides})" if overrides else "")
+        )
+    if {"baseline", "budget"} <= set(names):
+        ratio = median("budget", "p99") / base_p99
+        print(
+            f"target: budget p99 <= 1.3x baseline: {ratio:.2f}x"
+            f" {'met' if ratio <= 1.3 else 'MISSED'}, cleaning at"
+            f" {median('budget', 'rows_per_s'):,.0f} rows/s"
+        )
+    if {"defaults", "hand-loop"} <= set(names):
+        ours, theirs = median("defaults", "p99"), median("hand-loop", "p99")
+        speed = median("defaults", "rows_per_s") / median("hand-loop", "rows_per_s")
+        print(
+            f"target: defaults p99 <= hand-loop p99 at like rows/s: {ours * 1000:.2f} vs"
+            f" {theirs * 1000:.2f} ms ({'met' if ours <= theirs else 'MISSED'}),"
+            f" rows/s {speed:.2f}x the hand loop's"
         )
 
 

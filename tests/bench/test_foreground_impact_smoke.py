@@ -25,6 +25,9 @@ def test_foreground_impact_small_run_prints_every_scenario() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    for name in ("baseline", "defaults", "unthrottled", "naive DELETE"):
+    for name in ("baseline", "defaults", "budget", "hand-loop", "unthrottled", "naive DELETE"):
         assert f"round 1 {name}" in done.stdout, done.stdout
     assert "target (reported, not asserted)" in done.stdout
+    assert (
+        "target: budget p99" in done.stdout and "target: defaults p99 <= hand-loop" in done.stdout
+    )
