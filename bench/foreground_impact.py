@@ -37,8 +37,9 @@ operation's latency is recorded with its wall-clock start. Scenarios:
   that transaction (the policy's window and nice_ratio, so that it paces as
   expiry's defaults do), one connection;
 * budget: expiry with ``max_latency_ratio = 1.25`` and a canary on the table
-  (a point read of a live row), nice_ratio 0: the throttle alone paces it from
-  the canary's latency against its idle baseline.
+  (a point read of a live row), nice_ratio 0 and health_interval 100 ms: the
+  throttle alone paces it from the canary's latency against its idle
+  baseline; "held s" is the time it held the policy (from the worker's log).
 
 For the cleanup scenarios the foreground's latencies are those of operations
 that started while the cleanup ran: from the run's ``opened_at`` to its
@@ -451,17 +452,30 @@ def run_expiry(
     with psycopg.connect(url) as conn:
         applied = conn.execute("select coalesce(sum(rows_affected), 0) from expiry.ledger")
         deleted = int(applied.fetchone()[0])  # type: ignore[index]
-        throttled = conn.execute(
-            "select coalesce(sum(value::float8), 0) from expiry.workers,"
-            " jsonb_each(health -> %s -> 'throttled_seconds')",
-            (POLICY,),
-        ).fetchone()[0]  # type: ignore[index]
     verify(url, name, doomed, total)
     result = summarize(
         name, fg.window(began, ended), ended - began, rows=deleted, cleanup_seconds=ended - began
     )
-    result.throttled = float(throttled or 0.0)
+    result.throttled = held_seconds(log.read_text())
     return result
+
+
+def held_seconds(text: str) -> float:
+    """Seconds the throttle held the policy, from the worker's log: each
+    "policy held" line to the next "policy unheld" one (or the log's end)."""
+    held, since, last = 0.0, None, None
+    for line in text.splitlines():
+        try:
+            stamp = time.mktime(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S"))
+            at = stamp + int(line[20:23]) / 1000
+        except ValueError:
+            continue
+        last = at
+        if "policy held" in line and since is None:
+            since = at
+        elif "policy unheld" in line and since is not None:
+            held, since = held + at - since, None
+    return held + (last - since if since is not None and last is not None else 0.0)
 
 
 def main() -> int:
@@ -537,6 +551,8 @@ def main() -> int:
                                 "nice_ratio": 0,
                                 "max_latency_ratio": 1.25,
                                 "canary": f"select * from sessions where id = {live_id(url)}",
+                                "health_interval": "100ms",
+                                **{k: v for k, v in overrides.items() if k == "health_interval"},
                             }
                             result = run_expiry(url, args, "budget", policy, tmp, worker_settings)
                         elif name == "unthrottled":

@@ -51,6 +51,13 @@ IDLE_AFTER_SECONDS = 2.0
 samples then make its baseline."""
 CANARY_RUNS = 5
 """Canary runs a check; their median is the sample."""
+CANARY_FLOOR_SECONDS = 0.001
+"""The least baseline a canary's ratio divides by: jitter under a
+millisecond, which no user notices, never holds a policy."""
+LATENCY_SAMPLES = 10
+"""The latency ratio read is the median of this many checks' samples: one
+window's burst, or one slow run of the canary, does not hold the policy alone
+(10 checks at a 100 ms interval: the last second)."""
 
 
 def limits_of(policy: Policy) -> tuple[dict[str, float], dict[str, float]]:
@@ -80,6 +87,7 @@ class _Policy:
     last_start: float = -1e18
     """When its latest window started (monotonic)."""
     baseline: float | None = None
+    ratios: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_SAMPLES))
     readings: dict[str, float] = field(default_factory=dict)
 
 
@@ -243,8 +251,10 @@ class Health:
         if state.baseline is None or (idle and not state.controller.holding):
             previous = state.baseline
             state.baseline = sample if previous is None else 0.8 * previous + 0.2 * sample
+            state.ratios.clear()
             return 1.0
-        return sample / max(state.baseline, 1e-6)
+        state.ratios.append(sample / max(state.baseline, CANARY_FLOOR_SECONDS))
+        return statistics.median(state.ratios)
 
     def _feed(self, policy: Policy, readings: dict[str, float], now: float) -> None:
         state = self._policies[policy.name]
