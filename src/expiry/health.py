@@ -1,9 +1,9 @@
 """The database's health, read every ``health_interval`` by each worker process,
 and what it makes the worker hold back.
 
-Each check reads, once for all policies: which policies are paused (a paused
-policy's windows wait, as its schedule does), and where a policy asks for
-them, the replicas' replay lag and the active client backends; then per
+Each check reads, once for all policies: which policies a critical reading
+stopped (paused by the throttle: their windows wait), and where a policy asks
+for them, the replicas' replay lag and the active client backends; then per
 policy its ``throttle_query``, ``pause_file``, ``canary`` and dead-tuple share.
 The readings go to the policy's throttle.Controller; the worker's gates hold a
 held or stopped policy's queue, and space a rate-limited policy's windows.
@@ -16,9 +16,10 @@ Each ``[[replica]]`` url is also asked its own replay lag. A standby whose
 position cannot be read (no pg_monitor) reads as infinitely late: the policy
 holds, and the log says which grant is missing.
 
-A critical reading pauses the policy in the database (``schedule_set_paused``,
-audited as the throttle's), so every process holds it until an operator runs
-``expiry resume``.
+A critical reading pauses the policy in the database (``schedule_set_paused``
+by "throttle", audited as the throttle's), so every process holds its windows
+until an operator runs ``expiry resume``. An operator's own pause stops the
+schedule only: open runs go on.
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ IDLE_AFTER_SECONDS = 2.0
 samples then make its baseline."""
 CANARY_RUNS = 5
 """Canary runs a check; their median is the sample."""
+STOPPED_BY = "throttle"
+"""Who a critical reading's pause is by: such a pause holds the policy's
+windows in every process until an operator resumes it."""
 CANARY_FLOOR_SECONDS = 0.001
 """The least baseline a canary's ratio divides by: jitter under a
 millisecond, which no user notices, never holds a policy."""
@@ -149,7 +153,8 @@ class Health:
         wants_lag = any(p.max_replica_lag or p.critical_replica_lag for p in policies)
         wants_backends = any(p.max_active_backends or p.critical_active_backends for p in policies)
         with engine.transaction() as conn:
-            paused = {s.policy for s in engine.schedule_list(conn=conn) if s.paused}
+            schedules = engine.schedule_list(conn=conn)
+            paused = {s.policy for s in schedules if s.paused and s.paused_by == STOPPED_BY}
             if wants_lag:
                 readings["replica_lag"] = self._primary_lag(conn, now)
             if wants_backends:
@@ -280,7 +285,7 @@ class Health:
         """A critical reading: pause the policy for every process, audited."""
         try:
             with self.engine.transaction() as conn:
-                self.engine.schedule_set_paused(name, True, conn=conn)
+                self.engine.schedule_set_paused(name, True, by=STOPPED_BY, conn=conn)
                 self.engine.audit_append(
                     conn,
                     AuditAction.POLICY_PAUSED,
@@ -316,7 +321,7 @@ class Health:
             state.last_start = max(state.last_start, now - seconds)
 
     def gates(self) -> Gates:
-        """Paused, held and stopped policies' queues, until the next check; a
+        """Held and stopped policies' queues, until the next check; a
         rate-limited one's until its next window may start (1 / rate after the
         latest began), one window a claim."""
         now = self.clock()
@@ -340,10 +345,10 @@ class Health:
         with self._lock:
             for name, state in self._policies.items():
                 c = state.controller
-                held = name in self._paused and not c.holding
+                stopped = name in self._paused and not c.holding  # by another process
                 out[name] = {
-                    "state": "paused" if held else c.state,
-                    "reason": "paused" if held else c.reason,
+                    "state": CRITICAL if stopped else c.state,
+                    "reason": "stopped by the throttle" if stopped else c.reason,
                     "rate": c.rate,
                     "throttled_seconds": {k: round(v, 3) for k, v in c.throttled_at(now).items()},
                     "readings": {

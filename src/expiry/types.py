@@ -175,6 +175,9 @@ class Schedule:
     """``last_fire_at`` exactly as the engine stores it (epoch seconds on SQLite):
     schedule_advance's compare-and-set matches on it, and epoch seconds need not
     survive a round trip through datetime."""
+    paused_by: str | None = None
+    """Who paused it: "throttle" for a critical health reading (its windows
+    wait too), else None (an operator's pause stops the schedule only)."""
 
 
 @dataclass(frozen=True)

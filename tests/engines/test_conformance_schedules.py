@@ -127,3 +127,15 @@ def test_schedule_version_changes_when_a_schedule_does(engine: Engine) -> None:
     engine.schedule_set_paused("p", True)
     paused = engine.schedule_version()
     assert paused[1] == 1 and paused[0] > registered[0]
+
+
+def test_schedule_set_paused_records_who_paused_it_and_resume_clears_it(engine: Engine) -> None:
+    engine.schedule_set_paused("p", True, by="throttle")
+    [stopped] = engine.schedule_list()
+    assert stopped.paused and stopped.paused_by == "throttle"
+    engine.schedule_set_paused("p", False)
+    [resumed] = engine.schedule_list()
+    assert not resumed.paused and resumed.paused_by is None
+    engine.schedule_set_paused("p", True)  # an operator's pause names nobody
+    [paused] = engine.schedule_list()
+    assert paused.paused and paused.paused_by is None

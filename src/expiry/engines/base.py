@@ -805,6 +805,7 @@ class Engine(abc.ABC):
                 last_fire_at=self._maybe_time(row["last_fire_at"]),
                 updated_at=self._time(row["updated_at"]),
                 last_fire_stored=row["last_fire_at"],
+                paused_by=row["paused_by"],
             )
             for row in self._tx_rows(conn, "schedule_list")
         ]
@@ -822,9 +823,14 @@ class Engine(abc.ABC):
         }
         return bool(self._tx_rows(conn, "schedule_advance", params))
 
-    def schedule_set_paused(self, policy: str, paused: bool, *, conn: Any | None = None) -> None:
-        """Pause or resume a policy's schedule (registering it when unknown)."""
-        self._tx_rows(conn, "schedule_set_paused", {"policy": policy, "paused": paused})
+    def schedule_set_paused(
+        self, policy: str, paused: bool, *, by: str | None = None, conn: Any | None = None
+    ) -> None:
+        """Pause or resume a policy's schedule (registering it when unknown);
+        ``by`` says who paused it ("throttle": a critical reading, whose stop holds
+        the policy's windows too). Resuming clears it."""
+        params = {"policy": policy, "paused": paused, "by": by if paused else None}
+        self._tx_rows(conn, "schedule_set_paused", params)
 
     def schedule_version(self, *, conn: Any | None = None) -> tuple[datetime, int]:
         """(the latest change, how many schedules and cron targets): different once

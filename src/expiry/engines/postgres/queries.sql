@@ -372,7 +372,7 @@ on conflict (policy) do nothing;
 
 -- name: schedule_list
 -- Every schedule's state.
-select policy, paused, last_fire_at, updated_at from expiry.schedules order by policy;
+select policy, paused, paused_by, last_fire_at, updated_at from expiry.schedules order by policy;
 
 -- name: schedule_advance
 -- Claim the fire times after %(last)s, up to %(fire)s: a compare-and-set on the
@@ -384,9 +384,12 @@ where policy = %(policy)s and not paused
 returning policy;
 
 -- name: schedule_set_paused
--- Pause or resume a policy's schedule.
-insert into expiry.schedules (policy, paused, last_fire_at) values (%(policy)s, %(paused)s, now())
-on conflict (policy) do update set paused = excluded.paused, updated_at = now()
+-- Pause or resume a policy's schedule, saying who paused it (the throttle's
+-- stop holds the policy's windows too).
+insert into expiry.schedules (policy, paused, paused_by, last_fire_at)
+values (%(policy)s, %(paused)s, %(by)s, now())
+on conflict (policy) do update
+set paused = excluded.paused, paused_by = excluded.paused_by, updated_at = now()
 returning policy;
 
 -- name: schedule_version

@@ -199,7 +199,8 @@ CREATE TABLE expiry.schedules (
     policy text NOT NULL,
     paused boolean DEFAULT false NOT NULL,
     last_fire_at timestamp with time zone,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    paused_by text
 );
 
 CREATE TABLE expiry.schema_migrations (

@@ -321,7 +321,7 @@ on conflict (policy) do nothing;
 
 -- name: schedule_list
 -- Every schedule's state.
-select policy, paused, last_fire_at, updated_at from expiry_schedules order by policy;
+select policy, paused, paused_by, last_fire_at, updated_at from expiry_schedules order by policy;
 
 -- name: schedule_advance
 -- Claim the fire times after :last, up to :fire: a compare-and-set on the
@@ -331,10 +331,11 @@ where policy = :policy and not paused and last_fire_at = :last and last_fire_at 
 returning policy;
 
 -- name: schedule_set_paused
--- Pause or resume a policy's schedule.
-insert into expiry_schedules (policy, paused, last_fire_at, updated_at)
-values (:policy, :paused, $now, $now)
-on conflict (policy) do update set paused = excluded.paused, updated_at = $now
+-- Pause or resume a policy's schedule, saying who paused it.
+insert into expiry_schedules (policy, paused, paused_by, last_fire_at, updated_at)
+values (:policy, :paused, :by, $now, $now)
+on conflict (policy) do update
+set paused = excluded.paused, paused_by = excluded.paused_by, updated_at = $now
 returning policy;
 
 -- name: schedule_version

@@ -127,7 +127,7 @@ CREATE TABLE expiry_schedules (
     paused       integer not null default 0,
     last_fire_at real,
     updated_at   real    not null
-);
+, paused_by text);
 
 CREATE TABLE expiry_schema_migrations ( version integer primary key, applied_at real not null);
 
