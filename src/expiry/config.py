@@ -157,7 +157,8 @@ class HealthSettings(Strict):
     """A cheap statement of the application's (select 1 from sessions where id = 1),
     timed each check against its own baseline taken while the policy is idle."""
     max_latency_ratio: float | None = Field(None, gt=1)
-    """Hold while the canary takes more than this many times its baseline."""
+    """Hold while the canary's p90 over the last 10 checks is more than this
+    many times its p90 while the policy was idle."""
     critical_latency_ratio: float | None = Field(None, gt=1)
     max_dead_tuple_ratio: float | None = Field(None, gt=0, le=1)
     """Hold while the table's dead tuples exceed this share of its rows."""

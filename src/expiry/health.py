@@ -27,11 +27,10 @@ from __future__ import annotations
 import logging
 import math
 import os
-import statistics
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,17 +50,23 @@ IDLE_AFTER_SECONDS = 2.0
 """A policy none of whose windows ended for this long is idle: its canary
 samples then make its baseline."""
 CANARY_RUNS = 5
-"""Canary runs a check; their median is the sample."""
+"""Canary runs a check."""
 STOPPED_BY = "throttle"
 """Who a critical reading's pause is by: such a pause holds the policy's
 windows in every process until an operator resumes it."""
 CANARY_FLOOR_SECONDS = 0.001
 """The least baseline a canary's ratio divides by: jitter under a
 millisecond, which no user notices, never holds a policy."""
-LATENCY_SAMPLES = 10
-"""The latency ratio read is the median of this many checks' samples: one
-window's burst, or one slow run of the canary, does not hold the policy alone
-(10 checks at a 100 ms interval: the last second)."""
+LATENCY_CHECKS = 10
+"""The latency ratio read is over the canary's runs of this many checks (10
+checks at a 100 ms interval: the last second, 50 runs)."""
+LATENCY_QUANTILE = 0.9
+"""The ratio is this quantile of the recent runs over the same quantile of
+the idle runs: it follows the tail the application sees (a point read that
+waits behind a window's commit), where a median stays flat while the
+foreground's p99 grows; one slow run in ten does not hold the policy alone."""
+BASELINE_RUNS = 200
+"""Idle runs the baseline's quantile is taken over (the latest)."""
 
 
 def limits_of(policy: Policy) -> tuple[dict[str, float], dict[str, float]]:
@@ -90,8 +95,10 @@ class _Policy:
     ends: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
     last_start: float = -1e18
     """When its latest window started (monotonic)."""
-    baseline: float | None = None
-    ratios: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_SAMPLES))
+    idle: deque[float] = field(default_factory=lambda: deque(maxlen=BASELINE_RUNS))
+    """The canary's latest runs while the policy was idle."""
+    busy: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_CHECKS * CANARY_RUNS))
+    """Its latest runs since, while windows ran."""
     readings: dict[str, float] = field(default_factory=dict)
 
 
@@ -238,7 +245,7 @@ class Health:
         return 1.0 if value else 0.0
 
     def _latency_ratio(self, policy: Policy, now: float) -> float:
-        """The canary's median now over its baseline, which idle samples make."""
+        """The canary's recent tail over its idle tail (see LATENCY_QUANTILE)."""
         assert policy.canary is not None
         samples = []
         try:
@@ -250,16 +257,15 @@ class Health:
         except Exception as exc:
             self._warn_once(f"c:{policy.name}", f"policy {policy.name!r}: canary: {exc}")
             return float("inf")
-        sample = statistics.median(samples)
         state = self._policies[policy.name]
         idle = not state.ends or now - state.ends[-1] > IDLE_AFTER_SECONDS
-        if state.baseline is None or (idle and not state.controller.holding):
-            previous = state.baseline
-            state.baseline = sample if previous is None else 0.8 * previous + 0.2 * sample
-            state.ratios.clear()
+        if not state.idle or (idle and not state.controller.holding):
+            state.idle.extend(samples)
+            state.busy.clear()
             return 1.0
-        state.ratios.append(sample / max(state.baseline, CANARY_FLOOR_SECONDS))
-        return statistics.median(state.ratios)
+        state.busy.extend(samples)
+        baseline = quantile(state.idle, LATENCY_QUANTILE)
+        return quantile(state.busy, LATENCY_QUANTILE) / max(baseline, CANARY_FLOOR_SECONDS)
 
     def _feed(self, policy: Policy, readings: dict[str, float], now: float) -> None:
         state = self._policies[policy.name]
@@ -299,8 +305,12 @@ class Health:
             log.error("could not pause policy %s: %s", name, exc)
 
     def _running_rate(self, state: _Policy, now: float) -> float | None:
+        """Windows a second over the last RATE_WINDOW_SECONDS, or since the
+        first of them when the policy began running within that time."""
         recent = [t for t in state.ends if t > now - RATE_WINDOW_SECONDS]
-        return len(recent) / RATE_WINDOW_SECONDS if recent else None
+        if not recent:
+            return None
+        return len(recent) / max(now - recent[0], self.interval)
 
     def _warn_once(self, topic: str, message: str) -> None:
         if topic not in self._warned:
@@ -382,3 +392,10 @@ def merge_throttles(workers: list[WorkerSeen]) -> dict[str, dict[str, Any]]:
                 held = mine["throttled_seconds"]
                 held[reason] = held.get(reason, 0.0) + seconds
     return out
+
+
+def quantile(values: Iterable[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (nearest rank): of 50 runs, p90 is the
+    45th fastest."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]

@@ -44,11 +44,22 @@ def applied(db: Db, run_id: str) -> int:
     return len(db.ledger(run_id))
 
 
+def when_held(caplog: pytest.LogCaptureFixture) -> None:
+    """Wait for the throttle's "policy held" line, then for the windows in
+    flight at that moment to end."""
+    wait_for(
+        lambda: any(r.getMessage().startswith("policy held") for r in caplog.records),
+        timeout=10,
+    )
+    time.sleep(0.3)
+
+
 def held_for(db: Db, run_id: str, seconds: float) -> None:
-    """Nothing of the run is applied during ``seconds``."""
+    """Nothing of the run is applied during ``seconds``, and it is not done."""
     before = applied(db, run_id)
     time.sleep(seconds)
     assert applied(db, run_id) == before, "a window ran while the policy was held"
+    assert db.run_state(run_id) != "finished", "the run finished: nothing was held"
 
 
 def seeded(db: Db, rows: int = 3000) -> None:
@@ -104,10 +115,11 @@ def test_an_operators_pause_stops_the_schedule_and_the_open_run_goes_on(db: Db, 
 
 
 def test_a_slow_canary_holds_and_the_held_time_shows_in_status_and_metrics(
-    pg_db: Db, apps: Apps
+    pg_db: Db, apps: Apps, caplog: pytest.LogCaptureFixture
 ) -> None:
     db = pg_db
-    seeded(db, 20_000)
+    caplog.set_level(logging.INFO, logger="expiry.health")
+    seeded(db, 100_000)
     db.execute("create table canary_delay (seconds float8)")
     db.execute("insert into canary_delay values (0)")
     canary = "select pg_sleep((select seconds from canary_delay))"
@@ -117,7 +129,7 @@ def test_a_slow_canary_holds_and_the_held_time_shows_in_status_and_metrics(
     with working(app):
         wait_for(lambda: applied(db, opened.run_id) >= 3, timeout=30)
         db.execute("update canary_delay set seconds = 0.02")  # 20 ms: far over 3x
-        time.sleep(0.5)
+        when_held(caplog)
         held_for(db, opened.run_id, 1.0)
         time.sleep(5.5)  # the roll call tells the throttles every 5 s
         [policy] = status.policies(app)
@@ -138,6 +150,34 @@ def test_a_slow_canary_holds_and_the_held_time_shows_in_status_and_metrics(
         assert samples[("expiry_throttle_holding", (("policy", POLICY),))] == 1.0
         db.execute("update canary_delay set seconds = 0")
         wait_for(lambda: db.run_state(opened.run_id) == "finished", timeout=60)
+
+
+def test_a_canary_slow_one_run_in_five_holds_the_policy(
+    pg_db: Db, apps: Apps, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The latency ratio follows the canary's tail (its p90 over the last
+    second against its idle p90), as the application's p99 does: one run in
+    five at 20 ms holds the policy though the canary's median stays fast."""
+    db = pg_db
+    caplog.set_level(logging.INFO, logger="expiry.health")
+    seeded(db, 100_000)
+    db.execute("create table canary_tail (on_ boolean)")
+    db.execute("insert into canary_tail values (false)")
+    db.execute("create sequence canary_runs")
+    canary = (
+        "select pg_sleep(case when (select on_ from canary_tail)"
+        " and nextval('canary_runs') % 5 = 0 then 0.02 else 0 end)"
+    )
+    app = apps(db.url, {**FAST, "canary": canary, "max_latency_ratio": 3})
+    assert app.cleanup is not None
+    opened = app.cleanup.open_run(POLICY)
+    with working(app):
+        wait_for(lambda: applied(db, opened.run_id) >= 3, timeout=30)
+        db.execute("update canary_tail set on_ = true")
+        when_held(caplog)
+        held_for(db, opened.run_id, 1.0)
+        db.execute("update canary_tail set on_ = false")
+        wait_for(lambda: db.run_state(opened.run_id) == "finished", timeout=120)
 
 
 def test_a_critical_reading_stops_the_policy_until_an_operator_resumes_it(
