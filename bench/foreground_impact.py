@@ -36,10 +36,14 @@ operation's latency is recorded with its wall-clock start. Scenarios:
   expires_at < now()`` in its own transaction, then a rest of nice_ratio times
   that transaction (the policy's window and nice_ratio, so that it paces as
   expiry's defaults do), one connection;
+* hand-loop-50x: the same loop resting 50 times each transaction: how slow a
+  hand-written loop must go to keep the foreground's p99 near its baseline;
 * budget: expiry with ``max_latency_ratio = 1.25`` and a canary on the table
-  (a point read of a live row), nice_ratio 0 and health_interval 100 ms: the
-  throttle alone paces it from the canary's latency against its idle
-  baseline; "held s" is the time it held the policy (from the worker's log).
+  that writes as the foreground does (an update of a live row, committed),
+  nice_ratio 0 and health_interval 100 ms: the throttle alone paces it from
+  the canary's p99 (``latency_quantile`` 0.99, the default) against its idle
+  p99; "held s" is the time it held the policy (from the worker's log);
+* budget-p90: the same with ``latency_quantile = 0.9``.
 
 For the cleanup scenarios the foreground's latencies are those of operations
 that started while the cleanup ran: from the run's ``opened_at`` to its
@@ -248,6 +252,21 @@ class Foreground:
     def window(self, began: float, ended: float) -> list[float]:
         return [s for t, s in self.samples if began <= t <= ended]
 
+    def timeline(self, name: str, began: float, ended: float, step: float = 0.5) -> None:
+        """The foreground's p99 and worst latency in each ``step`` of the cleanup
+        (``--timeline``): where in a run the tail comes from."""
+        buckets: dict[int, list[float]] = {}
+        for t, s in self.samples:
+            if began <= t <= ended:
+                buckets.setdefault(int((t - began) / step), []).append(s)
+        for n in sorted(buckets):
+            lat = buckets[n]
+            print(
+                f"  {name} +{n * step:5.1f}s ops {len(lat):5d} p99 {percentile(lat, 0.99) * 1000:7.2f}"
+                f" ms  max {max(lat) * 1000:7.2f} ms",
+                flush=True,
+            )
+
 
 # -- scenarios -------------------------------------------------------------------------
 
@@ -344,7 +363,9 @@ def run_naive(url: str, args: argparse.Namespace) -> Result:
     )
 
 
-def run_hand_loop(url: str, args: argparse.Namespace, policy: dict[str, Any]) -> Result:
+def run_hand_loop(
+    url: str, args: argparse.Namespace, policy: dict[str, Any], name: str = "hand-loop"
+) -> Result:
     """The loop a team writes by hand: key windows, a rest in proportion to each."""
     doomed, total = expected_gone(url)
     window = int(policy.get("window", 10_000))
@@ -368,9 +389,11 @@ def run_hand_loop(url: str, args: argparse.Namespace, policy: dict[str, Any]) ->
     ended = time.time()
     time.sleep(args.lead)
     fg.finish()
-    verify(url, "hand-loop", doomed, total)
+    if args.timeline:
+        fg.timeline(name, began, ended)
+    verify(url, name, doomed, total)
     return summarize(
-        "hand-loop",
+        name,
         fg.window(began, ended),
         ended - began,
         rows=deleted,
@@ -449,6 +472,8 @@ def run_expiry(
         worker.send_signal(signal.SIGTERM)
         worker.wait(60)
     began, ended = float(row[1]), float(row[2])
+    if args.timeline:
+        fg.timeline(name, began, ended)
     with psycopg.connect(url) as conn:
         applied = conn.execute("select coalesce(sum(rows_affected), 0) from expiry.ledger")
         deleted = int(applied.fetchone()[0])  # type: ignore[index]
@@ -457,6 +482,11 @@ def run_expiry(
         name, fg.window(began, ended), ended - began, rows=deleted, cleanup_seconds=ended - began
     )
     result.throttled = held_seconds(log.read_text())
+    if args.logs:
+        Path(args.logs).mkdir(parents=True, exist_ok=True)
+        (Path(args.logs) / f"{name}-{os.getpid()}-{time.time():.0f}.log").write_text(
+            log.read_text()
+        )
     return result
 
 
@@ -491,10 +521,14 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=20.0, help="baseline seconds")
     parser.add_argument("--lead", type=float, default=1.0, help="foreground before/after cleanup")
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--logs", help="keep each expiry worker's log in this folder")
+    parser.add_argument(
+        "--timeline", action="store_true", help="the foreground's p99 each 0.5 s of a cleanup"
+    )
     parser.add_argument("--quick", action="store_true", help="100,000 rows, 5 s baseline")
     parser.add_argument(
         "--scenarios",
-        default="baseline,defaults,budget,hand-loop,unthrottled,naive",
+        default="baseline,defaults,budget,budget-p90,hand-loop,hand-loop-50x,unthrottled,naive",
         help="comma-separated, run in this order each round",
     )
     parser.add_argument(
@@ -545,16 +579,21 @@ def main() -> int:
                             )
                         elif name == "hand-loop":
                             result = run_hand_loop(url, args, overrides)
-                        elif name == "budget":
+                        elif name == "hand-loop-50x":
+                            slow = {**overrides, "nice_ratio": 50}
+                            result = run_hand_loop(url, args, slow, name=name)
+                        elif name in ("budget", "budget-p90"):
                             policy = {
                                 **overrides,
                                 "nice_ratio": 0,
                                 "max_latency_ratio": 1.25,
-                                "canary": f"select * from sessions where id = {live_id(url)}",
+                                "canary": f"update sessions set hits = hits where id = {live_id(url)}",
                                 "health_interval": "100ms",
                                 **{k: v for k, v in overrides.items() if k == "health_interval"},
                             }
-                            result = run_expiry(url, args, "budget", policy, tmp, worker_settings)
+                            if name == "budget-p90":
+                                policy["latency_quantile"] = 0.9
+                            result = run_expiry(url, args, name, policy, tmp, worker_settings)
                         elif name == "unthrottled":
                             policy = {**overrides, "target_transaction": "1h", "nice_ratio": 0}
                             result = run_expiry(
@@ -641,6 +680,14 @@ def report(results: list[Result], overrides: dict[str, Any]) -> None:
             f" {'met' if ratio <= 1.3 else 'MISSED'}, cleaning at"
             f" {median('budget', 'rows_per_s'):,.0f} rows/s"
         )
+    for ours_name in ("budget", "budget-p90"):
+        if {ours_name, "hand-loop-50x"} <= set(names):
+            print(
+                f"side by side: {ours_name} p99 {median(ours_name, 'p99') * 1000:.2f} ms at"
+                f" {median(ours_name, 'rows_per_s'):,.0f} rows/s; hand-loop-50x p99"
+                f" {median('hand-loop-50x', 'p99') * 1000:.2f} ms at"
+                f" {median('hand-loop-50x', 'rows_per_s'):,.0f} rows/s"
+            )
     if {"defaults", "hand-loop"} <= set(names):
         ours, theirs = median("defaults", "p99"), median("hand-loop", "p99")
         speed = median("defaults", "rows_per_s") / median("hand-loop", "rows_per_s")

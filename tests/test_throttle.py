@@ -1,6 +1,6 @@
 """The throttle's controller on a fake clock with scripted readings: a breach
-holds and halves the rate, recovery adds back a share of it per healthy check
-up to the rate before the first breach, flapping settles lower, a critical
+holds and halves the rate, recovery adds back a share of it per healthy second
+up to the rate before the first breach (as fast at any check interval), flapping settles lower, a critical
 reading stops the policy until an operator resets it, and held time is
 counted by reason."""
 
@@ -42,6 +42,44 @@ def test_recovery_resumes_at_the_halved_rate_and_adds_back_up_to_the_old_one() -
     assert rates[0] == 5.5  # a twentieth of the unthrottled 10 windows/s per check
     assert rates == sorted(rates) and rates[-1] == 10.0  # never past it
     assert not c.holding
+
+
+def test_recovery_takes_as_long_at_a_short_health_interval() -> None:
+    """The increase is per healthy second: checks ten times as often recover
+    in the same time, not ten times faster."""
+    c = controller()
+    c.observe(0.0, {"replica_lag": 7.0}, running_rate=10.0)
+    c.observe(1.0, {"replica_lag": 1.0}, running_rate=0.0)  # open again, at 5
+    now = 1.0
+    while c.rate is not None and c.rate < 10.0:
+        now += 0.1
+        c.observe(now, {"replica_lag": 1.0}, running_rate=c.rate)
+    assert 10.5 <= now <= 11.5  # 5 windows/s back at half a window/s each second
+
+
+def test_slow_start_doubles_each_healthy_second_until_the_first_breach() -> None:
+    c = Controller(dict(LIMITS), start_rate=1.0)
+    rates = []
+    for second in range(5):
+        c.observe(float(second), {"latency_ratio": 1.0}, running_rate=c.rate)
+        rates.append(c.rate)
+    assert rates == [1.0, 2.0, 4.0, 8.0, 16.0]
+    # The database takes 6 windows a second: past that, halved from what ran.
+    change = c.observe(5.0, {"latency_ratio": 2.0}, running_rate=6.0)
+    assert change is not None and change.state == HELD
+    assert c.rate == 3.0 and c.ceiling == 6.0
+    c.observe(6.0, {"latency_ratio": 1.0}, running_rate=0.0)  # open, at 3
+    c.observe(7.0, {"latency_ratio": 1.0}, running_rate=3.0)
+    assert c.rate == 3.0 + 6.0 * 0.05  # additive from now on, no more doubling
+
+
+def test_slow_start_stops_doubling_once_the_limit_binds_no_more() -> None:
+    """A policy that runs at 3 windows a second however fast it may: the
+    limit stops at twice that, so that a breach halves what really ran."""
+    c = Controller(dict(LIMITS), start_rate=1.0)
+    for second in range(10):
+        c.observe(float(second), {"latency_ratio": 1.0}, running_rate=3.0)
+    assert c.rate == 8.0
 
 
 def test_flapping_settles_near_the_rate_the_database_takes() -> None:

@@ -130,6 +130,7 @@ HEALTH_FIELDS = (
     "canary",
     "max_latency_ratio",
     "critical_latency_ratio",
+    "latency_quantile",
     "max_dead_tuple_ratio",
     "vacuum_after",
     "health_interval",
@@ -157,9 +158,13 @@ class HealthSettings(Strict):
     """A cheap statement of the application's (select 1 from sessions where id = 1),
     timed each check against its own baseline taken while the policy is idle."""
     max_latency_ratio: float | None = Field(None, gt=1)
-    """Hold while the canary's p90 over the last 10 checks is more than this
-    many times its p90 while the policy was idle."""
+    """Hold while the canary's tail (its ``latency_quantile``) over the last 10
+    checks is more than this many times the same tail while the policy was idle."""
     critical_latency_ratio: float | None = Field(None, gt=1)
+    latency_quantile: float = Field(0.99, ge=0.5, lt=1)
+    """The tail of the canary's runs the ratio compares: 0.99 guards the
+    application's p99 (over 50 runs, the slowest: one slow run a second holds),
+    0.9 its p90 and lets the cleanup run faster."""
     max_dead_tuple_ratio: float | None = Field(None, gt=0, le=1)
     """Hold while the table's dead tuples exceed this share of its rows."""
     vacuum_after: bool = False

@@ -50,7 +50,12 @@ IDLE_AFTER_SECONDS = 2.0
 """A policy none of whose windows ended for this long is idle: its canary
 samples then make its baseline."""
 CANARY_RUNS = 5
-"""Canary runs a check."""
+"""Canary runs a check, each a transaction of its own and timed with its
+commit: a canary that writes feels the WAL flush that a cleanup's deletes
+slow down for the application's writes."""
+SLOW_START_RATE = 1.0
+"""Windows a second a policy with a latency budget begins at (slow start:
+doubled each healthy second until the canary reads a breach)."""
 STOPPED_BY = "throttle"
 """Who a critical reading's pause is by: such a pause holds the policy's
 windows in every process until an operator resumes it."""
@@ -60,11 +65,6 @@ millisecond, which no user notices, never holds a policy."""
 LATENCY_CHECKS = 10
 """The latency ratio read is over the canary's runs of this many checks (10
 checks at a 100 ms interval: the last second, 50 runs)."""
-LATENCY_QUANTILE = 0.9
-"""The ratio is this quantile of the recent runs over the same quantile of
-the idle runs: it follows the tail the application sees (a point read that
-waits behind a window's commit), where a median stays flat while the
-foreground's p99 grows; one slow run in ten does not hold the policy alone."""
 BASELINE_RUNS = 200
 """Idle runs the baseline's quantile is taken over (the latest)."""
 
@@ -129,8 +129,12 @@ class Health:
             self._policies = {}
             for policy in config.policy:
                 limits, critical = limits_of(policy)
-                state = kept.get(policy.name) or _Policy(Controller(limits, critical))
+                start = SLOW_START_RATE if "latency_ratio" in limits else None
+                state = kept.get(policy.name) or _Policy(
+                    Controller(limits, critical, start_rate=start)
+                )
                 state.controller.limits, state.controller.critical = limits, critical
+                state.controller.start_rate = start
                 self._policies[policy.name] = state
 
     @property
@@ -245,15 +249,17 @@ class Health:
         return 1.0 if value else 0.0
 
     def _latency_ratio(self, policy: Policy, now: float) -> float:
-        """The canary's recent tail over its idle tail (see LATENCY_QUANTILE)."""
+        """The canary's recent tail over its idle tail (``latency_quantile``)."""
         assert policy.canary is not None
         samples = []
         try:
-            with self.engine.transaction() as conn:
-                for _ in range(CANARY_RUNS):
-                    began = time.perf_counter()
-                    conn.execute(policy.canary).fetchall()
-                    samples.append(time.perf_counter() - began)
+            for _ in range(CANARY_RUNS):  # each its own transaction, its commit timed
+                began = time.perf_counter()
+                with self.engine.transaction(statement=True) as conn:
+                    cursor = conn.execute(policy.canary)
+                    if cursor.description:
+                        cursor.fetchall()
+                samples.append(time.perf_counter() - began)
         except Exception as exc:
             self._warn_once(f"c:{policy.name}", f"policy {policy.name!r}: canary: {exc}")
             return float("inf")
@@ -264,8 +270,9 @@ class Health:
             state.busy.clear()
             return 1.0
         state.busy.extend(samples)
-        baseline = quantile(state.idle, LATENCY_QUANTILE)
-        return quantile(state.busy, LATENCY_QUANTILE) / max(baseline, CANARY_FLOOR_SECONDS)
+        q = policy.latency_quantile  # the tail the application sees, where a median stays flat
+        baseline = quantile(state.idle, q)
+        return quantile(state.busy, q) / max(baseline, CANARY_FLOOR_SECONDS)
 
     def _feed(self, policy: Policy, readings: dict[str, float], now: float) -> None:
         state = self._policies[policy.name]

@@ -6,11 +6,17 @@ rate of windows, per policy. Pure: it is told the time and the readings.
 
 A breach holds new windows (in-flight ones finish) and halves the rate the
 policy may start windows at (multiplicative decrease, from the rate it was
-running at); each healthy check afterwards adds a twentieth of the rate it
-ran at before its first breach (additive increase), up to that rate: the rate
-settles near the highest the database takes. A critical reading stops the
+running at); each healthy second afterwards adds a twentieth of the rate it
+ran at before its first breach (additive increase, in proportion to the time
+between checks, so that a short health_interval does not recover faster), up
+to that rate: the rate settles near the highest the database takes. A critical reading stops the
 policy until an operator resumes it (``reset``). Held and critical time is
 counted by reason.
+
+With a ``start_rate`` (slow start, as TCP's), a policy begins at that rate
+and doubles it each healthy second until its first breach, so that the
+first seconds of a run do not cost the application what the budget is set
+to prevent.
 """
 
 from __future__ import annotations
@@ -23,13 +29,16 @@ OPEN, HELD, CRITICAL = "open", "held", "critical"
 DECREASE = 0.5
 """The rate a breach leaves, as a share of the rate before it."""
 INCREASE_SHARE = 0.05
-"""Each healthy check adds this share of the unthrottled rate."""
+"""Each healthy second adds this share of the unthrottled rate."""
 MIN_RATE = 0.2
 """Windows a second the rate never goes below once held: recovery is
 measured by running, not by waiting."""
 STEP = 0.5
-"""The additive increase (windows a second) while the unthrottled rate is
-unknown (a breach before the policy's first windows)."""
+"""The additive increase (windows a second, each healthy second) while the
+unthrottled rate is unknown (a breach before the policy's first windows)."""
+LONGEST_STEP = 1.0
+"""Seconds of increase one check adds at most (a check after a long gap is
+one step, not many)."""
 
 
 @dataclass(frozen=True)
@@ -58,7 +67,11 @@ class Controller:
     """The rate it ran at before its first breach."""
     throttled: dict[str, float] = field(default_factory=dict)
     """Seconds held or stopped, by reason."""
+    start_rate: float | None = None
+    """Slow start: the rate a policy begins at, doubled each healthy second
+    until its first breach (None: it begins unlimited)."""
     _since: float | None = None
+    _checked: float | None = None
 
     def observe(
         self, now: float, readings: dict[str, float], running_rate: float | None
@@ -66,6 +79,9 @@ class Controller:
         """Take one check's readings (``running_rate``: windows a second the
         policy has been starting lately, None when unknown); the change of
         state, if any."""
+        elapsed = LONGEST_STEP if self._checked is None else now - self._checked
+        step = min(LONGEST_STEP, max(0.0, elapsed))
+        self._checked = now
         self._count(now)
         if self.state == CRITICAL:
             return None
@@ -75,7 +91,8 @@ class Controller:
         breached = self._past(readings, self.limits)
         if breached is not None:
             if self.state == OPEN:  # a new breach: multiplicative decrease
-                before = self.rate or running_rate or self.ceiling
+                running = [r for r in (self.rate, running_rate) if r]
+                before = min(running) if running else self.ceiling
                 if self.ceiling is None:
                     self.ceiling = running_rate or before
                 self.rate = max(MIN_RATE, (before or MIN_RATE / DECREASE) * DECREASE)
@@ -85,12 +102,21 @@ class Controller:
             return None
         if self.state == HELD:
             return self._move(OPEN, None, f"healthy again; resuming at {self.rate:.2f} windows/s")
-        if self.rate is not None:  # additive increase, up to the unthrottled rate
-            if self.ceiling is None:
-                self.rate += STEP
-            else:
-                self.rate = min(self.ceiling, self.rate + self.ceiling * INCREASE_SHARE)
+        self._increase(step, running_rate)
         return None
+
+    def _increase(self, step: float, running_rate: float | None) -> None:
+        """A healthy check ``step`` seconds after the last, while open."""
+        if self.ceiling is None and self.start_rate is not None:  # slow start
+            if self.rate is None:
+                self.rate = self.start_rate
+            elif running_rate is None or self.rate < 2 * running_rate:
+                self.rate *= 2**step  # past twice the rate it runs at, it binds no more
+        elif self.rate is not None:  # additive increase, up to the unthrottled rate
+            if self.ceiling is None:
+                self.rate += STEP * step
+            else:
+                self.rate = min(self.ceiling, self.rate + self.ceiling * INCREASE_SHARE * step)
 
     def reset(self, now: float) -> Change | None:
         """An operator resumed the policy: a critical stop ends, the rate stays."""

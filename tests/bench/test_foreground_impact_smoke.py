@@ -25,7 +25,16 @@ def test_foreground_impact_small_run_prints_every_scenario() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    for name in ("baseline", "defaults", "budget", "hand-loop", "unthrottled", "naive DELETE"):
+    for name in (
+        "baseline",
+        "defaults",
+        "budget",
+        "budget-p90",
+        "hand-loop",
+        "hand-loop-50x",
+        "unthrottled",
+        "naive DELETE",
+    ):
         assert f"round 1 {name}" in done.stdout, done.stdout
     assert "target (reported, not asserted)" in done.stdout
     assert (

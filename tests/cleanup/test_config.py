@@ -167,6 +167,16 @@ BAD_POLICIES = [
         {"max_attempts": 0},
         ["policy 'expired-sessions'", "'max_attempts'", "greater than or equal to 1"],
     ),
+    (
+        "latency budget without a canary",
+        {"max_latency_ratio": 1.25},
+        ["policy 'expired-sessions'", "max_latency_ratio needs canary", "a cheap statement"],
+    ),
+    (
+        "latency quantile of 1",
+        {"canary": "select 1", "max_latency_ratio": 1.25, "latency_quantile": 1},
+        ["policy 'expired-sessions'", "'latency_quantile'", "less than 1"],
+    ),
 ]
 
 

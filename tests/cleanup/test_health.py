@@ -123,7 +123,7 @@ def test_a_slow_canary_holds_and_the_held_time_shows_in_status_and_metrics(
     db.execute("create table canary_delay (seconds float8)")
     db.execute("insert into canary_delay values (0)")
     canary = "select pg_sleep((select seconds from canary_delay))"
-    app = apps(db.url, {**FAST, "canary": canary, "max_latency_ratio": 3})
+    app = apps(db.url, {**FAST, "window": 2000, "canary": canary, "max_latency_ratio": 3})
     assert app.cleanup is not None
     opened = app.cleanup.open_run(POLICY)
     with working(app):
@@ -168,7 +168,7 @@ def test_a_canary_slow_one_run_in_five_holds_the_policy(
         "select pg_sleep(case when (select on_ from canary_tail)"
         " and nextval('canary_runs') % 5 = 0 then 0.02 else 0 end)"
     )
-    app = apps(db.url, {**FAST, "canary": canary, "max_latency_ratio": 3})
+    app = apps(db.url, {**FAST, "window": 2000, "canary": canary, "max_latency_ratio": 3})
     assert app.cleanup is not None
     opened = app.cleanup.open_run(POLICY)
     with working(app):
