@@ -41,9 +41,10 @@ operation's latency is recorded with its wall-clock start. Scenarios:
 * budget: expiry with ``max_latency_ratio = 1.25`` and a canary on the table
   that writes as the foreground does (an update of a live row, committed),
   nice_ratio 0 and health_interval 100 ms: the throttle alone paces it from
-  the canary's p99 (``latency_quantile`` 0.99, the default) against its idle
-  p99; "held s" is the time it held the policy (from the worker's log);
-* budget-p90: the same with ``latency_quantile = 0.9``.
+  the canary's p90 (``latency_quantile`` 0.9, the default) against its idle
+  p90; "held s" is the time it held the policy (from the worker's log);
+* budget-p99 (not in the default list: it can crawl for minutes): the same
+  with ``latency_quantile = 0.99``.
 
 For the cleanup scenarios the foreground's latencies are those of operations
 that started while the cleanup ran: from the run's ``opened_at`` to its
@@ -528,7 +529,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="100,000 rows, 5 s baseline")
     parser.add_argument(
         "--scenarios",
-        default="baseline,defaults,budget,budget-p90,hand-loop,hand-loop-50x,unthrottled,naive",
+        default="baseline,defaults,budget,hand-loop,hand-loop-50x,unthrottled,naive",
         help="comma-separated, run in this order each round",
     )
     parser.add_argument(
@@ -582,7 +583,7 @@ def main() -> int:
                         elif name == "hand-loop-50x":
                             slow = {**overrides, "nice_ratio": 50}
                             result = run_hand_loop(url, args, slow, name=name)
-                        elif name in ("budget", "budget-p90"):
+                        elif name in ("budget", "budget-p99"):
                             policy = {
                                 **overrides,
                                 "nice_ratio": 0,
@@ -591,8 +592,8 @@ def main() -> int:
                                 "health_interval": "100ms",
                                 **{k: v for k, v in overrides.items() if k == "health_interval"},
                             }
-                            if name == "budget-p90":
-                                policy["latency_quantile"] = 0.9
+                            if name == "budget-p99":
+                                policy["latency_quantile"] = 0.99
                             result = run_expiry(url, args, name, policy, tmp, worker_settings)
                         elif name == "unthrottled":
                             policy = {**overrides, "target_transaction": "1h", "nice_ratio": 0}
@@ -680,7 +681,7 @@ def report(results: list[Result], overrides: dict[str, Any]) -> None:
             f" {'met' if ratio <= 1.3 else 'MISSED'}, cleaning at"
             f" {median('budget', 'rows_per_s'):,.0f} rows/s"
         )
-    for ours_name in ("budget", "budget-p90"):
+    for ours_name in ("budget", "budget-p99"):
         if {ours_name, "hand-loop-50x"} <= set(names):
             print(
                 f"side by side: {ours_name} p99 {median(ours_name, 'p99') * 1000:.2f} ms at"

@@ -1,6 +1,6 @@
 """The throttle's controller on a fake clock with scripted readings: a breach
 holds and halves the rate, recovery adds back a share of it per healthy second
-up to the rate before the first breach (as fast at any check interval), flapping settles lower, a critical
+until the limit binds no more (as fast at any check interval), flapping settles lower, a critical
 reading stops the policy until an operator resets it, and held time is
 counted by reason."""
 
@@ -36,11 +36,14 @@ def test_recovery_resumes_at_the_halved_rate_and_adds_back_up_to_the_old_one() -
     change = c.observe(1.0, {"replica_lag": 1.0}, running_rate=0.0)
     assert change is not None and change.state == OPEN and c.rate == 5.0
     rates = []
-    for second in range(2, 30):
-        assert c.observe(float(second), {"replica_lag": 1.0}, running_rate=c.rate) is None
+    for second in range(2, 60):
+        # the policy runs at its limit, and at 10 windows a second at most
+        running = min(c.rate or 10.0, 10.0)
+        assert c.observe(float(second), {"replica_lag": 1.0}, running_rate=running) is None
         rates.append(c.rate)
-    assert rates[0] == 5.5  # a twentieth of the unthrottled 10 windows/s per check
-    assert rates == sorted(rates) and rates[-1] == 10.0  # never past it
+    assert rates[0] == 5.5  # a twentieth of the 10 windows/s before the breach, a second
+    assert rates == sorted(rates)
+    assert 20.0 <= rates[-1] <= 21.0  # it stops once twice what runs: it binds no more
     assert not c.holding
 
 
@@ -71,6 +74,19 @@ def test_slow_start_doubles_each_healthy_second_until_the_first_breach() -> None
     c.observe(6.0, {"latency_ratio": 1.0}, running_rate=0.0)  # open, at 3
     c.observe(7.0, {"latency_ratio": 1.0}, running_rate=3.0)
     assert c.rate == 3.0 + 6.0 * 0.05  # additive from now on, no more doubling
+
+
+def test_an_early_breach_in_slow_start_does_not_cap_the_rate() -> None:
+    """A breach at 2 windows a second (the run's planning, say) halves the
+    rate; healthy seconds then add to it past 2, as far as the database takes."""
+    c = Controller(dict(LIMITS), start_rate=1.0)
+    c.observe(0.0, {"latency_ratio": 1.0}, running_rate=None)
+    c.observe(1.0, {"latency_ratio": 1.0}, running_rate=1.0)
+    c.observe(2.0, {"latency_ratio": 9.0}, running_rate=2.0)
+    assert c.rate == 1.0 and c.ceiling == 2.0
+    for second in range(3, 60):
+        c.observe(float(second), {"latency_ratio": 1.0}, running_rate=c.rate)
+    assert c.rate is not None and c.rate > 4.0
 
 
 def test_slow_start_stops_doubling_once_the_limit_binds_no_more() -> None:

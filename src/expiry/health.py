@@ -65,6 +65,8 @@ millisecond, which no user notices, never holds a policy."""
 LATENCY_CHECKS = 10
 """The latency ratio read is over the canary's runs of this many checks (10
 checks at a 100 ms interval: the last second, 50 runs)."""
+BASELINE_QUANTILE = 0.9
+"""The idle runs' quantile the baseline is at most."""
 BASELINE_RUNS = 200
 """Idle runs the baseline's quantile is taken over (the latest)."""
 
@@ -95,6 +97,9 @@ class _Policy:
     ends: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
     last_start: float = -1e18
     """When its latest window started (monotonic)."""
+    warm: bool = False
+    """The canary ran once: a new connection's first runs (a cold plan and
+    cache) never make the baseline."""
     idle: deque[float] = field(default_factory=lambda: deque(maxlen=BASELINE_RUNS))
     """The canary's latest runs while the policy was idle."""
     busy: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_CHECKS * CANARY_RUNS))
@@ -264,14 +269,20 @@ class Health:
             self._warn_once(f"c:{policy.name}", f"policy {policy.name!r}: canary: {exc}")
             return float("inf")
         state = self._policies[policy.name]
+        if not state.warm:
+            state.warm = True
+            return 1.0
         idle = not state.ends or now - state.ends[-1] > IDLE_AFTER_SECONDS
         if not state.idle or (idle and not state.controller.holding):
             state.idle.extend(samples)
             state.busy.clear()
             return 1.0
         state.busy.extend(samples)
-        q = policy.latency_quantile  # the tail the application sees, where a median stays flat
-        baseline = quantile(state.idle, q)
+        # The tail the application sees, where a median stays flat, against the
+        # idle runs' p90 at most: a few slow idle runs (a worker's start, a
+        # checkpoint) would make an idle p99 that no cleanup ever breaches.
+        q = policy.latency_quantile
+        baseline = quantile(state.idle, min(q, BASELINE_QUANTILE))
         return quantile(state.busy, q) / max(baseline, CANARY_FLOOR_SECONDS)
 
     def _feed(self, policy: Policy, readings: dict[str, float], now: float) -> None:

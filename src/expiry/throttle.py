@@ -7,9 +7,11 @@ rate of windows, per policy. Pure: it is told the time and the readings.
 A breach holds new windows (in-flight ones finish) and halves the rate the
 policy may start windows at (multiplicative decrease, from the rate it was
 running at); each healthy second afterwards adds a twentieth of the rate it
-ran at before its first breach (additive increase, in proportion to the time
-between checks, so that a short health_interval does not recover faster), up
-to that rate: the rate settles near the highest the database takes. A critical reading stops the
+ran at before its first breach, or of the rate now if higher (additive
+increase, in proportion to the time between checks, so that a short
+health_interval does not recover faster), until the next breach or until the
+limit is twice what the policy runs at (it binds no more): the rate settles
+near the highest the database takes. A critical reading stops the
 policy until an operator resumes it (``reset``). Held and critical time is
 counted by reason.
 
@@ -29,7 +31,8 @@ OPEN, HELD, CRITICAL = "open", "held", "critical"
 DECREASE = 0.5
 """The rate a breach leaves, as a share of the rate before it."""
 INCREASE_SHARE = 0.05
-"""Each healthy second adds this share of the unthrottled rate."""
+"""Each healthy second adds this share of the rate before the first breach
+(or of the rate now, if higher)."""
 MIN_RATE = 0.2
 """Windows a second the rate never goes below once held: recovery is
 measured by running, not by waiting."""
@@ -64,7 +67,7 @@ class Controller:
     rate: float | None = None
     """Windows a second the policy may start; None: no limit."""
     ceiling: float | None = None
-    """The rate it ran at before its first breach."""
+    """The rate it ran at before its first breach: the additive increase's unit."""
     throttled: dict[str, float] = field(default_factory=dict)
     """Seconds held or stopped, by reason."""
     start_rate: float | None = None
@@ -107,16 +110,18 @@ class Controller:
 
     def _increase(self, step: float, running_rate: float | None) -> None:
         """A healthy check ``step`` seconds after the last, while open."""
+        if self.rate is None:
+            if self.ceiling is None and self.start_rate is not None:
+                self.rate = self.start_rate  # slow start begins
+            return
+        if running_rate is not None and self.rate >= 2 * running_rate:
+            return  # past twice the rate the policy runs at, the limit binds no more
         if self.ceiling is None and self.start_rate is not None:  # slow start
-            if self.rate is None:
-                self.rate = self.start_rate
-            elif running_rate is None or self.rate < 2 * running_rate:
-                self.rate *= 2**step  # past twice the rate it runs at, it binds no more
-        elif self.rate is not None:  # additive increase, up to the unthrottled rate
-            if self.ceiling is None:
-                self.rate += STEP * step
-            else:
-                self.rate = min(self.ceiling, self.rate + self.ceiling * INCREASE_SHARE * step)
+            self.rate *= 2**step
+        elif self.ceiling is None:
+            self.rate += STEP * step
+        else:  # additive increase
+            self.rate += max(self.ceiling, self.rate) * INCREASE_SHARE * step
 
     def reset(self, now: float) -> Change | None:
         """An operator resumed the policy: a critical stop ends, the rate stays."""

@@ -29,7 +29,6 @@ def test_foreground_impact_small_run_prints_every_scenario() -> None:
         "baseline",
         "defaults",
         "budget",
-        "budget-p90",
         "hand-loop",
         "hand-loop-50x",
         "unthrottled",
