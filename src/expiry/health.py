@@ -134,12 +134,10 @@ class Health:
             self._policies = {}
             for policy in config.policy:
                 limits, critical = limits_of(policy)
-                start = SLOW_START_RATE if "latency_ratio" in limits else None
-                state = kept.get(policy.name) or _Policy(
-                    Controller(limits, critical, start_rate=start)
-                )
-                state.controller.limits, state.controller.critical = limits, critical
-                state.controller.start_rate = start
+                state = kept.get(policy.name) or _Policy(Controller(limits, critical))
+                c = state.controller
+                c.limits, c.critical = limits, critical
+                c.start_rate = SLOW_START_RATE if "latency_ratio" in limits else None
                 self._policies[policy.name] = state
 
     @property

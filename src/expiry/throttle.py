@@ -74,7 +74,7 @@ class Controller:
     """Slow start: the rate a policy begins at, doubled each healthy second
     until its first breach (None: it begins unlimited)."""
     _since: float | None = None
-    _checked: float | None = None
+    """The last check (or reset): held time counts from it, and the increase."""
 
     def observe(
         self, now: float, readings: dict[str, float], running_rate: float | None
@@ -82,9 +82,8 @@ class Controller:
         """Take one check's readings (``running_rate``: windows a second the
         policy has been starting lately, None when unknown); the change of
         state, if any."""
-        elapsed = LONGEST_STEP if self._checked is None else now - self._checked
+        elapsed = LONGEST_STEP if self._since is None else now - self._since
         step = min(LONGEST_STEP, max(0.0, elapsed))
-        self._checked = now
         self._count(now)
         if self.state == CRITICAL:
             return None
