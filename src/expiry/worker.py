@@ -216,11 +216,23 @@ class Worker:
     def _job_loop(self, mine: tuple[str, ...]) -> None:
         failures = 0
         per_job: float | None = None  # seconds a job, a moving average of this loop's
+        # Queues this loop's last empty claim found empty: (when, the engine's hint
+        # count then). Until a hint arrives or a poll has passed, they are not
+        # claimed again, so a resting policy's next window does not cost an empty
+        # claim of every other queue each time (the idle loop's latency is kept:
+        # a hint, or at most one poll).
+        empty: dict[str, tuple[float, int]] = {}
         while not self.stopping.is_set():
             queues, limits, opens_in = self._gates(mine)
             if not queues:  # every queue rests: wait for the first to open
                 self.stopping.wait(opens_in or self.poll)
                 continue
+            hints, now = self.engine.hints_seen(), time.monotonic()
+            quiet = self._quiet(empty, queues, hints, now)
+            if len(quiet) == len(queues):  # nothing new where this loop may claim
+                self.engine.wait_for_jobs(min([*quiet.values(), opens_in or self.poll]))
+                continue
+            queues = tuple(q for q in queues if q not in quiet)
             try:
                 jobs = self.queue.claim(
                     self._claim_size(per_job),
@@ -241,25 +253,50 @@ class Worker:
                 if self.until_idle and self._idle():
                     self.stopping.set()
                     break
+                if hints is not None:
+                    empty.update({q: (now, hints) for q in queues})
                 self.engine.wait_for_jobs(min(self.poll, opens_in or self.poll))
                 continue
-            with self._lock:
-                self._held.update({job.id: job for job in jobs})
+            for job in jobs:  # a queue that gave a job may give more
+                empty.pop(job.queue, None)
             started = time.monotonic()
-            ran: list[Job] = []
-            for group in self._groups(jobs):
-                if self.stopping.is_set():
-                    self._give_back(jobs[len(ran) :])
-                    break
-                if len(group) > 1:
-                    self._process_group(group)
-                else:
-                    self._process(group[0])
-                ran.extend(group)
-            self._after_batch(ran)
+            ran = self._run_batch(jobs)
             if ran:
                 sample = (time.monotonic() - started) / len(ran)
                 per_job = sample if per_job is None else 0.7 * per_job + 0.3 * sample
+
+    def _run_batch(self, jobs: list[Job]) -> list[Job]:
+        """Run a claimed batch, group by group; on shutdown, give back the rest.
+        The jobs that ran."""
+        with self._lock:
+            self._held.update({job.id: job for job in jobs})
+        ran: list[Job] = []
+        for group in self._groups(jobs):
+            if self.stopping.is_set():
+                self._give_back(jobs[len(ran) :])
+                break
+            if len(group) > 1:
+                self._process_group(group)
+            else:
+                self._process(group[0])
+            ran.extend(group)
+        self._after_batch(ran)
+        return ran
+
+    def _quiet(
+        self,
+        empty: dict[str, tuple[float, int]],
+        queues: tuple[str, ...],
+        hints: int | None,
+        now: float,
+    ) -> dict[str, float]:
+        """The queues of ``queues`` that a claim found empty less than a poll ago,
+        with no hint since: each with the seconds until its poll is due."""
+        return {
+            q: when + self.poll - now
+            for q, (when, seen) in empty.items()
+            if q in queues and seen == hints and when + self.poll > now
+        }
 
     def _groups(self, jobs: list[Job]) -> list[list[Job]]:
         """The claimed jobs in claim order, neighbours whose handlers allow group

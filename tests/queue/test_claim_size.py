@@ -4,12 +4,15 @@ a few to a claim (the others stay free for idle workers), fast ones a full batch
 from __future__ import annotations
 
 import random
+import threading
 import time
 from typing import Any
 
 from expiry.app import App
-from expiry.queue import new_job
-from expiry.types import Job
+from expiry.engines import open_engine
+from expiry.queue import Queue, new_job
+from expiry.types import Gates, Job
+from expiry.worker import Hooks, Worker
 
 
 def record_claims(app: App) -> list[int]:
@@ -77,3 +80,59 @@ def test_a_fixed_batch_worker_claims_whole_batches_to_the_end(app: App) -> None:
     assert worker.run() == 0
 
     assert sizes == [16, 16, 8]
+
+
+def test_a_resting_queue_does_not_cost_an_empty_claim_of_the_others_each_job(
+    app: App, db_url: str
+) -> None:
+    """Queue "a" rests 50 ms after each job (as a paced policy does), queue "b" is
+    empty. On PostgreSQL, once a claim found "b" empty, the loop does not claim it
+    again until a hint or a poll (5 s here), yet a job enqueued in "b" meanwhile by
+    another process (its hint) is claimed at once. SQLite has no hints and claims
+    as before."""
+    done: dict[str, float] = {}
+    resting: dict[str, float] = {}
+
+    @app.handler("job")
+    def job(j: Job, tx: Any) -> None:
+        done[j.key] = time.monotonic()
+        if j.queue == "a":
+            resting["a"] = time.monotonic() + 0.05
+
+    app.queue.enqueue_many(new_job("job", {}, None, f"a{i}", queue="a") for i in range(20))
+    claims: list[tuple[tuple[str, ...], int]] = []
+    claim = app.queue.claim
+
+    def counting(*args: Any, **kwargs: Any) -> list[Job]:
+        jobs = claim(*args, **kwargs)
+        claims.append((tuple(kwargs["queues"]), len(jobs)))
+        return jobs
+
+    app.queue.claim = counting  # type: ignore[method-assign]
+    hooks = Hooks(gates=lambda: Gates(resting=dict(resting), limits={"a": 1}))
+    worker = Worker(
+        app.engine, app.queue, app.handlers, hooks,
+        queues=("a", "b"), poll=5.0, rescue_every=60.0, rng=random.Random(0),
+    )
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while len(done) < 10 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        other = open_engine(db_url)
+        sent = time.monotonic()
+        Queue(other).enqueue("job", {}, None, "b0", queue="b")
+        other.close()
+        while len(done) < 21 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        worker.stop()
+        thread.join(10)
+    assert len(done) == 21, sorted(done)
+    empty_b = sum(1 for queues, n in claims if queues == ("b",) and n == 0)
+    if app.engine.hints_seen() is None:  # SQLite: polls, an empty claim each rest
+        assert empty_b >= 15, claims
+    else:
+        assert empty_b <= 3, claims
+        assert done["b0"] - sent < 1.0  # the hint, not the 5 s poll

@@ -598,3 +598,31 @@ def test_stats_by_state_oldest_due_running_and_dead(queue: Queue, engine: Engine
     assert queue.pending() == 5  # not final: 3 waiting, 1 running, 1 elsewhere
     assert queue.pending(due_only=True) == 4
     assert queue.pending("other") == 1
+
+
+# -- hints -------------------------------------------------------------------------
+
+
+def test_an_enqueue_elsewhere_wakes_the_wait_and_counts_one_hint(
+    engine: Engine, db_url: str
+) -> None:
+    """PostgreSQL: a job enqueued on another connection wakes ``wait_for_jobs`` at
+    once and moves ``hints_seen`` by one; a wait with nothing sent lasts its
+    timeout and moves nothing. SQLite receives no hints (None): it waits its poll."""
+    engine.listen()
+    before = engine.hints_seen()
+    other = open_engine(db_url)
+    Queue(other).enqueue("noop", {}, None, "hinted")
+    other.close()
+    started = time.monotonic()
+    engine.wait_for_jobs(5.0)
+    woke_after = time.monotonic() - started
+    if before is None:
+        assert engine.hints_seen() is None
+        return
+    assert woke_after < 1.0
+    assert engine.hints_seen() == before + 1
+    started = time.monotonic()
+    engine.wait_for_jobs(0.3)
+    assert time.monotonic() - started >= 0.25
+    assert engine.hints_seen() == before + 1

@@ -231,6 +231,13 @@ class Engine(abc.ABC):
         """Block up to ``timeout`` seconds, returning early on a hint of new work."""
         time.sleep(timeout)
 
+    def hints_seen(self) -> int | None:
+        """How many hints of new work ``wait_for_jobs`` has received so far, or
+        None for an engine that receives none (its workers poll). A worker loop
+        that found its queues empty claims them again before a poll has passed
+        only once this has moved."""
+        return None
+
     def wait_for_runs(self, timeout: float) -> None:
         """Block up to ``timeout`` seconds, returning early on a hint that a run
         finished (PostgreSQL's LISTEN; engines without hints sleep)."""

@@ -194,6 +194,7 @@ class PostgresEngine(PostgresTables):
         self._maintenance_lock = threading.Lock()
         self._listener_lock = threading.Lock()
         self._woken = threading.Condition()
+        self._hints = 0
         self._run_listener: psycopg.Connection[Any] | None = None
         self._run_listener_lock = threading.Lock()
 
@@ -424,7 +425,7 @@ class PostgresEngine(PostgresTables):
             return
         try:
             for _ in self._open_listener().notifies(timeout=timeout, stop_after=1):
-                pass
+                self._hints += 1
         except psycopg.Error as exc:
             log.warning("listen connection failed, polling instead: %s", exc)
             if self._listener is not None:
@@ -435,6 +436,9 @@ class PostgresEngine(PostgresTables):
             self._listener_lock.release()
             with self._woken:
                 self._woken.notify_all()
+
+    def hints_seen(self) -> int | None:
+        return self._hints
 
     def wait_for_runs(self, timeout: float) -> None:
         """LISTEN for runs finishing, on a connection of its own (a worker's job
