@@ -6,6 +6,8 @@
     .venv/bin/python bench/cleanup_throughput.py --quick          # smoke run (20,000 rows, window 1,000)
     .venv/bin/python bench/cleanup_throughput.py --rows 4000000 --repeat 3 --queue-only
                                                                   # and the queue alone, raw DELETEs as jobs
+    .venv/bin/python bench/cleanup_throughput.py --engines mysql --repeat 3
+                                                                  # MariaDB: raw loop, expiry, pt-archiver
 
 The table is ``sessions (id bigint primary key, user_id bigint, expires_at
 timestamptz indexed, payload text of 100 bytes)``, 80% of its rows expired and
@@ -48,6 +50,17 @@ Before each measurement the table is VACUUM ANALYZEd and a CHECKPOINT flushes
 the build's dirty pages. ``sessions`` has autovacuum off, so that a vacuum
 starting during one method and not the other does not decide the result.
 
+On MySQL/MariaDB (``--engines mysql``, the server at EXPIRY_BENCH_MYSQL_URL,
+default root on 127.0.0.1:3306; ``DATETIME(6)`` timestamps, InnoDB) a third
+method runs in the same rounds:
+
+* pt-archiver: Percona Toolkit's purge on the same table, as its users run it,
+  ``pt-archiver --purge --limit 10000 --commit-each --where 'expires_at <
+  cutoff'`` (one process: it has no parallel mode). It walks the primary key
+  in chunks of ``--limit`` rows and deletes them one statement per row,
+  committing each chunk; ``--bulk-delete`` (one DELETE a chunk) is measured as
+  pt-archiver-bulk.
+
 Both methods must leave exactly the rows that were not expired (count and two
 id checksums); a mismatch exits 1. SQLite (a file in a temporary directory,
 epoch REAL timestamps) gets one connection for both methods, since it has one
@@ -62,6 +75,7 @@ import multiprocessing as mp
 import os
 import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -77,6 +91,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pymysql
 
 from expiry import status
 from expiry.app import App
@@ -88,6 +103,7 @@ from scratch import scratch_database
 ADMIN_URL = os.environ.get(
     "EXPIRY_BENCH_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
+MYSQL_URL = os.environ.get("EXPIRY_BENCH_MYSQL_URL", "mysql://root@127.0.0.1:3306/")
 POLICY = "expired-sessions"
 QUEUE_ONLY_HANDLER = "bench.delete_window"
 QUEUE_ONLY_QUEUE = "bench"
@@ -149,6 +165,30 @@ select i, (i * 7919) % 100003,
        printf('%0100d', i * 2654435761)
 from s
 """
+
+# MySQL: the same rows from MariaDB's sequence engine (seq_1_to_N).
+MYSQL_CREATE = """
+create table sessions (
+    id         bigint primary key,
+    user_id    bigint not null,
+    expires_at datetime(6) not null,
+    payload    text not null
+) engine = InnoDB
+"""
+
+MYSQL_FILL = """
+insert into sessions (id, user_id, expires_at, payload)
+select seq, (seq * 7919) %% 100003,
+       case when (seq * 2654435761) %% 1000 < 800
+            then %(cutoff)s - interval (1 + seq %% 86400) second
+            else %(cutoff)s + interval (1 + seq %% 86400) second end,
+       concat(md5(seq), md5(seq + 1), md5(seq + 2), 'sess')
+from seq_1_to_{rows}
+"""
+MYSQL_FINGERPRINT = (
+    "select count(*), coalesce(sum(id), 0), coalesce(sum(cast(id as decimal(38)) * id), 0) "
+    "from sessions where {}"
+)
 
 INDEX = "create index sessions_expires_at on sessions (expires_at)"
 
@@ -276,6 +316,183 @@ def raw_postgres(
         for conn in conns:
             conn.close()
     return sum(r for r, _ in done), sum(w for _, w in done), seconds
+
+
+# -- MySQL / MariaDB ----------------------------------------------------------------
+
+
+def mysql_connect(url: str) -> Any:
+    from expiry.engines.mysql.engine import parse_url
+
+    return pymysql.connect(
+        **parse_url(url), autocommit=True, init_command="set session time_zone = '+00:00'"
+    )
+
+
+def mysql_fingerprint(conn: Any, where: str, params: Any = None) -> Fingerprint:
+    with conn.cursor() as cur:
+        cur.execute(MYSQL_FINGERPRINT.format(where), params)
+        row = cur.fetchone()
+    return int(row[0]), int(row[1]), int(row[2])
+
+
+def mysql_build(url: str, rows: int, cutoff: datetime) -> Built:
+    """(Re)build ``sessions``, empty expiry's tables, ANALYZE."""
+    naive = cutoff.replace(tzinfo=None)
+    conn = mysql_connect(url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("drop table if exists sessions")
+            cur.execute(MYSQL_CREATE)
+            cur.execute(MYSQL_FILL.format(rows=int(rows)), {"cutoff": naive})
+            cur.execute(INDEX)
+            for table in ("expiry_jobs", "expiry_ledger", "expiry_runs"):
+                cur.execute(f"truncate table {table}")
+            cur.execute("analyze table sessions")
+            cur.fetchall()
+            cur.execute("select count(*) from sessions where expires_at < %s", (naive,))
+            expired = int(cur.fetchone()[0])
+        return Built(
+            expired, mysql_fingerprint(conn, "expires_at >= %(cutoff)s", {"cutoff": naive})
+        )
+    finally:
+        conn.close()
+
+
+def mysql_survivors(url: str) -> Fingerprint:
+    conn = mysql_connect(url)
+    try:
+        return mysql_fingerprint(conn, "1")
+    finally:
+        conn.close()
+
+
+def raw_mysql(url: str, cutoff: datetime, window: int, connections: int) -> tuple[int, int, float]:
+    """The hand-written loop on N connections: (rows deleted, windows, seconds)."""
+    naive = cutoff.replace(tzinfo=None)
+    conns = [mysql_connect(url) for _ in range(connections)]
+    try:
+        lock = threading.Lock()
+        started = time.perf_counter()
+        with conns[0].cursor() as cur:
+            cur.execute(PG_BOUNDS, {"cutoff": naive})
+            lo, hi = cur.fetchone()
+        lows = iter(range(lo - 1, hi, window) if lo is not None else ())
+
+        def loop(conn: Any) -> tuple[int, int]:
+            rows = windows = 0
+            with conn.cursor() as cur:
+                while True:
+                    with lock:
+                        low = next(lows, None)
+                    if low is None:
+                        return rows, windows
+                    rows += cur.execute(PG_DELETE, {"lo": low, "hi": low + window, "cutoff": naive})
+                    windows += 1
+
+        with ThreadPoolExecutor(max_workers=connections) as pool:
+            done = [f.result() for f in [pool.submit(loop, c) for c in conns]]
+        seconds = time.perf_counter() - started
+    finally:
+        for conn in conns:
+            conn.close()
+    return sum(r for r, _ in done), sum(w for _, w in done), seconds
+
+
+def pt_archiver(url: str, cutoff: datetime, *, bulk: bool) -> tuple[int, int, float]:
+    """``pt-archiver --purge --limit 10000 --commit-each`` on the same table:
+    (rows deleted, chunks, seconds). Its statistics say how many rows it took."""
+    from expiry.engines.mysql.engine import parse_url
+
+    p = parse_url(url)
+    dsn = f"h={p['host']},P={p['port']},u={p['user']},D={p['database']},t=sessions"
+    if p["password"]:
+        dsn += f",p={p['password']}"
+    naive = cutoff.replace(tzinfo=None).isoformat(sep=" ")
+    command = [
+        "pt-archiver",
+        "--source",
+        dsn,
+        "--purge",
+        "--where",
+        f"expires_at < '{naive}'",
+        "--limit",
+        "10000",
+        "--commit-each",
+        "--no-check-charset",
+        "--statistics",
+        *(["--bulk-delete"] if bulk else []),
+    ]
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"pt-archiver failed: {done.stderr.strip()[:500]}")
+    stats = dict(
+        line.split(None, 1) for line in done.stdout.splitlines() if len(line.split(None, 1)) == 2
+    )
+    deleted = int(stats.get("DELETE", "0").split()[0])
+    return deleted, deleted // 10_000 + 1, seconds
+
+
+def mysql_run_state(url: str) -> Any:
+    conn = mysql_connect(url)
+
+    def state(run_id: str) -> str | None:
+        with conn.cursor() as cur:
+            cur.execute("select state from expiry_runs where id = %s", (run_id,))
+            row = cur.fetchone()
+        return None if row is None else str(row[0])
+
+    state.conn = conn  # type: ignore[attr-defined]
+    return state
+
+
+def bench_mysql(args: argparse.Namespace) -> list[Measured]:
+    out: list[Measured] = []
+    n, window, rows = args.connections, args.window, args.mysql_rows
+    name = f"expiry_bench_cleanup_{os.getpid()}"
+    admin = mysql_connect(MYSQL_URL.rstrip("/") + "/mysql")
+    with admin.cursor() as cur:
+        cur.execute(f"drop database if exists `{name}`")
+        cur.execute(f"create database `{name}`")
+    url = MYSQL_URL.rstrip("/") + "/" + name
+    try:
+        app = App(url)
+        app.migrate()
+        cutoff = app.engine.now().replace(microsecond=0)
+        app.close()
+        methods = ("raw", "expiry", "pt-archiver") + (("pt-archiver-bulk",) if args.bulk else ())
+        for round_ in range(1, args.repeat + 1):
+            for method in round_order(methods, round_):
+                progress(f"mysql: building {rows:,} rows for {method} (round {round_})")
+                built = mysql_build(url, rows, cutoff)
+                note = ""
+                if method == "raw":
+                    deleted, windows, seconds = raw_mysql(url, cutoff, window, n)
+                elif method.startswith("pt-archiver"):
+                    deleted, windows, seconds = pt_archiver(
+                        url, cutoff, bulk=method.endswith("bulk")
+                    )
+                    note = "one process (pt-archiver has no parallel mode)"
+                else:
+                    poll = mysql_run_state(url)
+                    try:
+                        deleted, windows, seconds, note = expiry_round(
+                            url, cutoff, window, n, args.claim_batch, poll
+                        )
+                    finally:
+                        poll.conn.close()
+                check("mysql", method, built, deleted, mysql_survivors(url))
+                out.append(
+                    Measured("mysql", method, round_, n, window, deleted, windows, seconds, note)
+                )
+                progress(f"mysql    {method:<16} {out[-1].rate:>12,.0f} rows/s  {seconds:.3f} s")
+    finally:
+        with admin.cursor() as cur:
+            cur.execute(f"drop database if exists `{name}`")
+        admin.close()
+    return out
 
 
 def pg_run_state(conn: psycopg.Connection[Any], run_id: str) -> str | None:
@@ -638,13 +855,23 @@ def print_table(results: list[Measured]) -> None:
 def print_targets(results: list[Measured]) -> None:
     print()
     print(f"target (reported, not asserted): expiry >= {TARGET_RATIO}x the raw loop's rows/s")
-    for engine in ("postgres", "sqlite"):
+    for engine in ("postgres", "sqlite", "mysql"):
         found = ratios(results, engine)
         if found:
             median = statistics.median(found)
             verdict = "ok" if median >= TARGET_RATIO else "MISS"
             each = ", ".join(f"{x:.2f}x" for x in found)
             print(f"  {engine:<9} {median:.2f}x (median of {each})  {verdict}")
+    for method in ("pt-archiver", "pt-archiver-bulk"):
+        found = ratios(results, "mysql", method)
+        if found:
+            each = ", ".join(f"{x:.2f}x" for x in found)
+            vs = [e / p for e, p in zip(ratios(results, "mysql"), found, strict=False)]
+            print(
+                f"  mysql {method} against the raw loop: {statistics.median(found):.2f}x"
+                f" (median of {each}); expiry against {method}:"
+                f" {statistics.median(vs):.2f}x"
+            )
     found = ratios(results, "postgres", "queue-only")
     if found:
         each = ", ".join(f"{x:.2f}x" for x in found)
@@ -663,6 +890,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--sqlite-rows", type=int, default=None, help="rows on SQLite (default: --rows)"
     )
+    parser.add_argument(
+        "--mysql-rows", type=int, default=None, help="rows on MySQL (default: --rows)"
+    )
+    parser.add_argument("--bulk", action="store_true", help="MySQL: also pt-archiver --bulk-delete")
     parser.add_argument("--window", type=int, default=None, help="keys per window (10000)")
     parser.add_argument(
         "--connections", type=int, default=2, help="PostgreSQL connections / worker processes (2)"
@@ -683,7 +914,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--engines",
         type=lambda s: [e.strip() for e in s.split(",") if e.strip()],
         default=["postgres", "sqlite"],
-        help="comma separated: postgres,sqlite",
+        help="comma separated: postgres,sqlite,mysql",
     )
     parser.add_argument("--admin-url", default=ADMIN_URL, help="server to create the scratch db on")
     parser.add_argument("--quick", action="store_true", help="smoke run: 20,000 rows, window 1,000")
@@ -694,13 +925,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.window = 1_000 if args.quick else 10_000
     if args.sqlite_rows is None:
         args.sqlite_rows = args.rows
+    if args.mysql_rows is None:
+        args.mysql_rows = args.rows
     if args.claim_batch is not None and args.claim_batch <= 0:
         parser.error("--claim-batch must be positive")
     if min(args.rows, args.sqlite_rows, args.window, args.connections, args.repeat) <= 0:
         parser.error("--rows, --sqlite-rows, --window, --connections and --repeat must be positive")
-    unknown = set(args.engines) - {"postgres", "sqlite"}
+    unknown = set(args.engines) - {"postgres", "sqlite", "mysql"}
     if unknown or not args.engines:
-        parser.error(f"--engines takes postgres and/or sqlite, not {sorted(unknown)}")
+        parser.error(f"--engines takes postgres, sqlite and/or mysql, not {sorted(unknown)}")
     return args
 
 
@@ -720,6 +953,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             results += bench_postgres(args)
         if "sqlite" in args.engines:
             results += bench_sqlite(args)
+        if "mysql" in args.engines:
+            results += bench_mysql(args)
     except Mismatch as exc:
         print(f"FAIL: {exc}", file=sys.stderr)
         return 1

@@ -1,6 +1,6 @@
 """A custom cleanup handler: expire marketplace listings at a given revision.
 
-Run it against the demo database (or any SQLite/PostgreSQL with a listings table):
+Run it against the demo database (or any SQLite, PostgreSQL or MySQL database with a listings table):
 
     EXPIRY_DATABASE_URL=sqlite:///listings.db python examples/listings.py
     EXPIRY_DATABASE_URL=sqlite:///listings.db expiry worker --app examples.listings:app --until-idle
@@ -25,6 +25,7 @@ app = App(os.environ.get("EXPIRY_DATABASE_URL", "sqlite:///listings.db"))
 EXPIRE = {
     "sqlite": "update listings set state = 'expired' where id = ? and revision = ?",
     "postgres": "update listings set state = 'expired' where id = %s and revision = %s",
+    "mysql": "update listings set state = 'expired' where id = %s and revision = %s",
 }
 
 

@@ -1,8 +1,11 @@
-"""Test databases: real PostgreSQL and real SQLite files, fresh for every test.
+"""Test databases: real PostgreSQL, real MariaDB (or MySQL) and real SQLite
+files, fresh for every test.
 
 PostgreSQL comes from EXPIRY_TEST_POSTGRES_URL (default: the local server). Each
 test gets its own database cloned from a template migrated once per session,
-and dropped afterwards. A missing server fails the run; it is never skipped.
+and dropped afterwards. MariaDB comes from EXPIRY_TEST_MYSQL_URL (default:
+root on the local server); each test gets a database of its own, migrated, and
+dropped afterwards. A missing server fails the run; it is never skipped.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
+import pymysql
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
@@ -22,6 +26,7 @@ from expiry.engines import Engine, open_engine
 ADMIN_URL = os.environ.get(
     "EXPIRY_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
+MYSQL_URL = os.environ.get("EXPIRY_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/")
 _counter = itertools.count()
 _PREFIX = f"expiry_test_{os.getpid()}"
 
@@ -94,11 +99,53 @@ def sqlite_url(tmp_path: Path) -> str:
     return url
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+def mysql_admin() -> pymysql.connections.Connection:
+    """A connection to the MariaDB server with no database chosen."""
+    from expiry.engines.mysql.engine import parse_url
+
+    params = parse_url(MYSQL_URL.rstrip("/") + "/mysql")
+    params.pop("database")
+    try:
+        return pymysql.connect(**params, autocommit=True, connect_timeout=5)
+    except pymysql.err.OperationalError as exc:  # fail loudly: never skip
+        pytest.fail(f"MariaDB is required for the tests ({MYSQL_URL}): {exc}", pytrace=False)
+
+
+def mysql_url_for(name: str) -> str:
+    return MYSQL_URL.rstrip("/") + "/" + name
+
+
+@pytest.fixture
+def bare_mysql_url() -> Iterator[str]:
+    """An empty MariaDB database: expiry was never migrated there."""
+    name = f"{_PREFIX}_{next(_counter)}"
+    admin = mysql_admin()
+    with admin.cursor() as cur:
+        cur.execute(f"drop database if exists `{name}`")
+        cur.execute(f"create database `{name}`")
+    yield mysql_url_for(name)
+    with admin.cursor() as cur:
+        cur.execute(f"drop database if exists `{name}`")
+    admin.close()
+
+
+@pytest.fixture
+def mysql_url(bare_mysql_url: str) -> str:
+    """A fresh, migrated MariaDB database for one test."""
+    engine = open_engine(bare_mysql_url)
+    engine.migrate()
+    engine.close()
+    return bare_mysql_url
+
+
+ENGINES = ["sqlite", "postgres", "mysql"]
+_FIXTURES = {"sqlite": "sqlite_url", "postgres": "pg_url", "mysql": "mysql_url"}
+
+
+@pytest.fixture(params=ENGINES)
 def db_url(request: pytest.FixtureRequest) -> str:
     """Each test that takes db_url runs once per engine: the conformance suite."""
-    fixture = "sqlite_url" if request.param == "sqlite" else "pg_url"
-    return str(request.getfixturevalue(fixture))
+    return str(request.getfixturevalue(_FIXTURES[request.param]))
 
 
 @pytest.fixture

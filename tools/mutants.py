@@ -48,7 +48,9 @@ SAFETY = "tests/cleanup/test_safety_mutants.py"
 RETRY = "tests/queue/test_retry_schedule.py"
 TIMESTAMPS = "tests/cleanup/test_timestamps.py"
 
-UNBOOKED = 'UNBOOKED = WINDOW + " and not exists (select 1 from {ledger} where key = {p_key})"'
+UNBOOKED = (
+    'UNBOOKED = WINDOW + " and not exists (select 1 from {ledger} where {ledger_key} = {p_key})"'
+)
 WINDOW_APPLY = "src/expiry/engines/postgres/migrations/0007_time_windows.sql"
 LEDGER_INSERT = (
     "values (window_apply.key, policy, run_id, lo, hi, bounds, action, worker, taken);\n"
@@ -279,6 +281,23 @@ MUTANTS = [
         (f"{SAFETY}::test_a_redelivered_window_takes_nothing_that_expired_since[postgres]",),
         "PostgreSQL: no ledger guard, and window_apply's ledger insert is not strict",
         also=((WINDOW_APPLY, LEDGER_INSERT, LEDGER_INSERT_LAX),),
+    ),
+    Mutant(
+        "ledger-guard+strict-mysql",
+        "src/expiry/target.py",
+        UNBOOKED,
+        "UNBOOKED = WINDOW",
+        (f"{SAFETY}::test_a_redelivered_window_takes_nothing_that_expired_since[mysql]",),
+        "MySQL: no ledger guard, and the ledger insert after a delete is not strict",
+        also=(("src/expiry/engines/mysql/tables.py", "strict=rows > 0,", "strict=False,"),),
+    ),
+    Mutant(
+        "mysql-epoch-bound",
+        "src/expiry/engines/mysql/tables.py",
+        'bound = "cast(ceil(unix_timestamp({p_cutoff})) as signed)"',
+        'bound = "cast(floor(unix_timestamp({p_cutoff})) + 1 as signed)"',
+        ("tests/cleanup/test_oracle.py::test_mysql_every_column_type",),
+        "MySQL: epoch seconds compared with the cutoff's next whole second (takes live rows)",
     ),
     Mutant(
         "iso-guard",

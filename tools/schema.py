@@ -8,7 +8,9 @@ migrations build, as a reviewer reads it.
 PostgreSQL's snapshot is pg_dump's schema-only output of the ``expiry`` schema
 (headers, SET lines and comments dropped), from a scratch database migrated
 from scratch on the server at EXPIRY_TEST_POSTGRES_URL; SQLite's is the CREATE
-statements of a scratch file migrated from scratch. tests/engines/
+statements of a scratch file migrated from scratch; MySQL's is SHOW CREATE
+TABLE and SHOW CREATE TRIGGER of a scratch database on the server at
+EXPIRY_TEST_MYSQL_URL (the counter and the definer dropped). tests/engines/
 test_schema_snapshot.py compares the same way, so a migration without its
 snapshot (or the reverse) fails the suite, and a review shows the schema's diff.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -25,6 +28,7 @@ import uuid
 from pathlib import Path
 
 import psycopg
+import pymysql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,7 +39,9 @@ from expiry.engines import open_engine  # noqa: E402
 SNAPSHOTS = {
     "postgres": ROOT / "src/expiry/engines/postgres/schema.sql",
     "sqlite": ROOT / "src/expiry/engines/sqlite/schema.sql",
+    "mysql": ROOT / "src/expiry/engines/mysql/schema.sql",
 }
+MYSQL_URL = os.environ.get("EXPIRY_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/")
 ADMIN_URL = os.environ.get(
     "EXPIRY_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
@@ -83,6 +89,58 @@ def sqlite_schema(path: str) -> str:
     return "".join(f"{sql};\n\n" for (sql,) in rows)
 
 
+def mysql_schema(url: str) -> str:
+    """SHOW CREATE TABLE of expiry's tables and SHOW CREATE TRIGGER of its
+    triggers in the database at ``url``, without the AUTO_INCREMENT counter and
+    the trigger's definer (they vary by run and by user)."""
+    from expiry.engines.mysql.engine import parse_url
+
+    conn = pymysql.connect(**parse_url(url))
+    parts: list[str] = []
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                "select table_name from information_schema.tables where table_schema = database()"
+                " and table_name like 'expiry%%' order by table_name"
+            )
+            for (table,) in cur.fetchall():
+                cur.execute(f"show create table `{table}`")
+                text = cur.fetchone()[1]
+                parts.append(re.sub(r" AUTO_INCREMENT=\d+", "", text))
+            cur.execute(
+                "select trigger_name from information_schema.triggers"
+                " where trigger_schema = database() order by trigger_name"
+            )
+            for (trigger,) in cur.fetchall():
+                cur.execute(f"show create trigger `{trigger}`")
+                text = cur.fetchone()[2]
+                parts.append(re.sub(r" DEFINER=`[^`]*`@`[^`]*`", "", text))
+    finally:
+        conn.close()
+    return "".join(f"{text};\n\n" for text in parts)
+
+
+def built_mysql() -> str:
+    from expiry.engines.mysql.engine import parse_url
+
+    name = f"expiry_schema_{uuid.uuid4().hex[:8]}"
+    params = parse_url(MYSQL_URL.rstrip("/") + "/mysql")
+    params.pop("database")
+    admin = pymysql.connect(**params, autocommit=True)
+    try:
+        with admin.cursor() as cur:
+            cur.execute(f"create database `{name}`")
+        url = MYSQL_URL.rstrip("/") + "/" + name
+        engine = open_engine(url)
+        engine.migrate()
+        engine.close()
+        return mysql_schema(url)
+    finally:
+        with admin.cursor() as cur:
+            cur.execute(f"drop database if exists `{name}`")
+        admin.close()
+
+
 def built_postgres() -> str:
     name = f"expiry_schema_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
@@ -117,7 +175,12 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="compare; change nothing")
     args = parser.parse_args()
     differ = 0
-    for dialect, built in (("postgres", built_postgres()), ("sqlite", built_sqlite())):
+    built_all = (
+        ("postgres", built_postgres()),
+        ("sqlite", built_sqlite()),
+        ("mysql", built_mysql()),
+    )
+    for dialect, built in built_all:
         path = SNAPSHOTS[dialect]
         if args.check:
             if not path.exists() or path.read_text() != built:

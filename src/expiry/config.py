@@ -71,8 +71,11 @@ class DatabaseConfig(Strict):
     @field_validator("url")
     @classmethod
     def _url(cls, value: str) -> str:
-        if not value.startswith(("postgresql://", "postgres://", "sqlite:///")):
-            raise ValueError("use postgresql://host/db or sqlite:///path/to/file.db")
+        schemes = ("postgresql://", "postgres://", "mysql://", "mariadb://", "sqlite:///")
+        if not value.startswith(schemes):
+            raise ValueError(
+                "use postgresql://host/db, mysql://user@host/db or sqlite:///path/to/file.db"
+            )
         return value
 
 
@@ -200,13 +203,17 @@ class HealthSettings(Strict):
 
 class ReplicaConfig(Strict):
     url: str
-    """A standby whose replay lag max_replica_lag also reads (postgresql://...)."""
+    """A standby whose replay lag max_replica_lag also reads (postgresql://...,
+    or a MySQL/MariaDB replica: mysql://...)."""
 
     @field_validator("url")
     @classmethod
     def _url(cls, value: str) -> str:
-        if not value.startswith(("postgresql://", "postgres://")):
-            raise ValueError("a replica is a PostgreSQL standby: postgresql://host/db")
+        if not value.startswith(("postgresql://", "postgres://", "mysql://", "mariadb://")):
+            raise ValueError(
+                "a replica is a PostgreSQL standby (postgresql://host/db)"
+                " or a MySQL replica (mysql://user@host/db)"
+            )
         return value
 
 

@@ -60,11 +60,11 @@ PLAN_PAGE = """
 with recursive w(lo, n) as (
     select cast((select {key} from {table}
                  where {key} > {p_after} and {key} <= {p_max} and {pred}
-                 order by {key} limit 1) - 1 as bigint), 1
+                 order by {key} limit 1) - 1 as {integer}), 1
     union all
     select cast((select {key} from {table}
                  where {key} > w.lo + {p_window} and {key} <= {p_max} and {pred}
-                 order by {key} limit 1) - 1 as bigint), w.n + 1
+                 order by {key} limit 1) - 1 as {integer}), w.n + 1
     from w where w.lo is not null and w.n < {p_page}
 )
 select lo from w where lo is not null order by lo
@@ -95,7 +95,7 @@ WINDOW = "{span} and {pred}"
 # writers; this is belt and braces), its ledger insert waits for the other's
 # commit and finds the key taken, and AlreadyApplied rolls back whatever its
 # delete took.
-UNBOOKED = WINDOW + " and not exists (select 1 from {ledger} where key = {p_key})"
+UNBOOKED = WINDOW + " and not exists (select 1 from {ledger} where {ledger_key} = {p_key})"
 
 # The count comes back as the statement's row count, never by a RETURNING: that
 # would project and keep every row taken, which costs more than the delete.
@@ -125,7 +125,7 @@ select t, k from (
     from (select {ts} as t, {tie} as k from {table} where {span} and {pred}
           order by {ts}, {tie} limit {p_page}) as c
 ) as r
-where n - n / {p_window} * {p_window} = 0 or n = total  -- every window-th, and the last
+where n - n {div} {p_window} * {p_window} = 0 or n = total  -- every window-th, and the last
 order by t, k
 """
 
@@ -263,6 +263,9 @@ class Target:
             table=engine.quote(p.table),
             archive=engine.quote(p.archive_table or "_"),
             ledger=engine.ledger_table,
+            ledger_key=engine.quote("key"),
+            integer=engine.integer_type,
+            div=engine.integer_division,
             key=engine.quote(p.key),
             ts=engine.quote(p.timestamp),
             tie=engine.quote(self.tie),

@@ -4,28 +4,37 @@
 arrange target tables and to read what the database really holds. Statements
 are written once with ``%s`` placeholders and expiry's PostgreSQL table names
 (``expiry.jobs``, ``expiry.ledger``, ``expiry.runs``, ``expiry.audit``) and
-``{now}`` for the database clock; for SQLite they are translated.
+``{now}`` for the database clock; for SQLite and MySQL they are translated
+(MySQL quotes the column ``key``, a reserved word there).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
 import psycopg
+import pymysql
 
 from expiry.app import App
 from expiry.config import parse_config
 from expiry.worker import Worker
 
-NOW = {"postgres": "now()", "sqlite": "((julianday('now') - 2440587.5) * 86400.0)"}
+NOW = {
+    "postgres": "now()",
+    "sqlite": "((julianday('now') - 2440587.5) * 86400.0)",
+    "mysql": "utc_timestamp(6)",
+}
+_KEY = re.compile(r"(?<![\w`'.])(?<!primary )(?<!foreign )key(?![\w`'])")
 EXPIRY_TABLES = ("jobs", "ledger", "runs", "audit")
 
 POLICY: dict[str, Any] = {
@@ -42,7 +51,34 @@ LIVE = 86_400.0
 
 
 def dialect_of(url: str) -> str:
-    return "postgres" if url.startswith(("postgresql://", "postgres://")) else "sqlite"
+    if url.startswith(("postgresql://", "postgres://")):
+        return "postgres"
+    return "mysql" if url.startswith(("mysql://", "mariadb://")) else "sqlite"
+
+
+class MySQLConn:
+    """A PyMySQL connection in autocommit, used as the other drivers' are:
+    ``execute`` returns a cursor of tuples."""
+
+    def __init__(self, url: str) -> None:
+        from expiry.engines.mysql.engine import parse_url
+
+        self.raw = pymysql.connect(
+            **parse_url(url), autocommit=True, init_command="set session time_zone = '+00:00'"
+        )
+
+    def execute(self, statement: str, params: Sequence[Any] | None = None) -> Any:
+        cur = self.raw.cursor()
+        cur.execute(statement, params)
+        return cur
+
+    def executemany(self, statement: str, rows: Sequence[Sequence[Any]]) -> Any:
+        cur = self.raw.cursor()
+        cur.executemany(statement, rows)
+        return cur
+
+    def close(self) -> None:
+        self.raw.close()
 
 
 class Db:
@@ -52,6 +88,8 @@ class Db:
         self.conn: Any
         if self.dialect == "postgres":
             self.conn = psycopg.connect(url, autocommit=True)
+        elif self.dialect == "mysql":
+            self.conn = MySQLConn(url)
         else:
             self.conn = sqlite3.connect(
                 url.removeprefix("sqlite:///"), isolation_level=None, timeout=30
@@ -68,6 +106,10 @@ class Db:
             for table in EXPIRY_TABLES:
                 text = text.replace(f"expiry.{table}", f"expiry_{table}")
             text = text.replace("%s", "?")
+        elif self.dialect == "mysql":
+            for table in EXPIRY_TABLES:
+                text = text.replace(f"expiry.{table}", f"expiry_{table}")
+            text = _KEY.sub("`key`", text)
         return text
 
     def _run(self, statement: str, params: Sequence[Any]) -> Any:
@@ -86,8 +128,28 @@ class Db:
         row = self._run(statement, params).fetchone()
         return None if row is None else row[0]
 
+    @property
+    def time_type(self) -> str:
+        """The column type this dialect's tests store a time in."""
+        return {"postgres": "timestamptz", "sqlite": "real", "mysql": "datetime(6)"}[self.dialect]
+
+    def quote(self, name: str) -> str:
+        """An identifier quoted as this dialect writes one (MySQL: backticks)."""
+        return f"`{name}`" if self.dialect == "mysql" else f'"{name}"'
+
+    def stored(self, value: Any) -> Any:
+        """An aware datetime as a time column of this dialect's tests holds it:
+        itself (PostgreSQL), epoch seconds (SQLite), naive UTC (MySQL's DATETIME)."""
+        if self.dialect == "sqlite":
+            return value.timestamp()
+        if self.dialect == "mysql":
+            return value.astimezone(UTC).replace(tzinfo=None)
+        return value
+
     def seconds(self, expr: str) -> str:
         """An SQL expression of ``expr`` seconds that adds to a timestamp column."""
+        if self.dialect == "mysql":
+            return f"interval round(({expr}) * 1000000) microsecond"
         return f"make_interval(secs => {expr})" if self.dialect == "postgres" else expr
 
     # -- target tables -------------------------------------------------------------
@@ -97,6 +159,11 @@ class Db:
             self.execute(
                 f"create table {table} (id bigint primary key, user_id integer not null default 0,"
                 " expires_at timestamptz not null, revoked_at timestamptz, note text)"
+            )
+        elif self.dialect == "mysql":
+            self.execute(
+                f"create table {table} (id bigint primary key, user_id integer not null default 0,"
+                " expires_at datetime(6) not null, revoked_at datetime(6), note text)"
             )
         else:
             self.execute(
@@ -110,6 +177,11 @@ class Db:
         """``sessions_archive``: the columns of ``sessions``, without keys or indexes."""
         if self.dialect == "postgres":
             self.execute("create table sessions_archive (like sessions)")
+        elif self.dialect == "mysql":
+            self.execute(
+                "create table sessions_archive (id bigint, user_id integer,"
+                " expires_at datetime(6), revoked_at datetime(6), note text)"
+            )
         else:
             self.execute(
                 "create table sessions_archive (id integer, user_id integer, expires_at real,"
@@ -128,6 +200,14 @@ class Db:
                 " case when u.rev then now() end, 'row ' || u.id"
                 " from unnest(%s::bigint[], %s::float8[], %s::bool[]) as u(id, off, rev)",
                 ([r[0] for r in rows], [float(r[1]) for r in rows], [r[2] for r in rows]),
+            )
+            return
+        if self.dialect == "mysql":
+            self.conn.executemany(
+                f"insert into {table} (id, expires_at, revoked_at, note) values (%s,"
+                " utc_timestamp(6) + interval round(%s * 1000000) microsecond,"
+                " case when %s then utc_timestamp(6) end, concat('row ', %s))",
+                [(r[0], float(r[1]), r[2], r[0]) for r in rows],
             )
             return
         self.conn.execute("begin")

@@ -223,8 +223,8 @@ def test_every_problem_is_reported_at_once() -> None:
             {"policy": []}, ["[database] is required", "add the section"], id="missing-database"
         ),
         pytest.param(
-            {"database": {"url": "mysql://localhost/app"}},
-            ["[database]", "'url'", "use postgresql://host/db or sqlite:///"],
+            {"database": {"url": "oracle://localhost/app"}},
+            ["[database]", "'url'", "use postgresql://host/db, mysql://user@host/db or sqlite:///"],
             id="unsupported-url",
         ),
         pytest.param(

@@ -134,6 +134,7 @@ class Storage:
     sep: str = " "
     zone: str = ""
     frac: str = "0"
+    mysql: bool = False  # a MySQL column type (its "timestamp" holds whole seconds)
 
     def __repr__(self) -> str:
         if self.fmt != "iso":
@@ -150,6 +151,10 @@ class Storage:
             "epoch_ms": MS,
             "timestamptz(3)": MS,
             "timestamp(0)": S,
+            # MySQL's: a fraction only when declared (MariaDB truncates the rest).
+            "datetime": S,
+            "timestamp": S if self.mysql else US,
+            "datetime(3)": MS,
             "date": DAY,
             "epoch_real": 0,
             "julianday": 0,
@@ -194,8 +199,12 @@ class Storage:
             return JULIAN_EPOCH + since / timedelta(days=1)
         if self.fmt == "date":
             return instant.date()
-        if self.fmt.startswith("timestamp") and not self.fmt.startswith("timestamptz"):
-            return instant.replace(tzinfo=None)  # without time zone: UTC by contract
+        if self.fmt.startswith("datetime") or (
+            self.fmt.startswith("timestamp") and not self.fmt.startswith("timestamptz")
+        ):
+            # Without time zone: UTC by contract (MySQL's TIMESTAMP read in the
+            # session's zone, which expiry and these tests set to UTC).
+            return instant.astimezone(UTC).replace(tzinfo=None)
         return instant  # timestamptz
 
     def signature(self, instant: datetime) -> tuple[str, ...]:
@@ -217,6 +226,15 @@ ISO = st.builds(
 NUMERIC = st.sampled_from([Storage(f) for f in ("epoch", "epoch_ms", "julianday", "epoch_real")])
 SQLITE_TYPES = ["TIMESTAMP", "INTEGER", "REAL", "TEXT", "DATETIME", "DATE", ""]
 PG_TYPES = ["timestamptz", "bigint", "timestamp", "date", "timestamptz(3)", "timestamp(0)"]
+MYSQL_TYPES = [
+    "datetime(6)",
+    "bigint",
+    "datetime",
+    "timestamp(6)",
+    "timestamp",
+    "date",
+    "datetime(3)",
+]
 
 
 # -- where: a small grammar and its three-valued evaluation ------------------------
@@ -404,12 +422,12 @@ def cases(draw: st.DrawFn, dialect: str) -> Case:
         storage = ISO if column == "TEXT" else st.one_of(ISO, NUMERIC)
         storages = tuple(draw(st.lists(storage, min_size=1, max_size=2)))
     else:
-        column = draw(st.sampled_from(PG_TYPES))
+        column = draw(st.sampled_from(PG_TYPES if dialect == "postgres" else MYSQL_TYPES))
         if column == "bigint":
             epochs = st.sampled_from([Storage("epoch"), Storage("epoch_ms")])
             storages = tuple(draw(st.lists(epochs, min_size=1, max_size=2)))
         else:
-            storages = (Storage(column),)
+            storages = (Storage(column, mysql=dialect == "mysql"),)
     row_keys = draw(keys())
     rows = tuple(
         Row(
@@ -438,7 +456,7 @@ def cases(draw: st.DrawFn, dialect: str) -> Case:
             st.sampled_from(["auto", "key", "time"] + ["blocks"] * (dialect == "postgres"))
         ),
         # Text and UUID keys: time windows, ties between equal instants split by the key.
-        key_kind=draw(st.sampled_from(["int", "int", "text"] + ["uuid"] * (dialect == "postgres"))),
+        key_kind=draw(st.sampled_from(["int", "int", "text"] + ["uuid"] * (dialect != "sqlite"))),
     )
 
 
@@ -490,13 +508,18 @@ def code(case: Case, key: int) -> str | None:
 
 
 def create(db: Db, table: str, case: Case) -> None:
-    key_type = "bigint" if db.dialect == "postgres" else "integer"
+    key_type = "integer" if db.dialect == "sqlite" else "bigint"
     column = "bigint" if case.column == "bigint" else case.column
     # id stays first (the oracle's handle on a row); a text or UUID key is code.
+    code_type = {
+        "postgres": {"uuid": "uuid", "text": "text"},
+        "sqlite": {"text": "text"},
+        "mysql": {"uuid": "char(36)", "text": "varchar(64)"},
+    }[db.dialect]
     if case.key_kind == "int":
         keys = f"id {key_type} primary key"
     else:
-        keys = f"id {key_type} not null, code {'uuid' if case.key_kind == 'uuid' else 'text'} primary key"
+        keys = f"id {key_type} not null, code {code_type[case.key_kind]} primary key"
     db.execute(
         f"create table {table} ({keys}, expires_at {column},"
         f" user_id integer not null, revoked_at {key_type}, note text)"
@@ -552,6 +575,9 @@ def database_now(db: Db) -> datetime:
     if db.dialect == "postgres":
         now: datetime = db.scalar("select now()")
         return now
+    if db.dialect == "mysql":
+        naive: datetime = db.scalar("select utc_timestamp(6)")
+        return naive.replace(tzinfo=UTC)
     return datetime.fromtimestamp(float(db.scalar("select {now}")), UTC)
 
 
@@ -715,6 +741,7 @@ def redeliver(
 # 3 s; the file about 50 s. A failure adds its shrinking, within a minute.
 SQLITE_EXAMPLES = 400
 POSTGRES_EXAMPLES = 200
+MYSQL_EXAMPLES = 150
 ORACLE = settings(
     deadline=None,
     derandomize=True,  # the same examples on every run, in CI too
@@ -742,6 +769,19 @@ def sqlite_oracle(sqlite_url: str) -> Iterator[Db]:
     db = Db(sqlite_url)
     yield db
     db.close()
+
+
+@pytest.fixture
+def mysql_oracle(mysql_url: str) -> Iterator[Db]:
+    db = Db(mysql_url)
+    yield db
+    db.close()
+
+
+@settings(ORACLE, max_examples=MYSQL_EXAMPLES)
+@given(case=cases("mysql"))
+def test_mysql_deletes_exactly_what_the_oracle_expires(mysql_oracle: Db, case: Case) -> None:
+    run_case(mysql_oracle, case)
 
 
 @settings(ORACLE, max_examples=SQLITE_EXAMPLES)
@@ -812,6 +852,11 @@ def test_sqlite_every_storage_in_every_declared_type(sqlite_oracle: Db) -> None:
 def test_postgres_every_column_type(pg_oracle: Db) -> None:
     combos = [(t, Storage(t)) for t in PG_TYPES if t != "bigint"]
     run_grid(pg_oracle, combos + [("bigint", Storage("epoch")), ("bigint", Storage("epoch_ms"))])
+
+
+def test_mysql_every_column_type(mysql_oracle: Db) -> None:
+    combos = [(t, Storage(t, mysql=True)) for t in MYSQL_TYPES if t != "bigint"]
+    run_grid(mysql_oracle, combos + [("bigint", Storage("epoch")), ("bigint", Storage("epoch_ms"))])
 
 
 def test_the_oracle_reads_instants_as_written() -> None:

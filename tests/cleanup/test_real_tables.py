@@ -40,6 +40,12 @@ DJANGO_DDL = {
         'CREATE INDEX "django_session_session_key_c0390e0f_like" ON "django_session"'
         ' ("session_key" varchar_pattern_ops)',
     ],
+    # Django's MySQL backend (USE_TZ: UTC in a datetime(6)).
+    "mysql": [
+        "CREATE TABLE `django_session` (`session_key` varchar(40) NOT NULL PRIMARY KEY,"
+        " `session_data` longtext NOT NULL, `expire_date` datetime(6) NOT NULL)",
+        "CREATE INDEX `django_session_expire_date_a5c62663` ON `django_session` (`expire_date`)",
+    ],
     "sqlite": [
         'CREATE TABLE "django_session" ("session_key" varchar(40) NOT NULL PRIMARY KEY,'
         ' "session_data" text NOT NULL, "expire_date" datetime NOT NULL)',
@@ -57,7 +63,10 @@ DJANGO = {
 
 
 def stamp(db: Db, when: datetime) -> Any:
-    """A time as Django stores it: timestamptz on PostgreSQL, UTC text on SQLite."""
+    """A time as Django stores it: timestamptz on PostgreSQL, UTC text on SQLite,
+    a UTC datetime(6) on MySQL."""
+    if db.dialect == "mysql":
+        return when.astimezone(UTC).replace(tzinfo=None)
     return (
         when if db.dialect == "postgres" else when.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
     )
@@ -67,6 +76,8 @@ def now_of(db: Db) -> datetime:
     if db.dialect == "postgres":
         value: datetime = db.scalar("select now()")
         return value
+    if db.dialect == "mysql":
+        return datetime(*db.scalar("select utc_timestamp(6)").timetuple()[:6], tzinfo=UTC)
     return datetime.fromtimestamp(float(db.scalar("select {now}")), UTC)
 
 
@@ -93,6 +104,8 @@ def insert(db: Db, table: str, columns: str, rows: list[tuple[Any, ...]]) -> Non
     if db.dialect == "postgres":
         with db.conn.cursor() as cur:
             cur.executemany(statement, rows)
+    elif db.dialect == "mysql":
+        db.conn.executemany(statement, rows)
     else:
         db.conn.execute("begin")
         db.conn.executemany(statement, rows)
@@ -174,10 +187,11 @@ def test_django_sessions_with_a_worker_killed_and_redeliveries(
 
 
 def test_a_uuid_key_and_a_composite_key_get_time_windows(db: Db, apps: Apps) -> None:
-    uuid_type = "uuid" if db.dialect == "postgres" else "text"
+    uuid_type = {"postgres": "uuid", "sqlite": "text", "mysql": "char(36)"}[db.dialect]
+    ts = "datetime(6)" if db.dialect == "mysql" else "timestamp"
     db.execute(
         f"create table tokens (tenant_id integer not null, id {uuid_type} not null,"
-        " expires_at timestamp not null, primary key (tenant_id, id))"
+        f" expires_at {ts} not null, primary key (tenant_id, id))"
     )
     db.execute("create index tokens_expires_at on tokens (expires_at)")
     now = now_of(db).replace(tzinfo=None)
@@ -186,7 +200,7 @@ def test_a_uuid_key_and_a_composite_key_get_time_windows(db: Db, apps: Apps) -> 
         key = str(uuid.uuid5(uuid.NAMESPACE_DNS, str(i)))
         late = i % 3 == 0
         when = now - timedelta(minutes=5) if late else now + timedelta(hours=1)
-        rows.append((i % 4, key, when if db.dialect == "postgres" else when.isoformat(" ")))
+        rows.append((i % 4, key, when.isoformat(" ") if db.dialect == "sqlite" else when))
         if late:
             expired.add(key)
     insert(db, "tokens", "tenant_id, id, expires_at", rows)
@@ -361,8 +375,8 @@ def test_half_expired_sessions_in_random_order_get_block_windows(pg_db: Db, apps
 def test_a_referenced_row_is_kept_alone_and_the_rest_deleted(
     db: Db, apps: Apps, tmp_path: Path, windows: str
 ) -> None:
-    if windows == "blocks" and db.dialect == "sqlite":
-        # SQLite's rows have no address a window can scan: refused, with the fix.
+    if windows == "blocks" and db.dialect in ("sqlite", "mysql"):
+        # SQLite's and InnoDB's rows have no address a window can scan: refused, with the fix.
         db.create_sessions()
         refused = apps(db.url, {"windows": "blocks"})
         assert refused.cleanup is not None
@@ -404,7 +418,11 @@ def test_a_referenced_row_is_kept_alone_and_the_rest_deleted(
     where = "not exists (select 1 from orders r where r.session_id = sessions.id)"
     filtered = apps(db.url, {"where": where, "window": 50, "windows": windows})
     assert filtered.cleanup is not None
-    later = filtered.cleanup.open_run(POLICY, now_of(db) - timedelta(seconds=1))
+    # A later run (run ids count whole seconds: its cutoff must be a later second).
+    cutoff = opened.cutoff + timedelta(seconds=1)
+    wait_for(lambda: now_of(db) > cutoff, what="a second later")
+    later = filtered.cleanup.open_run(POLICY, cutoff)
+    assert later.created
     drain(filtered)
     assert db.ids() == {37, 205}
     summary = filtered.runs.summary(later.run_id)

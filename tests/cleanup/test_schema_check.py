@@ -60,13 +60,22 @@ def test_a_non_integer_key_gets_time_windows_and_refuses_key_windows(
 ) -> None:
     if key_type == "interval" and db.dialect == "sqlite":
         key_type = "blob"
-    db.execute(f"create table sessions (id {key_type}, expires_at timestamp, revoked_at timestamp)")
+    declared = key_type
+    if db.dialect == "mysql":  # MySQL's names: its types as information_schema writes them
+        key_type, declared = {
+            "text": ("text", "text"),
+            "numeric": ("numeric", "decimal(10,0)"),
+            "real": ("real", "double"),
+            "interval": ("time", "time"),
+        }[key_type]
+    ts = "datetime" if db.dialect == "mysql" else "timestamp"
+    db.execute(f"create table sessions (id {key_type}, expires_at {ts}, revoked_at {ts})")
     app = apps(db.url)
     assert app.cleanup is not None
     app.cleanup.check()
     [strategy, *_] = app.cleanup.target("expired-sessions").notes
     assert strategy.lower().startswith(
-        f"time windows: key column 'id' is {key_type}, not an integer"
+        f"time windows: key column 'id' is {declared}, not an integer"
     )
     message = check_fails(apps(db.url, {"windows": "key"}))
     assert "policy 'expired-sessions'" in message
@@ -76,7 +85,7 @@ def test_a_non_integer_key_gets_time_windows_and_refuses_key_windows(
 
 @pytest.mark.parametrize("key_type", ["smallint", "integer", "bigint"])
 def test_integer_keys_are_accepted(db: Db, apps: Apps, key_type: str) -> None:
-    ts = "timestamptz" if db.dialect == "postgres" else "real"
+    ts = db.time_type
     db.execute(f"create table sessions (id {key_type}, expires_at {ts}, revoked_at {ts})")
     db.execute("create index sessions_expires_at on sessions (expires_at)")
     app = apps(db.url)
@@ -147,11 +156,12 @@ def test_timestamp_without_index_is_a_warning(db: Db, apps: Apps) -> None:
 
 def test_reserved_words_are_quoted(db: Db, apps: Apps) -> None:
     """Names from the config are always quoted: a table called "order" works."""
-    ts = "timestamptz" if db.dialect == "postgres" else "real"
-    db.execute(f'create table "order" ("select" bigint primary key, "end" {ts} not null)')
-    db.execute('create index order_end on "order" ("end")')
+    ts, q = db.time_type, db.quote
+    order, select, end = q("order"), q("select"), q("end")
+    db.execute(f"create table {order} ({select} bigint primary key, {end} {ts} not null)")
+    db.execute(f"create index order_end on {order} ({end})")
     db.execute(
-        'insert into "order" ("select", "end") values (1, {now} - '
+        f"insert into {order} ({select}, {end}) values (1, {{now}} - "
         + db.seconds("3600")
         + "), (2, {now} + "
         + db.seconds("3600")
@@ -162,7 +172,7 @@ def test_reserved_words_are_quoted(db: Db, apps: Apps) -> None:
     assert app.cleanup.check() == []
     app.cleanup.open_run("expired-sessions")
     run_worker(app)
-    assert db.rows('select "select" from "order"') == [(2,)]
+    assert db.rows(f"select {select} from {order}") == [(2,)]
 
 
 def test_schema_qualified_table_on_postgres(pg_db: Db, apps: Apps) -> None:

@@ -388,7 +388,9 @@ def test_the_sample_check_stops_a_run_whose_predicate_takes_live_rows(
 
     def later(self: Any, storage: Any) -> tuple[str, str]:
         bound, guard = predicate(self, storage)
-        shift = "interval '10 days'" if self.dialect == "postgres" else "864000"
+        shift = {"postgres": "interval '10 days'", "sqlite": "864000", "mysql": "interval 10 day"}[
+            self.dialect
+        ]
         return f"({bound} + {shift})", guard
 
     monkeypatch.setattr(engine_class, "time_predicate", later)

@@ -134,6 +134,17 @@ def make_workspace(url: str, tmp: Path) -> Workspace:
                 "else now() + interval '1 day' end from generate_series(1, %s) i",
                 (EXPIRED, EXPIRED + LIVE),
             )
+        elif app.engine.dialect == "mysql":
+            conn.execute(
+                "create table sessions (id bigint primary key, expires_at datetime(6) not null)"
+            )
+            conn.execute(
+                "insert into sessions values "
+                + ", ".join(
+                    f"({i}, utc_timestamp(6) + interval {-86400 if i <= EXPIRED else 86400} second)"
+                    for i in range(1, EXPIRED + LIVE + 1)
+                )
+            )
         else:
             conn.execute("create table sessions (id integer primary key, expires_at real not null)")
             conn.executemany(

@@ -32,6 +32,17 @@ def seed(url: str) -> None:
                 " when i <= 200 then interval '-30m' else interval '1 day' end"
                 " from generate_series(1, 250) i"
             )
+        elif app.engine.dialect == "mysql":
+            conn.execute(
+                "create table sessions (id bigint primary key, expires_at datetime(6) not null)"
+            )
+            offsets = [(OLD, -7200), (RECENT, -1800), (LIVE, 86400)]
+            values = ", ".join(
+                f"({i}, utc_timestamp(6) + interval {offset} second)"
+                for ids, offset in offsets
+                for i in ids
+            )
+            conn.execute(f"insert into sessions values {values}")
         else:
             now = datetime.now(UTC).timestamp()
             conn.execute("create table sessions (id integer primary key, expires_at real not null)")

@@ -70,6 +70,20 @@ def make_sessions(app: App, expired: int, live: int) -> None:
                 " from generate_series(%s::int, %s::int) as i",
                 (expired + 1, expired + live),
             )
+        elif engine.dialect == "mysql":
+            conn.execute(
+                "create table sessions (id bigint primary key, expires_at datetime(6) not null)"
+            )
+            rows = [
+                f"({i}, utc_timestamp(6) - interval {7200 + i} second)"
+                for i in range(1, expired + 1)
+            ]
+            rows += [
+                f"({i}, utc_timestamp(6) + interval 1 day)"
+                for i in range(expired + 1, expired + live + 1)
+            ]
+            if rows:
+                conn.execute("insert into sessions values " + ", ".join(rows))
         else:
             now = "((julianday('now') - 2440587.5) * 86400.0)"
             conn.execute("create table sessions (id integer primary key, expires_at real not null)")
@@ -111,6 +125,12 @@ class Dashboard:
         if url.startswith("sqlite:///"):
             with closing(sqlite3.connect(url.removeprefix("sqlite:///"))) as lite:
                 row = lite.execute("select state from expiry_jobs where key = ?", (key,)).fetchone()
+        elif url.startswith("mysql://"):
+            from cleanup.support import MySQLConn
+
+            mysql = MySQLConn(url)
+            row = mysql.execute("select state from expiry_jobs where `key` = %s", (key,)).fetchone()
+            mysql.close()
         else:
             with psycopg.connect(url) as pg:
                 row = pg.execute("select state from expiry.jobs where key = %s", (key,)).fetchone()

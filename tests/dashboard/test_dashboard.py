@@ -288,6 +288,11 @@ def test_the_cron_page_shows_next_fire_overdue_last_response_and_calls_now(
                 "update expiry.cron_targets set last_fire_at = now() - interval '10 minutes'"
                 " where name = 'minutely'"
             )
+        elif app.engine.dialect == "mysql":
+            conn.execute(
+                "update expiry_cron_targets set last_fire_at = utc_timestamp(6) - interval 10 minute"
+                " where name = 'minutely'"
+            )
         else:
             conn.execute(
                 "update expiry_cron_targets set last_fire_at = last_fire_at - 600"

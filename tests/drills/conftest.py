@@ -11,6 +11,13 @@ from cleanup.support import make_app
 from expiry.app import App
 
 
+@pytest.fixture(params=["postgres", "mysql"])
+def server_url(request: pytest.FixtureRequest) -> str:
+    """A fresh migrated database on each server engine (the drills that run on
+    both: the crash drill and the duplicate storm)."""
+    return str(request.getfixturevalue({"postgres": "pg_url", "mysql": "mysql_url"}[request.param]))
+
+
 @pytest.fixture
 def apps() -> Iterator[Callable[..., App]]:
     """``apps(url, policy_overrides...)``: an App on ``url``, closed after the test."""

@@ -1,5 +1,7 @@
 """What the drills share: the scale (CI or long), a big sessions table made on
-the server, `expiry` subprocesses, and waiting on the database.
+the server, `expiry` subprocesses, and waiting on the database. Most drills run
+on PostgreSQL; the crash drill and the duplicate storm also on MariaDB, whose
+SQL ``connect`` translates (``expiry_`` tables, the column ``key`` quoted).
 
 The long forms run with EXPIRY_DRILL_LONG=1 (``bench/drills.py --long``).
 """
@@ -18,8 +20,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import psycopg
+import pymysql
 
-from cleanup.support import cli_env, write_config
+from cleanup.support import cli_env, dialect_of, write_config
+
+from .invariants import Translating
 
 LONG = os.environ.get("EXPIRY_DRILL_LONG", "") not in ("", "0")
 TESTS = Path(__file__).resolve().parents[1]
@@ -34,8 +39,15 @@ def scale(ci: int, long: int) -> int:
     return long if LONG else ci
 
 
-def connect(url: str) -> psycopg.Connection[tuple[Any, ...]]:
+def connect(url: str) -> Any:
+    """An autocommit connection: psycopg's on PostgreSQL, a translating one on MariaDB."""
+    if dialect_of(url) == "mysql":
+        return Translating(url)
     return psycopg.connect(url, autocommit=True)
+
+
+def dialect(url: str) -> str:
+    return dialect_of(url)
 
 
 def load_sessions(
@@ -49,6 +61,9 @@ def load_sessions(
     """ids 1..n, made on the server: every ``live_every``-th row expires a day from
     now, the others expired an hour or more ago, and every ``revoked_every``-th of
     those is revoked (excluded by the policy's ``where``)."""
+    if dialect_of(url) == "mysql":
+        _load_mysql(url, n, table, live_every, revoked_every)
+        return
     with connect(url) as conn:
         conn.execute(
             f"create table {table} (id bigint primary key, user_id integer not null default 0,"
@@ -66,6 +81,27 @@ def load_sessions(
         )
         conn.execute(f"create index {table}_expires_at on {table} (expires_at)")
         conn.execute(f"analyze {table}")
+
+
+def _load_mysql(url: str, n: int, table: str, live_every: int, revoked_every: int) -> None:
+    """load_sessions on MariaDB: the same rows, from its sequence engine."""
+    with connect(url) as conn:
+        conn.execute(
+            f"create table {table} (id bigint primary key, user_id integer not null default 0,"
+            " expires_at datetime(6) not null, revoked_at datetime(6), note text)"
+        )
+        conn.execute(
+            f"insert into {table} (id, expires_at, revoked_at, note)"
+            " select seq,"
+            "   case when seq %% %(live)s = 0 then utc_timestamp(6) + interval 1 day"
+            "        else utc_timestamp(6) - interval 1 hour - interval seq * 1000 microsecond end,"
+            "   case when seq %% %(live)s <> 0 and seq %% %(rev)s = 0 then utc_timestamp(6) end,"
+            "   concat('row ', seq)"
+            f" from seq_1_to_{int(n)}",
+            {"live": live_every, "rev": revoked_every},
+        )
+        conn.execute(f"create index {table}_expires_at on {table} (expires_at)")
+        conn.execute(f"analyze table {table}").fetchall()
 
 
 def config(
@@ -215,7 +251,7 @@ def wait_until(
     while True:
         try:
             value = condition()
-        except psycopg.OperationalError:
+        except (psycopg.OperationalError, pymysql.err.OperationalError):
             value = None  # the server is restarting: ask again
         if value:
             return value
@@ -239,8 +275,11 @@ def plan_only(app: Any, owner: str = "drill-planner") -> int:
     from expiry.cleanup import PLAN
 
     planner = app.worker(name=owner)
+    mysql = app.engine.dialect == "mysql"
+    jobs_table = "expiry_jobs" if mysql else "expiry.jobs"
+    later = "utc_timestamp(6) + interval 1 hour" if mysql else "now() + interval '1 hour'"
     hold = (
-        "update expiry.jobs set run_at = now() + interval '1 hour'"
+        f"update {jobs_table} set run_at = {later}"
         " where handler = 'expiry.window' and state = 'available'"
     )
     while True:
@@ -251,6 +290,14 @@ def plan_only(app: Any, owner: str = "drill-planner") -> int:
             break
         assert jobs[0].handler == PLAN, jobs[0]
         planner.process(jobs[0])
+    if mysql:
+        with app.engine.transaction() as conn:
+            return int(
+                conn.execute(
+                    "update expiry_jobs set run_at = utc_timestamp(6)"
+                    " where handler = 'expiry.window' and state = 'available'"
+                ).rowcount
+            )
     with app.engine.transaction() as conn:
         row = conn.execute(
             "with due as (update expiry.jobs set run_at = now()"

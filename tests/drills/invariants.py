@@ -20,19 +20,56 @@ After the drill, ``check`` (or ``violations``) reads the database and reports:
 6. a run not finished once all its jobs are final;
 7. rows deleted != the sum of rows_affected in the policy's ledger (baseline).
 
-Everything is PostgreSQL: the drills run real processes against the real server.
+The checks are written for PostgreSQL and run on MariaDB too (the crash drill
+and the duplicate storm): its connection translates expiry's table names, and
+the few statements that differ are spelled for each.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from psycopg import sql
+import pymysql
 
 WINDOW_HANDLER = "expiry.window"
+_KEY = re.compile(r"(?<![\w`'.])key(?![\w`'])")
+
+
+def dialect(url: str) -> str:
+    if url.startswith(("mysql://", "mariadb://")):
+        return "mysql"
+    return "postgres"
+
+
+class Translating:
+    """An autocommit MariaDB connection that takes the drills' PostgreSQL
+    spelling of expiry's tables (``expiry.jobs``) and of the column ``key``.
+    (This module is self-contained: bench/soak.py loads it by path.)"""
+
+    def __init__(self, url: str) -> None:
+        from expiry.engines.mysql.engine import parse_url
+
+        self.raw = pymysql.connect(
+            **parse_url(url), autocommit=True, init_command="set session time_zone = '+00:00'"
+        )
+
+    def execute(self, statement: str, params: Any = None) -> Any:
+        cur = self.raw.cursor()
+        cur.execute(_KEY.sub("`key`", statement.replace("expiry.", "expiry_")), params)
+        return cur
+
+    def close(self) -> None:
+        self.raw.close()
+
+    def __enter__(self) -> Translating:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 @dataclass(frozen=True)
@@ -66,21 +103,29 @@ class Report:
         return head + "\n" + "\n".join(f"  VIOLATION: {v}" for v in self.violations)
 
 
-def _connect(url: str) -> psycopg.Connection[tuple[Any, ...]]:
+def _connect(url: str) -> Any:
+    if dialect(url) == "mysql":
+        return Translating(url)
     # Explicitly read-write, so that a drill that made the database read-only
     # by default can still be checked (the checker itself only reads).
     return psycopg.connect(url, autocommit=True, options="-c default_transaction_read_only=off")
 
 
-def _retention(target: Target) -> sql.Composable:
-    pred = sql.SQL("{ts} < %(cutoff)s").format(ts=sql.Identifier(target.timestamp))
+def _quote(url: str, name: str) -> str:
+    """An identifier, schema-qualified or not, quoted as the server reads it."""
+    mark = "`" if dialect(url) == "mysql" else '"'
+    return ".".join(mark + part.replace(mark, mark * 2) + mark for part in name.split("."))
+
+
+def _retention(url: str, target: Target) -> str:
+    pred = f"{_quote(url, target.timestamp)} < %(cutoff)s"
     if target.where:
-        pred = sql.SQL("{} and ({})").format(pred, sql.SQL(target.where))  # type: ignore[arg-type]
+        pred = f"{pred} and ({target.where.replace('%', '%%')})"
     return pred
 
 
-def _table(target: Target) -> sql.Identifier:
-    return sql.Identifier(*target.table.split("."))
+def _table(url: str, target: Target) -> str:
+    return _quote(url, target.table)
 
 
 def record_expected(url: str, targets: Sequence[Target] = (Target(),)) -> dict[str, int]:
@@ -89,33 +134,37 @@ def record_expected(url: str, targets: Sequence[Target] = (Target(),)) -> dict[s
     whose deadline is still ahead (database clock) and rows ``where`` excludes.
     Returns {table: survivors}."""
     out: dict[str, int] = {}
+    mysql = dialect(url) == "mysql"
+    text = "varchar(255)" if mysql else "text"
+    now = "utc_timestamp(6)" if mysql else "now()"
     with _connect(url) as conn:
         conn.execute(
             "create table if not exists drill_survivors"
-            " (tbl text not null, id bigint not null, primary key (tbl, id))"
+            f" (tbl {text} not null, id bigint not null, primary key (tbl, id))"
         )
         conn.execute(
-            "create table if not exists drill_baseline (tbl text primary key, rows bigint not null)"
+            "create table if not exists drill_baseline"
+            f" (tbl {text} primary key, {_quote(url, 'rows')} bigint not null)"
         )
         for target in targets:
-            kept = sql.SQL("not ({ts} < now())").format(ts=sql.Identifier(target.timestamp))
+            kept = f"not ({_quote(url, target.timestamp)} < {now})"
             if target.where:
-                kept = sql.SQL("{} or not coalesce(({}), false)").format(
-                    kept, sql.SQL(target.where)
-                )
+                kept = f"{kept} or not coalesce(({target.where}), false)"
             conn.execute("delete from drill_survivors where tbl = %s", (target.table,))
             cur = conn.execute(
-                sql.SQL(
-                    "insert into drill_survivors (tbl, id) select %s, {key} from {table} where {kept}"
-                ).format(key=sql.Identifier(target.key), table=_table(target), kept=kept),
+                f"insert into drill_survivors (tbl, id) select %s, {_quote(url, target.key)}"
+                f" from {_table(url, target)} where {kept.replace('%', '%%')}",
                 (target.table,),
             )
             out[target.table] = cur.rowcount
+            upsert = (
+                "on duplicate key update `rows` = values(`rows`)"
+                if mysql
+                else "on conflict (tbl) do update set rows = excluded.rows"
+            )
             conn.execute(
-                sql.SQL(
-                    "insert into drill_baseline (tbl, rows) select %s, count(*) from {table}"
-                    " on conflict (tbl) do update set rows = excluded.rows"
-                ).format(table=_table(target)),
+                f"insert into drill_baseline (tbl, {_quote(url, 'rows')}) select %s, count(*)"
+                f" from {_table(url, target)} {upsert}",
                 (target.table,),
             )
     return out
@@ -202,13 +251,13 @@ def violations(url: str, targets: Sequence[Target] = (Target(),)) -> Report:
             v.append(f"run {run_id} is {state} although none of its jobs is pending")
 
         for target in targets:
-            _check_target(conn, target, report)
+            _check_target(url, conn, target, report)
     return report
 
 
-def _check_target(conn: Any, target: Target, report: Report) -> None:
+def _check_target(url: str, conn: Any, target: Target, report: Report) -> None:
     v = report.violations
-    table, key = _table(target), sql.Identifier(target.key)
+    table, key = _table(url, target), _quote(url, target.key)
     # 1. no protected row deleted
     report.survivors = int(
         conn.execute(
@@ -218,11 +267,9 @@ def _check_target(conn: Any, target: Target, report: Report) -> None:
     lost = [
         r[0]
         for r in conn.execute(
-            sql.SQL(
-                "select s.id from drill_survivors s where s.tbl = %s"
-                " and not exists (select 1 from {table} t where t.{key} = s.id)"
-                " order by s.id"
-            ).format(table=table, key=key),
+            "select s.id from drill_survivors s where s.tbl = %s"
+            f" and not exists (select 1 from {table} t where t.{key} = s.id)"
+            " order by s.id",
             (target.table,),
         )
     ]
@@ -240,9 +287,8 @@ def _check_target(conn: Any, target: Target, report: Report) -> None:
         left = [
             r[0]
             for r in conn.execute(
-                sql.SQL("select {key} from {table} where {pred} order by {key} limit 10").format(
-                    key=key, table=table, pred=_retention(target)
-                ),
+                f"select {key} from {table} where {_retention(url, target)}"
+                f" order by {key} limit 10",
                 {"cutoff": cutoff},
             )
         ]
@@ -252,7 +298,9 @@ def _check_target(conn: Any, target: Target, report: Report) -> None:
             )
 
     # 7. the rows that went are exactly the rows the ledger says it applied
-    row = conn.execute("select rows from drill_baseline where tbl = %s", (target.table,)).fetchone()
+    row = conn.execute(
+        f"select {_quote(url, 'rows')} from drill_baseline where tbl = %s", (target.table,)
+    ).fetchone()
     applied = int(
         conn.execute(
             "select coalesce(sum(rows_affected), 0) from expiry.ledger where policy = %s",
@@ -261,7 +309,7 @@ def _check_target(conn: Any, target: Target, report: Report) -> None:
     )
     report.rows_applied += applied
     if row is not None and target.action == "delete":
-        now = int(conn.execute(sql.SQL("select count(*) from {}").format(table)).fetchone()[0])
+        now = int(conn.execute(f"select count(*) from {table}").fetchone()[0])
         if row[0] - now != applied:
             v.append(
                 f"{target.table}: {row[0] - now} rows are gone but the ledger of "

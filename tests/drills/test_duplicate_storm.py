@@ -19,7 +19,7 @@ from expiry.cleanup import WINDOW
 from expiry.types import Job
 from expiry.worker import Worker
 
-from .harness import connect, load_sessions, plan_only, scale
+from .harness import connect, dialect, load_sessions, plan_only, scale
 from .invariants import check, record_expected
 
 ROWS = scale(20_000, 1_000_000)
@@ -34,8 +34,10 @@ def claim_all(app: App, owner: str) -> dict[str, Job]:
 
 
 def test_every_window_delivered_twice_concurrently_applies_once(
-    pg_url: str, apps: Callable[..., App]
+    server_url: str, apps: Callable[..., App]
 ) -> None:
+    pg_url = server_url  # PostgreSQL, then MariaDB
+    mysql = dialect(pg_url) == "mysql"
     load_sessions(pg_url, ROWS)
     record_expected(pg_url)
     policy = {"window": WINDOW_KEYS}
@@ -78,13 +80,17 @@ def test_every_window_delivered_twice_concurrently_applies_once(
     # rest as a continuation job: those are ordinary single deliveries.
     drain(app_b)
 
+    aggregate = (
+        "group_concat(action order by action)" if mysql else "array_agg(action order by action)"
+    )
     with connect(pg_url) as conn:
-        per_key = dict(
-            conn.execute(
-                "select job_key, array_agg(action order by action) from expiry.audit"
+        per_key = {
+            key: actions.split(",") if mysql else actions
+            for key, actions in conn.execute(
+                f"select job_key, {aggregate} from expiry.audit"
                 " where job_key is not null and action not like 'run.%%' group by job_key"
             ).fetchall()
-        )
+        }
         owners = dict(conn.execute("select key, worker from expiry.ledger").fetchall())
     # One ledger row per key (its primary key): each window booked exactly once.
     applied = set(owners)

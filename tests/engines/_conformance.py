@@ -3,11 +3,13 @@
 The tests talk to the engine through its methods; they reach under it only to
 move a stored time into the past or to read what a table holds. That SQL is
 written once for PostgreSQL (``expiry.`` tables, ``%s`` placeholders) and
-translated for SQLite (``expiry_`` tables, ``?``).
+translated for SQLite (``expiry_`` tables, ``?``) and MySQL (``expiry_``
+tables, the column ``key`` quoted: a reserved word there).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -15,11 +17,24 @@ from typing import Any
 from expiry.engines import Engine
 from expiry.types import Job, NewJob
 
+_KEY = re.compile(r"(?<![\w`'.])(?<!primary )(?<!foreign )key(?![\w`'])")
+
+TIME_TYPE = {"postgres": "timestamptz", "sqlite": "real", "mysql": "datetime(6)"}
+"""A column type that holds a time, as each engine's tests declare it."""
+
+
+def translate(engine: Engine, statement: str) -> str:
+    """A statement written for PostgreSQL, in this engine's dialect."""
+    if engine.dialect == "sqlite":
+        return statement.replace("expiry.", "expiry_").replace("%s", "?")
+    if engine.dialect == "mysql":
+        return _KEY.sub("`key`", statement.replace("expiry.", "expiry_"))
+    return statement
+
 
 def execute(engine: Engine, statement: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
     """Run one statement in its own transaction; its rows as dicts."""
-    if engine.dialect == "sqlite":
-        statement = statement.replace("expiry.", "expiry_").replace("%s", "?")
+    statement = translate(engine, statement)
     with engine.transaction() as conn:
         cur = conn.execute(statement, tuple(params))
         return list(cur.fetchall()) if cur.description is not None else []
@@ -27,7 +42,11 @@ def execute(engine: Engine, statement: str, params: Sequence[Any] = ()) -> list[
 
 def age(engine: Engine, table: str, column: str, seconds: float, where: str = "true") -> None:
     """Move ``column`` of the rows of ``table`` matching ``where`` ``seconds`` back."""
-    amount = f"make_interval(secs => {seconds})" if engine.dialect == "postgres" else str(seconds)
+    amount = {
+        "postgres": f"make_interval(secs => {seconds})",
+        "sqlite": str(seconds),
+        "mysql": f"interval {round(seconds * 1_000_000)} microsecond",
+    }[engine.dialect]
     execute(engine, f"update expiry.{table} set {column} = {column} - {amount} where {where}")
 
 
@@ -74,3 +93,17 @@ def complete(engine: Engine, key: str, run_id: str | None, handler: str = "expir
     done = engine.job_get(key)
     assert done is not None
     return done
+
+
+def drop_expiry_tables(engine: Engine) -> None:
+    """Drop every table of expiry's own, as if it had never been migrated."""
+    if engine.dialect == "postgres":
+        execute(engine, "drop schema expiry cascade")
+        return
+    listed = {
+        "sqlite": "select name from sqlite_master where type = 'table' and name like 'expiry%'",
+        "mysql": "select table_name as name from information_schema.tables"
+        " where table_schema = database() and table_name like 'expiry%%'",
+    }[engine.dialect]
+    for row in execute(engine, listed):
+        execute(engine, f"drop table {engine.quote(row['name'])}")

@@ -7,7 +7,7 @@ Each test runs once on SQLite and once on PostgreSQL (the ``engine`` fixture).
 from __future__ import annotations
 
 import pytest
-from _conformance import execute, is_utc
+from _conformance import drop_expiry_tables, execute, is_utc
 
 from expiry.engines import Engine
 
@@ -93,14 +93,7 @@ def test_key_set_scopes_replaces_them_for_a_key_in_force_only(engine: Engine) ->
 def test_keys_made_before_migration_0009_become_admin(engine: Engine) -> None:
     every = engine.migrations
     try:
-        if engine.dialect == "postgres":
-            execute(engine, "drop schema expiry cascade")
-        else:
-            for row in execute(
-                engine,
-                "select name from sqlite_master where type = 'table' and name like 'expiry%'",
-            ):
-                execute(engine, f'drop table "{row["name"]}"')
+        drop_expiry_tables(engine)
         engine.migrations = [m for m in every if m[0] < 9]
         engine.migrate()
         execute(

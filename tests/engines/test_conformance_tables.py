@@ -2,7 +2,8 @@
 what a relation is, a plan without running), the time predicate of each storage,
 and the window as one operation (delete or archive, book, complete, duplicate).
 
-Each test runs once on SQLite and once on PostgreSQL (the ``engine`` fixture).
+Each test runs once on each engine (the ``engine`` fixture): SQLite, PostgreSQL
+and MariaDB.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from _conformance import claim, enqueue, execute
+from _conformance import TIME_TYPE, claim, enqueue, execute
 
 from expiry.engines import Engine
 from expiry.errors import ForeignKeyBlocked, SchemaError
@@ -22,19 +23,19 @@ CUTOFF = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 
 def make_sessions(engine: Engine, archive: bool = False) -> None:
-    ts = "timestamptz" if engine.dialect == "postgres" else "real"
+    ts = TIME_TYPE[engine.dialect]
     execute(engine, f"create table sessions (id bigint primary key, expires_at {ts}, note text)")
     execute(engine, "create index sessions_expires_at on sessions (expires_at)")
     if archive:
         execute(engine, f"create table sessions_archive (id bigint, expires_at {ts}, note text)")
     for i in range(1, 11):
         at = CUTOFF + timedelta(hours=-1 if i <= 6 else 1)  # 1..6 expired
-        value = at if engine.dialect == "postgres" else at.timestamp()
+        value = at.timestamp() if engine.dialect == "sqlite" else at
         execute(engine, "insert into sessions values (%s, %s, %s)", (i, value, f"row {i}"))
 
 
 def storage(engine: Engine) -> Storage:
-    return Storage("native" if engine.dialect == "postgres" else "epoch")
+    return Storage("epoch" if engine.dialect == "sqlite" else "native")
 
 
 def delete_statement(engine: Engine, table: str = "sessions") -> str:
@@ -47,7 +48,7 @@ def delete_statement(engine: Engine, table: str = "sessions") -> str:
     return (
         f"delete from {engine.quote(table)} where {engine.quote('id')} > {p('lo')} and "
         f"{engine.quote('id')} <= {p('hi')} and {pred} and not exists "
-        f"(select 1 from {engine.ledger_table} where key = {p('key')})"
+        f"(select 1 from {engine.ledger_table} where {engine.quote('key')} = {p('key')})"
     )
 
 
@@ -79,23 +80,29 @@ def ids(engine: Engine, table: str = "sessions") -> set[int]:
 
 
 def test_quote_and_placeholder_follow_the_driver(engine: Engine) -> None:
-    assert engine.quote('odd"name') == '"odd""name"'
-    assert engine.quote("auth.sessions") == '"auth"."sessions"'
-    assert engine.placeholder("lo") == ("%(lo)s" if engine.dialect == "postgres" else ":lo")
+    if engine.dialect == "mysql":
+        assert engine.quote("odd`name") == "`odd``name`"
+        assert engine.quote("auth.sessions") == "`auth`.`sessions`"
+    else:
+        assert engine.quote('odd"name') == '"odd""name"'
+        assert engine.quote("auth.sessions") == '"auth"."sessions"'
+    assert engine.placeholder("lo") == (":lo" if engine.dialect == "sqlite" else "%(lo)s")
     assert engine.escape("note like 'a%'") == (
-        "note like 'a%%'" if engine.dialect == "postgres" else "note like 'a%'"
+        "note like 'a%'" if engine.dialect == "sqlite" else "note like 'a%%'"
     )
 
 
 def test_column_kind_reads_declared_types(engine: Engine) -> None:
     assert engine.column_kind("bigint") == "integer"
     assert engine.column_kind("text") == "other"
-    expected_time = "time" if engine.dialect == "postgres" else "other"
+    expected_time = "other" if engine.dialect == "sqlite" else "time"
     assert engine.column_kind("timestamp with time zone") == expected_time
     # SQLite's own rule: a declared type containing "INT" has integer affinity.
-    assert engine.column_kind("interval") == (
-        "other" if engine.dialect == "postgres" else "integer"
-    )
+    assert engine.column_kind("interval") == ("integer" if engine.dialect == "sqlite" else "other")
+    if engine.dialect == "mysql":
+        assert engine.column_kind("datetime(6)") == "time"
+        assert engine.column_kind("int(10) unsigned") == "integer"
+        assert engine.column_kind("time") == "other"  # a duration, not an instant
 
 
 def test_table_columns_in_order_with_their_indexes(engine: Engine) -> None:
@@ -112,6 +119,8 @@ def test_table_relation_tells_tables_views_and_own_tables(engine: Engine) -> Non
     make_sessions(engine)
     execute(engine, "create view sessions_view as select id, note from sessions")
     own = "expiry.jobs" if engine.dialect == "postgres" else "expiry_jobs"
+    if engine.dialect == "mysql":
+        execute(engine, "create view sessions_count as select count(*) as n from sessions")
     with engine.transaction() as conn:
         table = engine.table_relation(conn, "sessions")
         view = engine.table_relation(conn, "sessions_view")
@@ -119,8 +128,12 @@ def test_table_relation_tells_tables_views_and_own_tables(engine: Engine) -> Non
         none = engine.table_relation(conn, "no_such_table")
     assert table is not None and table.kind == "table" and table.deletable and not table.own
     assert view is not None and view.kind == "view"
-    # PostgreSQL can delete through a simple view; SQLite cannot without triggers.
-    assert view.deletable == (engine.dialect == "postgres")
+    # PostgreSQL and MySQL can delete through a simple view; SQLite cannot without triggers.
+    assert view.deletable == (engine.dialect != "sqlite")
+    if engine.dialect == "mysql":  # an aggregate's view is not updatable
+        with engine.transaction() as conn:
+            counted = engine.table_relation(conn, "sessions_count")
+        assert counted is not None and counted.kind == "view" and not counted.deletable
     assert mine is not None and mine.own
     assert none is None
 
@@ -200,7 +213,7 @@ def test_window_apply_archives_into_the_archive_table(engine: Engine) -> None:
         engine,
         "p:run:0",
         move=move if engine.dialect == "postgres" else None,
-        copy=copy if engine.dialect == "sqlite" else None,
+        copy=None if engine.dialect == "postgres" else copy,
         action="archive",
     )
     with engine.transaction() as conn:
@@ -211,14 +224,16 @@ def test_window_apply_archives_into_the_archive_table(engine: Engine) -> None:
 
 def sql_time(engine: Engine) -> Any:
     at = CUTOFF - timedelta(hours=2)
-    return at if engine.dialect == "postgres" else at.timestamp()
+    return at.timestamp() if engine.dialect == "sqlite" else at
 
 
 def test_placeholder_as_binds_text_as_the_columns_type(engine: Engine) -> None:
     make_sessions(engine)
     with engine.transaction() as conn:
         declared = {c.name: c.type for c in engine.table_columns(conn, "sessions")}
-        value = CUTOFF.isoformat() if engine.dialect == "postgres" else CUTOFF.timestamp()
+        value = CUTOFF.timestamp() if engine.dialect == "sqlite" else CUTOFF.isoformat()
+        if engine.dialect == "mysql":  # a DATETIME compares with its own text, in UTC
+            value = CUTOFF.replace(tzinfo=None).isoformat(sep=" ")
         mark = engine.placeholder_as("at", declared["expires_at"])
         rows = conn.execute(
             f"select id from sessions where expires_at < {mark} order by id", {"at": value}
@@ -231,12 +246,17 @@ def test_placeholder_as_binds_text_as_the_columns_type(engine: Engine) -> None:
 def test_table_indexes_lists_each_indexs_columns_in_order(engine: Engine) -> None:
     make_sessions(engine)
     execute(engine, "create index sessions_pair on sessions (expires_at, id)")
-    execute(engine, "create index sessions_partial on sessions (note) where note is not null")
+    if engine.dialect == "mysql":  # no partial indexes; a prefix orders only by its prefix
+        execute(engine, "create index sessions_prefix on sessions (note(8), id)")
+    else:
+        execute(engine, "create index sessions_partial on sessions (note) where note is not null")
     with engine.transaction() as conn:
         indexes = {i.name: i for i in engine.table_indexes(conn, "sessions")}
     assert indexes["sessions_pair"].columns == ("expires_at", "id")
     assert indexes["sessions_expires_at"].columns == ("expires_at",)
     assert "sessions_partial" not in indexes  # serves only what implies its predicate
+    if engine.dialect == "mysql":
+        assert indexes["sessions_prefix"].columns == ()
     assert not indexes["sessions_pair"].unique
 
 
@@ -251,8 +271,10 @@ def test_table_references_lists_foreign_keys_with_their_on_delete(engine: Engine
     with engine.transaction() as conn:
         found = sorted(engine.table_references(conn, "sessions"), key=lambda r: r.table)
         none = engine.table_references(conn, "orders")
+    # MySQL's default for a foreign key is RESTRICT; PostgreSQL's and SQLite's NO ACTION.
+    default = "restrict" if engine.dialect == "mysql" else "no action"
     assert found == [
-        Reference("orders", ("sid",), ("id",), "no action"),
+        Reference("orders", ("sid",), ("id",), default),
         Reference("visits", ("sid",), ("id",), "cascade"),
     ]
     assert none == []
@@ -265,6 +287,20 @@ def test_table_partitions_with_their_ranges_and_partition_remove(engine: Engine)
     if engine.dialect == "sqlite":
         with engine.transaction() as conn, pytest.raises(SchemaError, match="no partitions"):
             engine.partition_remove(conn, "sessions", None, drop=True, lock_timeout_ms=10)  # type: ignore[arg-type]
+        return
+    if engine.dialect == "mysql":  # partitions are cleaned by windows, never dropped
+        execute(
+            engine,
+            "create table ev (id int, at datetime not null, primary key (id, at))"
+            " partition by range columns (at) (partition ev_1 values less than ('2026-02-01'),"
+            " partition ev_2 values less than (maxvalue))",
+        )
+        with engine.transaction() as conn:
+            relation = engine.table_relation(conn, "ev")
+            assert engine.table_partitions(conn, "ev") == []
+            with pytest.raises(SchemaError, match="not dropped on MySQL"):
+                engine.partition_remove(conn, "ev", None, drop=True, lock_timeout_ms=10)  # type: ignore[arg-type]
+        assert relation is not None and relation.partitioned and relation.kind == "table"
         return
     execute(engine, "create table ev (id int, at timestamptz not null) partition by range (at)")
     execute(
@@ -294,20 +330,23 @@ def test_table_partitions_with_their_ranges_and_partition_remove(engine: Engine)
 def time_delete(engine: Engine) -> str:
     """A time window's delete: positions (expires_at, id) after lower, up to upper."""
     q, cols = engine.quote, {"ts": engine.quote("expires_at"), "tie": engine.quote("id")}
-    ts_type = "timestamp with time zone" if engine.dialect == "postgres" else "real"
+    ts_type = {"postgres": "timestamp with time zone", "sqlite": "real", "mysql": "datetime(6)"}[
+        engine.dialect
+    ]
     lo_ts, hi_ts = (engine.placeholder_as(n, ts_type) for n in ("lo_ts", "hi_ts"))
     lo_tie, hi_tie = (engine.placeholder_as(n, "bigint") for n in ("lo_tie", "hi_tie"))
     return (
         f"delete from {q('sessions')} where ({cols['ts']}, {cols['tie']}) > ({lo_ts}, {lo_tie})"
         f" and ({cols['ts']}, {cols['tie']}) <= ({hi_ts}, {hi_tie})"
-        f" and not exists (select 1 from {engine.ledger_table} where key = {engine.placeholder('key')})"
+        f" and not exists (select 1 from {engine.ledger_table}"
+        f" where {q('key')} = {engine.placeholder('key')})"
     )
 
 
 def test_window_apply_takes_a_time_window_between_two_positions(engine: Engine) -> None:
     make_sessions(engine)
     at = CUTOFF - timedelta(hours=1)  # rows 1..6 share it: ties split by id
-    ts: Any = at.isoformat() if engine.dialect == "postgres" else at.timestamp()
+    ts: Any = {"postgres": at.isoformat(), "sqlite": at.timestamp(), "mysql": at}[engine.dialect]
     lo: list[Any] = [ts, "2" if engine.dialect == "postgres" else 2]
     hi: list[Any] = [ts, "5" if engine.dialect == "postgres" else 5]
     params = {"lo_ts": lo[0], "lo_tie": lo[1], "hi_ts": hi[0], "hi_tie": hi[1], "key": "p:run:t"}
@@ -350,7 +389,7 @@ def test_table_layout_and_estimate_rows_read_the_planners_statistics(engine: Eng
     make_sessions(engine)
     with engine.transaction() as conn:
         before = engine.table_layout(conn, "sessions", "expires_at")
-    if engine.dialect == "sqlite":
+    if engine.dialect in ("sqlite", "mysql"):
         assert before is None  # no statistics of that kind: no block windows
         with engine.transaction() as conn:
             assert engine.estimate_rows(conn, "select 1 from sessions", {}) is None

@@ -29,7 +29,11 @@ from expiry.app import App
 from expiry.config import parse_config
 from expiry.http import create_app
 
-NOW = {"postgres": "now()", "sqlite": "((julianday('now') - 2440587.5) * 86400.0)"}
+NOW = {
+    "postgres": "now()",
+    "sqlite": "((julianday('now') - 2440587.5) * 86400.0)",
+    "mysql": "utc_timestamp(6)",
+}
 
 POLICY: dict[str, Any] = {
     "name": "expired-sessions",
@@ -41,7 +45,9 @@ POLICY: dict[str, Any] = {
 
 
 def dialect_of(url: str) -> str:
-    return "postgres" if url.startswith(("postgresql://", "postgres://")) else "sqlite"
+    if url.startswith(("postgresql://", "postgres://")):
+        return "postgres"
+    return "mysql" if url.startswith(("mysql://", "mariadb://")) else "sqlite"
 
 
 def config_data(
@@ -78,6 +84,10 @@ class Db:
         self.conn: Any
         if self.dialect == "postgres":
             self.conn = psycopg.connect(url, autocommit=True)
+        elif self.dialect == "mysql":
+            from cleanup.support import MySQLConn
+
+            self.conn = MySQLConn(url)
         else:
             self.conn = sqlite3.connect(
                 url.removeprefix("sqlite:///"), isolation_level=None, timeout=30
@@ -90,6 +100,8 @@ class Db:
         text = statement.replace("{now}", NOW[self.dialect])
         if self.dialect == "sqlite":
             text = text.replace("expiry.", "expiry_").replace("%s", "?")
+        elif self.dialect == "mysql":
+            text = text.replace("expiry.", "expiry_")
         return text
 
     def execute(self, statement: str, params: Iterable[Any] = ()) -> None:
@@ -100,8 +112,8 @@ class Db:
         return None if row is None else row[0]
 
     def create_sessions(self, table: str = "sessions") -> None:
-        kind = "timestamptz" if self.dialect == "postgres" else "real"
-        key = "bigint" if self.dialect == "postgres" else "integer"
+        kind = {"postgres": "timestamptz", "sqlite": "real", "mysql": "datetime(6)"}[self.dialect]
+        key = "integer" if self.dialect == "sqlite" else "bigint"
         self.execute(
             f"create table {table} (id {key} primary key, expires_at {kind} not null, note text)"
         )
@@ -117,6 +129,13 @@ class Db:
                 " else now() + interval '1 day' end, 'row ' || g"
                 " from generate_series(1, %s) as g",
                 (expired, total),
+            )
+            return
+        if self.dialect == "mysql":
+            self.conn.executemany(
+                f"insert into {table} (id, expires_at, note) values"
+                " (%s, utc_timestamp(6) + interval %s second, %s)",
+                [(i, -3600 if i <= expired else 86400, f"row {i}") for i in range(1, total + 1)],
             )
             return
         self.conn.execute("begin")

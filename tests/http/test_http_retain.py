@@ -9,11 +9,22 @@ from urllib.parse import quote
 from _http_live import Db, Serve
 
 POLICY = "expired-sessions"
-SECONDS = {"postgres": "make_interval(secs => %s)", "sqlite": "%s"}
+SECONDS = {
+    "postgres": "make_interval(secs => %s)",
+    "sqlite": "%s",
+    "mysql": "interval round(%s * 1000000) microsecond",
+}
 
 
 def insert(db: Db, first: int, last: int, seconds: float) -> None:
     """Rows first..last that expire ``seconds`` from now (negative: expired)."""
+    if db.dialect == "mysql":  # WITH goes after INSERT there: the rows as values
+        values = ", ".join(
+            f"({i}, utc_timestamp(6) + {SECONDS['mysql'] % seconds})"
+            for i in range(first, last + 1)
+        )
+        db.execute(f"insert into sessions (id, expires_at) values {values}")
+        return
     db.execute(
         "with recursive g(i) as (select cast(%s as bigint) union all"
         " select i + 1 from g where i < %s)"

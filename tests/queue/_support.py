@@ -4,12 +4,15 @@ The tests reach under the queue only to move time (make a job due, expire a
 lease, age a finished job) and to read what the database really holds. Each
 helper writes its SQL once with ``%s`` placeholders and the PostgreSQL table
 name; for SQLite the placeholders become ``?`` and ``expiry.`` becomes
-``expiry_``, and the ``now`` token stands for each database's own clock.
+``expiry_``; for MySQL ``expiry.`` becomes ``expiry_`` and the column ``key``
+(a reserved word there) is quoted; the ``now`` token stands for each
+database's own clock.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -21,8 +24,17 @@ from expiry.engines import Engine
 
 PROC = Path(__file__).with_name("_proc.py")
 
-_NOW = {"postgres": "now()", "sqlite": "((julianday('now') - 2440587.5) * 86400.0)"}
-_SECONDS = {"postgres": "make_interval(secs => {})", "sqlite": "{}"}
+_NOW = {
+    "postgres": "now()",
+    "sqlite": "((julianday('now') - 2440587.5) * 86400.0)",
+    "mysql": "utc_timestamp(6)",
+}
+_SECONDS = {
+    "postgres": "make_interval(secs => {})",
+    "sqlite": "{}",
+    "mysql": "interval round(({}) * 1000000) microsecond",
+}
+_KEY = re.compile(r"(?<![\w`'.])(?<!primary )(?<!foreign )key(?![\w`'])")
 
 
 def sql(engine: Engine, statement: str) -> str:
@@ -30,6 +42,8 @@ def sql(engine: Engine, statement: str) -> str:
     text = statement.replace("{now}", _NOW[engine.dialect])
     if engine.dialect == "sqlite":
         text = text.replace("expiry.", "expiry_").replace("%s", "?")
+    elif engine.dialect == "mysql":
+        text = _KEY.sub("`key`", text.replace("expiry.", "expiry_"))
     return text
 
 
@@ -78,7 +92,7 @@ def age_finished(engine: Engine, keys: Sequence[str], by_seconds: float) -> None
 
 def placeholder(engine: Engine) -> str:
     """The driver's own parameter style, as handlers write it."""
-    return "%s" if engine.dialect == "postgres" else "?"
+    return "?" if engine.dialect == "sqlite" else "%s"
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 30.0, what: str = "") -> None:

@@ -111,8 +111,14 @@ def test_a_resting_queue_does_not_cost_an_empty_claim_of_the_others_each_job(
     app.queue.claim = counting  # type: ignore[method-assign]
     hooks = Hooks(gates=lambda: Gates(resting=dict(resting), limits={"a": 1}))
     worker = Worker(
-        app.engine, app.queue, app.handlers, hooks,
-        queues=("a", "b"), poll=5.0, rescue_every=60.0, rng=random.Random(0),
+        app.engine,
+        app.queue,
+        app.handlers,
+        hooks,
+        queues=("a", "b"),
+        poll=5.0,
+        rescue_every=60.0,
+        rng=random.Random(0),
     )
     thread = threading.Thread(target=worker.run)
     thread.start()

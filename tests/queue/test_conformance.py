@@ -497,6 +497,13 @@ def execute_in(engine: Engine, tx: object, statement: str, *params: object) -> N
 def drop_expiry_schema(engine: Engine) -> None:
     if engine.dialect == "postgres":
         execute(engine, "drop schema expiry cascade")
+    elif engine.dialect == "mysql":
+        tables = (
+            "select table_name as name from information_schema.tables"
+            " where table_schema = database() and table_name like 'expiry%%'"
+        )
+        for row in execute(engine, tables):
+            execute(engine, f"drop table `{row['name']}`")
     else:
         tables = "select name from sqlite_master where type = 'table' and name like 'expiry%'"
         for row in execute(engine, tables):

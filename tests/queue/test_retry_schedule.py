@@ -20,6 +20,7 @@ CAP = 600.0
 DELAY = {
     "postgres": "extract(epoch from run_at - updated_at)::float8",
     "sqlite": "run_at - updated_at",
+    "mysql": "timestampdiff(microsecond, updated_at, run_at) / 1e6",
 }
 """The delay a failure drew: job_fail sets run_at to now() + delay, updated_at to now()."""
 

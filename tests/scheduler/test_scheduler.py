@@ -71,6 +71,11 @@ def create_target(url: str) -> None:
                 "create table if not exists sessions "
                 "(id bigint primary key, expires_at timestamptz not null)"
             )
+        elif app.engine.dialect == "mysql":
+            conn.execute(
+                "create table if not exists sessions "
+                "(id bigint primary key, expires_at datetime(6) not null)"
+            )
         else:
             conn.execute(
                 "create table if not exists sessions "

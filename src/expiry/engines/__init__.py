@@ -10,17 +10,27 @@ from .base import Engine
 
 
 def open_engine(url: str, *, pool_size: int = 4) -> Engine:
-    """Open the engine for a database URL: postgresql://... or sqlite:///path."""
+    """Open the engine for a database URL: postgresql://..., mysql://... (or
+    mariadb://...) or sqlite:///path."""
     if url.startswith(("postgresql://", "postgres://")):
         from .postgres import PostgresEngine
 
         return PostgresEngine(url, pool_size=pool_size)
+    if url.startswith(("mysql://", "mariadb://")):
+        try:
+            from .mysql import MySQLEngine
+        except ModuleNotFoundError as exc:
+            raise ConfigError(
+                f"database url {url!r} needs the MySQL driver: pip install 'expiry[mysql]' ({exc})"
+            ) from exc
+
+        return MySQLEngine(url, pool_size=pool_size)
     if url.startswith("sqlite:///"):
         from .sqlite import SQLiteEngine
 
         return SQLiteEngine(url)
     raise ConfigError(
-        f"database url {url!r} is not supported: use postgresql://host/db or sqlite:///path/to/file.db"
+        f"database url {url!r} is not supported: use postgresql://host/db, mysql://user@host/db or sqlite:///path/to/file.db"
     )
 
 

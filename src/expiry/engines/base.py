@@ -332,6 +332,12 @@ class Engine(abc.ABC):
         table_columns gave it): where the driver binds text (a time window's
         positions on PostgreSQL), cast in the statement."""
 
+    integer_type: str = "bigint"
+    """The type a statement casts an integer to (MySQL: signed)."""
+
+    integer_division: str = "/"
+    """The operator that divides two integers into an integer (MySQL: div)."""
+
     block_span: str | None = None
     """A window's range over the heap's row addresses, encoded block * 65536 +
     item in {p_lo} and {p_hi} (PostgreSQL's ctid); None where rows have no

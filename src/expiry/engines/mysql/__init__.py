@@ -1,0 +1,5 @@
+"""The MySQL and MariaDB engine."""
+
+from .engine import MySQLEngine
+
+__all__ = ["MySQLEngine"]

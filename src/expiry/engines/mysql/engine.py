@@ -1,0 +1,566 @@
+"""MySQL and MariaDB engine: PyMySQL, one connection per thread; expiry's tables
+live in the application's database, prefixed expiry_ (as on SQLite).
+
+InnoDB at READ COMMITTED: a statement reads what committed before it began, as
+on PostgreSQL, and locking reads lock rows, not gaps, so that claims and windows
+of different keys never wait on each other. Claims use FOR UPDATE SKIP LOCKED
+(MariaDB 10.6, MySQL 8.0). Times are the server's UTC clock, DATETIME(6). There
+is no NOTIFY: idle workers poll (``[worker] poll``). The session's time zone is
+UTC, so that a target's TIMESTAMP column reads as UTC.
+
+A named query may be several statements (queries.sql says why): they run in
+order on one connection, in the caller's transaction, and the rows of the last
+one that returns rows come back. An insert that meets an existing key (1062)
+ends its query with no rows, the statement alone rolled back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import pymysql
+import pymysql.cursors
+from pymysql.constants import CLIENT, ER
+
+from ...errors import AlreadyApplied, ConfigError, MigrationError
+from ...types import EnqueueResult, Job, JobState, NewJob
+from ..base import (
+    Row,
+    check_payload,
+    classify_exception,
+    in_turns,
+    load_migrations,
+    load_queries,
+    run_of,
+)
+from .tables import MySQLTables
+
+log = logging.getLogger("expiry.engine")
+
+NOW_SQL = "utc_timestamp(6)"
+
+# Error numbers that pass: lock wait timeout, deadlock, the statement timeouts
+# (MariaDB's max_statement_time, MySQL's max_execution_time), a read-only server
+# (--read-only, super_read_only, a replica), too many connections, and the
+# connection gone (client errors 2002 to 2013).
+TRANSIENT_ERRORS = {
+    1205: "lock_timeout",
+    1213: "deadlock",
+    1969: "statement_timeout",
+    3024: "statement_timeout",
+    1290: "read_only",
+    1836: "read_only",
+    1792: "read_only",
+    1040: "too_many_connections",
+    1053: "admin_shutdown",
+    1927: "connection_lost",
+    2002: "connection_lost",
+    2003: "connection_lost",
+    2006: "connection_lost",
+    2013: "connection_lost",
+}
+
+PERMANENT_ERRORS = {
+    1146: "undefined_table",
+    1054: "undefined_column",
+    1142: "insufficient_privilege",
+    1143: "insufficient_privilege",
+    1044: "insufficient_privilege",
+    1064: "syntax_error",
+}
+
+# A migration run again after a crash part-way meets what it made already:
+# a table, column, key or trigger that exists is passed over.
+_EXISTS = {1050, 1060, 1061, 1359}
+
+_MIGRATION_LOCK = "expiry.migrate"
+
+
+def split_statements(script: str) -> list[str]:
+    """A script's statements: each ends with ';' at the end of a line (comment
+    lines dropped)."""
+    statements, buffer = [], []
+    for line in script.splitlines():
+        if line.lstrip().startswith("--") or not line.strip():
+            continue
+        buffer.append(line)
+        if line.rstrip().endswith(";"):
+            statements.append("\n".join(buffer).rstrip().rstrip(";"))
+            buffer = []
+    if buffer:
+        statements.append("\n".join(buffer))
+    return statements
+
+
+def parse_url(url: str) -> dict[str, Any]:
+    """mysql://user:password@host:port/database (or mariadb://) as PyMySQL's
+    connect() arguments."""
+    parts = urlsplit(url)
+    database = parts.path.lstrip("/")
+    if not database:
+        raise ConfigError(
+            f"database url {url!r} names no database: use mysql://user@host:3306/dbname"
+        )
+    return {
+        "host": parts.hostname or "127.0.0.1",
+        "port": parts.port or 3306,
+        "user": unquote(parts.username or "root"),
+        "password": unquote(parts.password or ""),
+        "database": unquote(database),
+    }
+
+
+def utc(value: datetime) -> datetime:
+    """An aware datetime as the naive UTC value a DATETIME(6) column holds."""
+    if value.tzinfo is None:
+        return value
+    return value.astimezone(UTC).replace(tzinfo=None)
+
+
+class Connection:
+    """A PyMySQL connection as the rest of expiry uses a driver connection:
+    ``execute(sql, params)`` returns a cursor of dict rows."""
+
+    def __init__(self, raw: pymysql.connections.Connection) -> None:
+        self.raw = raw
+        self.limits: tuple[str, str] | None = None
+        self.in_transaction = False
+
+    def execute(self, sql: str, params: Any = None) -> Any:
+        cur = self.raw.cursor(pymysql.cursors.DictCursor)
+        cur.execute(sql, _bind(params) if params is not None else None)
+        return cur
+
+
+def _bind(params: Any) -> Any:
+    if isinstance(params, Mapping):
+        return {k: utc(v) if isinstance(v, datetime) else v for k, v in params.items()}
+    if isinstance(params, (list, tuple)):
+        return [utc(v) if isinstance(v, datetime) else v for v in params]
+    return params
+
+
+class MySQLEngine(MySQLTables):
+    dialect = "mysql"
+
+    def __init__(self, url: str, *, pool_size: int = 4) -> None:
+        self.url = url
+        self.params = parse_url(url)
+        self.queries = load_queries(__package__ or "expiry.engines.mysql", {"$now": NOW_SQL})
+        self.statements = {name: split_statements(sql) for name, sql in self.queries.items()}
+        self.migrations = load_migrations(__package__ or "expiry.engines.mysql")
+        self._local = threading.local()
+        self._all: list[Connection] = []
+        self._lock = threading.Lock()
+        self._mariadb: bool | None = None
+
+    # -- connections ------------------------------------------------------------
+
+    def _open(self) -> Connection:
+        raw = pymysql.connect(
+            **self.params,
+            autocommit=True,
+            charset="utf8mb4",
+            # row_count() counts rows matched, as PostgreSQL's row counts do.
+            client_flag=CLIENT.FOUND_ROWS,
+            init_command="set session time_zone = '+00:00'",
+        )
+        cur = raw.cursor()
+        cur.execute("set session transaction isolation level read committed")
+        if self._mariadb is None:
+            cur.execute("select version()")
+            self._mariadb = "mariadb" in str(cur.fetchone()[0]).lower()
+        return Connection(raw)
+
+    @property
+    def mariadb(self) -> bool:
+        """MariaDB rather than MySQL (read as the first connection opens)."""
+        if self._mariadb is None:
+            self._open().raw.close()
+        return bool(self._mariadb)
+
+    def _take(self) -> Connection:
+        """A connection of this thread's own that no transaction holds: a
+        transaction opened inside another gets a second one, as the other
+        engines' pools give it (never the same session, which would commit the
+        first)."""
+        free: list[Connection] = self._local.__dict__.setdefault("free", [])
+        while free:
+            conn = free.pop()
+            if conn.raw.open:
+                return conn
+            self._forget(conn)
+        conn = self._open()
+        with self._lock:
+            self._all.append(conn)
+        return conn
+
+    def _give(self, conn: Connection) -> None:
+        if conn.raw.open:
+            self._local.__dict__.setdefault("free", []).append(conn)
+        else:
+            self._forget(conn)
+
+    def _forget(self, conn: Connection) -> None:
+        try:
+            conn.raw.close()
+        except Exception:  # noqa: S110 (broken already)
+            pass
+        with self._lock:
+            if conn in self._all:
+                self._all.remove(conn)
+
+    def close(self) -> None:
+        with self._lock:
+            for conn in self._all:
+                try:
+                    conn.raw.close()
+                except Exception:  # noqa: S110
+                    pass
+            self._all.clear()
+        self._local = threading.local()
+
+    @contextmanager
+    def transaction(self, *, pipelined: bool = False, statement: bool = False) -> Iterator[Any]:
+        """``statement``: the connection in autocommit, each statement its own
+        transaction (ANALYZE TABLE, which would commit an open one); work of
+        several statements goes in ``atomic(conn)``."""
+        conn = self._take()
+        try:
+            try:
+                if conn.limits is not None:
+                    self._reset_limits(conn)
+                if statement:
+                    conn.raw.ping(reconnect=False)
+                else:
+                    conn.raw.begin()
+            except pymysql.err.OperationalError:
+                self._forget(conn)  # gone since its last use: one fresh try
+                conn = self._open()
+                with self._lock:
+                    self._all.append(conn)
+                if not statement:
+                    conn.raw.begin()
+            with self._within(conn, begun=not statement):
+                yield conn
+        finally:
+            self._give(conn)
+
+    @contextmanager
+    def atomic(self, conn: Any) -> Iterator[Any]:
+        """A transaction of its own on a connection in statement mode; inside
+        the caller's transaction, nothing more."""
+        if conn.in_transaction:
+            yield conn
+            return
+        conn.raw.begin()
+        with self._within(conn, begun=True):
+            yield conn
+
+    @contextmanager
+    def _within(self, conn: Connection, *, begun: bool) -> Iterator[None]:
+        """Commit what ``conn`` began when the block ends, roll it back on an error."""
+        conn.in_transaction = begun
+        try:
+            yield
+        except BaseException as exc:
+            conn.in_transaction = False
+            if begun:
+                try:
+                    conn.raw.rollback()
+                except Exception:
+                    conn.raw.close()
+            if _errno(exc) == ER.DUP_ENTRY and "expiry_ledger" in str(exc).lower():
+                raise AlreadyApplied(f"ledger: {exc}") from exc
+            if isinstance(exc, pymysql.err.OperationalError) and _errno(exc) >= 2000:
+                conn.raw.close()
+            raise
+        else:
+            conn.in_transaction = False
+            if begun:
+                try:
+                    conn.raw.commit()
+                except Exception:
+                    conn.raw.close()
+                    raise
+
+    @contextmanager
+    def connect(self) -> Iterator[Any]:
+        """A dedicated connection (planner scans), autocommit until a transaction."""
+        conn = self._open()
+        try:
+            yield conn
+        finally:
+            conn.raw.close()
+
+    def session_limits(self, conn: Any, lock_timeout: str, statement_timeout: str) -> None:
+        """A window's limits: innodb_lock_wait_timeout (whole seconds, at least 1)
+        and the statement timeout (MariaDB's max_statement_time, in seconds, for
+        every statement; MySQL's max_execution_time, in ms, binds SELECT only, so
+        a window's DELETE there is bound by the lock wait alone)."""
+        lock_s = max(1, round(_ms(lock_timeout) / 1000))
+        statement_s = _ms(statement_timeout) / 1000
+        if conn.limits == (lock_timeout, statement_timeout):
+            return
+        conn.execute(f"set session innodb_lock_wait_timeout = {int(lock_s)}")
+        if self.mariadb:
+            conn.execute(f"set session max_statement_time = {statement_s:.3f}")
+        else:
+            conn.execute(f"set session max_execution_time = {int(statement_s * 1000)}")
+        conn.limits = (lock_timeout, statement_timeout)
+
+    def _reset_limits(self, conn: Connection) -> None:
+        conn.execute("set session innodb_lock_wait_timeout = default")
+        conn.execute(
+            "set session max_statement_time = default"
+            if self.mariadb
+            else "set session max_execution_time = default"
+        )
+        conn.limits = None
+
+    # -- named queries ------------------------------------------------------------
+
+    def _rows(self, conn: Any, name: str, params: dict[str, Any] | None = None) -> list[Row]:
+        bound = _bind(params or {})
+        found: list[Row] = []
+        cur = conn.raw.cursor(pymysql.cursors.DictCursor)
+        for i, statement in enumerate(self.statements[name]):
+            try:
+                cur.execute(statement, bound)
+            except pymysql.err.IntegrityError as exc:
+                if _errno(exc) == ER.DUP_ENTRY and i == 0 and _inserts(statement):
+                    return []  # the key exists: nothing inserted (ON CONFLICT DO NOTHING)
+                raise
+            if cur.description is not None:
+                found = list(cur.fetchall())
+        return found
+
+    def job_prune(self, older_than_seconds: float, limit: int = 10_000) -> int:
+        with self.transaction() as conn:
+            cur = conn.execute(
+                self.queries["job_prune"], {"age": older_than_seconds, "limit": limit}
+            )
+            return int(cur.rowcount)
+
+    def job_insert_many(
+        self, jobs: Sequence[NewJob], conn: Any | None = None
+    ) -> list[EnqueueResult]:
+        """Keys queued already are read first and the rest inserted in one
+        statement. Should another transaction insert one of them meanwhile, the
+        insert meets its key (1062: after that transaction commits), the
+        statement alone rolls back, and the batch is read again."""
+        if not jobs:
+            return []
+        payloads = [check_payload(job.payload) for job in jobs]
+        first: dict[str, int] = {}
+        for i, job in enumerate(jobs):
+            first.setdefault(job.key, i)
+        with self.transaction_or(conn) as c:
+            for _ in range(5):
+                keys = json.dumps(list(first))
+                existing = {row["key"] for row in self._rows(c, "job_existing", {"keys": keys})}
+                new = [i for key, i in first.items() if key not in existing]
+                if not new:
+                    inserted: set[str] = set()
+                    break
+                params = self._insert_params([jobs[i] for i in new], [payloads[i] for i in new])
+                try:
+                    c.execute(self.queries["job_insert_many"], params)
+                except pymysql.err.IntegrityError as exc:
+                    if _errno(exc) == ER.DUP_ENTRY:
+                        continue
+                    raise
+                inserted = {jobs[i].key for i in new}
+                break
+            else:
+                raise MigrationError(
+                    "enqueue kept meeting keys inserted meanwhile"
+                )  # pragma: no cover
+        results, seen = [], set()
+        for job in jobs:
+            results.append(EnqueueResult(job.key, job.key in inserted and job.key not in seen))
+            seen.add(job.key)
+        return results
+
+    def job_claim(
+        self,
+        queues: Sequence[str],
+        n: int,
+        lease_seconds: float,
+        owner: str,
+        fair_share: bool = False,
+        limits: Mapping[str, int] | None = None,
+    ) -> list[Job]:
+        """Lock the best due jobs of each queue (SKIP LOCKED, in its index order,
+        at most its limit), take the best n of them, the queues taking turns, and
+        lease those, in one transaction. ``fair_share``: at most half of the due
+        jobs seen (counted without locks, up to twice a queue's limit)."""
+        limits = limits or {}
+        with self.transaction() as conn:
+            seen, due = 0, []
+            for q in queues:
+                limit = min(n, limits.get(q, n))
+                if fair_share:
+                    row = self._rows(conn, "job_due_count", {"queue": q, "look": 2 * limit})
+                    seen += int(row[0]["n"])
+                rows = self._rows(conn, "job_due", {"queue": q, "n": limit})
+                due += [(turn, row) for turn, row in enumerate(rows)]
+            if not due:
+                return []
+            due.sort(key=lambda t: (t[1]["priority"], t[0], t[1]["run_at"], t[1]["id"]))
+            take = min(n, (seen + 1) // 2) if fair_share else n
+            ids = json.dumps([row["id"] for _, row in due[:take]])
+            params = {"ids": ids, "lease": lease_seconds, "owner": owner}
+            found = self._rows(conn, "job_claim", params)
+        return in_turns(list(map(self._job, found)))
+
+    def _list(self, values: Sequence[Any]) -> Any:
+        return json.dumps(list(values))
+
+    def _time(self, value: Any) -> datetime:
+        if isinstance(value, str):
+            value = datetime.fromisoformat(value)
+        assert isinstance(value, datetime), value
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+    def time_param(self, value: datetime) -> Any:
+        return utc(value)
+
+    def _insert_params(self, jobs: Sequence[NewJob], payloads: list[str]) -> dict[str, Any]:
+        items = [
+            {
+                "queue": j.queue,
+                "handler": j.handler,
+                "key": j.key,
+                "payload": payload,
+                "priority": j.priority,
+                "max_attempts": j.max_attempts,
+                "run_at": None if j.run_at is None else utc(j.run_at).isoformat(sep=" "),
+                "delay": float(j.delay),
+                "run_id": run_of(j),
+            }
+            for j, payload in zip(jobs, payloads, strict=True)
+        ]
+        return {"jobs": json.dumps(items)}
+
+    def _job(self, row: Row) -> Job:
+        return Job(
+            id=row["id"],
+            queue=row["queue"],
+            handler=row["handler"],
+            key=row["key"],
+            payload=json.loads(row["payload"]),
+            state=JobState(row["state"]),
+            priority=row["priority"],
+            attempt=row["attempt"],
+            max_attempts=row["max_attempts"],
+            run_at=self._time(row["run_at"]),
+            lease_owner=row["lease_owner"],
+            lease_token=row["lease_token"],
+            lease_expires_at=self._maybe_time(row["lease_expires_at"]),
+            last_error=row["last_error"],
+            last_error_kind=row["last_error_kind"],
+            errors=json.loads(row["errors"]),
+            created_at=self._maybe_time(row["created_at"]),
+            attempted_at=self._maybe_time(row["attempted_at"]),
+            finished_at=self._maybe_time(row["finished_at"]),
+        )
+
+    def classify(self, exc: BaseException) -> tuple[bool, str]:
+        known = classify_exception(exc)
+        if known:
+            return known
+        if isinstance(exc, pymysql.err.MySQLError):
+            code = _errno(exc)
+            if code in TRANSIENT_ERRORS:
+                return True, TRANSIENT_ERRORS[code]
+            if code in PERMANENT_ERRORS:
+                return False, PERMANENT_ERRORS[code]
+            if isinstance(exc, pymysql.err.OperationalError):
+                return True, "operational_error"
+            return False, type(exc).__name__.lower()
+        if isinstance(exc, OSError):
+            return True, "connection_lost"
+        return True, type(exc).__name__
+
+    # -- migrations ---------------------------------------------------------------
+
+    def schema_version(self) -> int:
+        with self.transaction() as conn:
+            found = conn.execute(
+                "select count(*) as n from information_schema.tables"
+                " where table_schema = database() and table_name = 'expiry_schema_migrations'"
+            ).fetchone()
+            if not found["n"]:
+                return 0
+            row = conn.execute("select max(version) as v from expiry_schema_migrations").fetchone()
+        return int(row["v"] or 0)
+
+    def migrate(self) -> list[int]:
+        """Apply the migrations not yet applied, one process at a time (GET_LOCK).
+        MySQL commits each DDL statement on its own: a migration cut short is
+        run again from its start, passing over what it made already."""
+        applied: list[int] = []
+        conn = self._open()
+        try:
+            got = conn.execute(f"select get_lock('{_MIGRATION_LOCK}', 60) as ok").fetchone()["ok"]
+            if got != 1:
+                raise MigrationError("another process has been migrating for 60 s; try again")
+            conn.execute(
+                "create table if not exists expiry_schema_migrations ("
+                " version integer primary key, applied_at datetime(6) not null)"
+                " engine = InnoDB"
+            )
+            row = conn.execute("select max(version) as v from expiry_schema_migrations").fetchone()
+            current = int(row["v"] or 0)
+            self.check_schema_version(current)
+            for version, sql in self.migrations:
+                if version <= current:
+                    continue
+                for statement in split_statements(sql):
+                    try:
+                        conn.execute(statement, None)
+                    except pymysql.err.MySQLError as exc:
+                        if _errno(exc) in _EXISTS:
+                            continue
+                        raise MigrationError(f"migration {version:04d} failed: {exc}") from exc
+                conn.execute(
+                    f"insert into expiry_schema_migrations values (%s, {NOW_SQL})",  # noqa: S608 (a constant)
+                    (version,),
+                )
+                applied.append(version)
+        finally:
+            try:
+                conn.execute(f"select release_lock('{_MIGRATION_LOCK}')")
+            finally:
+                conn.raw.close()
+        return applied
+
+
+def _errno(exc: BaseException) -> int:
+    args = getattr(exc, "args", ())
+    return args[0] if args and isinstance(args[0], int) else 0
+
+
+def _inserts(statement: str) -> bool:
+    return statement.lstrip().lower().startswith("insert")
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s)?\s*$")
+
+
+def _ms(value: str) -> float:
+    """'2000ms', '2s' or '2000' (ms, as PostgreSQL reads a bare number) in ms."""
+    match = _DURATION.match(str(value))
+    if not match:
+        raise ConfigError(f"cannot read {value!r} as a duration")
+    number = float(match.group(1))
+    return number * 1000 if match.group(2) == "s" else number

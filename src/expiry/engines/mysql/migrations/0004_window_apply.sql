@@ -1,0 +1,5 @@
+-- 0004: nothing to change on MySQL. PostgreSQL's 0004 adds expiry.window_apply,
+-- the window as one statement. MySQL's window runs the same steps as
+-- statements inside the worker's transaction (engines/mysql/tables.py), as
+-- SQLite's does. The number is kept so that every engine's schema versions mean
+-- the same.

@@ -1,0 +1,4 @@
+-- 0005: nothing to change on MySQL. PostgreSQL's 0005 makes deliveries of one
+-- window take turns on a transaction lock of its key; MySQL's take turns on the
+-- ledger row's key (engines/mysql/tables.py). The number is kept so that every
+-- engine's schema versions mean the same.

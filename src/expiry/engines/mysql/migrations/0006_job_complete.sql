@@ -1,0 +1,4 @@
+-- 0006: nothing to change on MySQL. PostgreSQL's 0006 writes the job-completion
+-- rule once, as a function; MySQL's window completes its job with the same
+-- named query (job_complete) as every other job. The number is kept so that
+-- every engine's schema versions mean the same.

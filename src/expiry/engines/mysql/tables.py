@@ -1,0 +1,298 @@
+"""A policy's table on MySQL and MariaDB: quoting, typing, the catalog
+(information_schema), and the window as statements in one transaction.
+
+Identifiers are quoted with backticks (a backtick inside doubled), values are
+bound by PyMySQL. A window runs as statements inside the worker's transaction,
+as on SQLite: its delete is guarded by the ledger, then the job is completed
+and the ledger row inserted. Deliveries of one window take turns on the rows
+themselves and on the ledger's unique key: a second delivery's delete waits on
+the first's row locks and then finds the rows gone (READ COMMITTED re-reads
+them), and its ledger insert waits on the first's key and then meets it
+(duplicate key): no rows taken is an audited duplicate, rows taken roll back
+(AlreadyApplied). An archive locks the window's rows, copies them, deletes
+them and checks that the two counts agree.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Any
+
+import pymysql
+
+from ...errors import ForeignKeyBlocked, SchemaError, TransientError
+from ...timestamps import NUMERIC_RANGES, Storage
+from ...types import (
+    AuditAction,
+    Column,
+    Index,
+    Layout,
+    Partition,
+    Reference,
+    Relation,
+    Replica,
+    VacuumStats,
+    WindowApply,
+)
+from ..base import Engine
+
+_COLUMNS = """
+select c.column_name as name, c.column_type as type,
+       exists (select 1 from information_schema.statistics s
+               where s.table_schema = c.table_schema and s.table_name = c.table_name
+                 and s.column_name = c.column_name and s.seq_in_index = 1) as indexed
+from information_schema.columns c
+where c.table_schema = coalesce(%(schema)s, database()) and c.table_name = %(table)s
+order by c.ordinal_position
+"""
+
+_RELATION = """
+select t.table_type as kind, coalesce(v.is_updatable, 'YES') as updatable,
+       (select count(*) from information_schema.partitions p
+        where p.table_schema = t.table_schema and p.table_name = t.table_name
+          and p.partition_name is not null) as partitions
+from information_schema.tables t
+left join information_schema.views v
+       on v.table_schema = t.table_schema and v.table_name = t.table_name
+where t.table_schema = coalesce(%(schema)s, database()) and t.table_name = %(table)s
+"""
+
+# Key columns in order; a column indexed by a prefix only, or an expression
+# (MySQL 8's functional key parts), ends what the index orders.
+_INDEXES = """
+select index_name as name, non_unique, column_name as column_name, sub_part
+from information_schema.statistics
+where table_schema = coalesce(%(schema)s, database()) and table_name = %(table)s
+order by index_name, seq_in_index
+"""
+
+_REFERENCES = """
+select k.table_schema as `schema`, k.table_name as name, k.constraint_name as constraint_name,
+       k.column_name as column_name, k.referenced_column_name as referenced,
+       r.delete_rule as on_delete
+from information_schema.key_column_usage k
+join information_schema.referential_constraints r
+  on r.constraint_schema = k.constraint_schema and r.constraint_name = k.constraint_name
+ and r.table_name = k.table_name
+where k.referenced_table_schema = coalesce(%(schema)s, database())
+  and k.referenced_table_name = %(table)s
+order by k.table_schema, k.table_name, k.constraint_name, k.ordinal_position
+"""
+
+
+_BASE_TYPE = re.compile(r"^[a-z]+")
+
+
+def quote(identifier: str) -> str:
+    """Quote a validated identifier, database-qualified or not, with backticks."""
+    return ".".join("`" + part.replace("`", "``") + "`" for part in identifier.split("."))
+
+
+def _split(table: str) -> dict[str, Any]:
+    schema, _, name = table.rpartition(".")
+    return {"schema": schema or None, "table": name}
+
+
+class MySQLTables(Engine):
+    """The Engine methods about a policy's table (the base of MySQLEngine)."""
+
+    ledger_table = "`expiry_ledger`"
+    typed_columns = True
+    integer_type = "signed"
+    integer_division = "div"
+
+    def quote(self, identifier: str) -> str:
+        return quote(identifier)
+
+    def placeholder(self, name: str) -> str:
+        return f"%({name})s"
+
+    def escape(self, text: str) -> str:
+        return text.replace("%", "%%")
+
+    def time_predicate(self, storage: Storage) -> tuple[str, str]:
+        # unix_timestamp() reads the cutoff in the session's time zone, UTC.
+        if storage.format == "epoch":
+            bound = "cast(ceil(unix_timestamp({p_cutoff})) as signed)"
+        elif storage.format == "epoch_ms":
+            bound = "cast(ceil(unix_timestamp({p_cutoff}) * 1000) as signed)"
+        else:
+            return "{p_cutoff}", ""
+        return bound, f" and {{ts}} >= {NUMERIC_RANGES[storage.format][0]:.0f}"
+
+    def cutoff_params(self, storage: Storage, cutoff: datetime) -> dict[str, Any]:
+        return {"cutoff": cutoff}
+
+    def column_kind(self, declared: str) -> str:
+        base = _BASE_TYPE.match(declared.lower())
+        name = base.group(0) if base else ""
+        if name in ("tinyint", "smallint", "mediumint", "int", "integer", "bigint"):
+            return "integer"
+        if name in ("datetime", "timestamp", "date"):
+            return "time"
+        return "other"
+
+    def table_columns(self, conn: Any, table: str) -> list[Column]:
+        rows = conn.execute(_COLUMNS, _split(table)).fetchall()
+        return [Column(r["name"], r["type"], bool(r["indexed"])) for r in rows]
+
+    def table_relation(self, conn: Any, table: str) -> Relation | None:
+        row = conn.execute(_RELATION, _split(table)).fetchone()
+        if row is None:
+            return None
+        kind = {"BASE TABLE": "table", "VIEW": "view", "SYSTEM VERSIONED": "table"}.get(
+            row["kind"], str(row["kind"]).lower()
+        )
+        writable = kind == "table" or (kind == "view" and row["updatable"] == "YES")
+        return Relation(
+            kind=kind,
+            own=_split(table)["table"].lower().startswith("expiry_"),
+            deletable=writable,
+            insertable=writable,
+            partitioned=int(row["partitions"]) > 0,
+        )
+
+    def table_layout(self, conn: Any, table: str, column: str) -> Layout | None:
+        return None  # no correlation statistics: windows by key or by time
+
+    def estimate_rows(self, conn: Any, statement: str, params: dict[str, Any]) -> int | None:
+        return None
+
+    def placeholder_as(self, name: str, declared: str) -> str:
+        return f"%({name})s"  # the server converts a bound value to the column's type
+
+    def table_indexes(self, conn: Any, table: str) -> list[Index]:
+        found: dict[str, tuple[list[str], bool, bool]] = {}
+        for row in conn.execute(_INDEXES, _split(table)).fetchall():
+            columns, unique, open_ = found.setdefault(
+                row["name"], ([], not row["non_unique"], True)
+            )
+            if not open_:
+                continue
+            if row["column_name"] is None or row["sub_part"] is not None:
+                found[row["name"]] = (columns, unique, False)
+                continue
+            columns.append(row["column_name"])
+        return [Index(name, tuple(cols), unique) for name, (cols, unique, _) in found.items()]
+
+    def table_references(self, conn: Any, table: str) -> list[Reference]:
+        groups: dict[tuple[str, str, str], list[Any]] = {}
+        for row in conn.execute(_REFERENCES, _split(table)).fetchall():
+            groups.setdefault((row["schema"], row["name"], row["constraint_name"]), []).append(row)
+        current = conn.execute("select database() as db").fetchone()["db"]
+        return [
+            Reference(
+                table=name if schema == current else f"{schema}.{name}",
+                columns=tuple(r["column_name"] for r in rows),
+                referenced=tuple(r["referenced"] for r in rows),
+                on_delete=str(rows[0]["on_delete"]).lower(),
+            )
+            for (schema, name, _), rows in groups.items()
+        ]
+
+    def table_partitions(self, conn: Any, table: str) -> list[Partition]:
+        return []  # partitions are cleaned by windows like any table (no drop yet)
+
+    def partition_remove(
+        self, conn: Any, table: str, partition: Partition, *, drop: bool, lock_timeout_ms: int
+    ) -> None:
+        raise SchemaError("partitions are not dropped on MySQL: its windows delete their rows")
+
+    # -- the database's health -----------------------------------------------------
+
+    def health_wal_position(self, conn: Any) -> int | None:
+        return None  # a binary log position is a file and an offset, not one number
+
+    def health_replicas(self, conn: Any) -> list[Replica]:
+        return []  # a primary does not see its replicas' lag: name them in [[replica]]
+
+    def health_replay_lag(self, conn: Any) -> float | None:
+        """Seconds_Behind_Master of SHOW REPLICA STATUS (SHOW SLAVE STATUS before
+        MariaDB 10.5 and MySQL 8.0.22): None on a server that replicates from
+        none; infinite while its SQL thread is stopped (lag unknown, late)."""
+        try:
+            row = conn.execute("show replica status").fetchone()
+        except pymysql.err.ProgrammingError:
+            row = conn.execute("show slave status").fetchone()
+        if not row:
+            return None
+        lag = row.get("Seconds_Behind_Master", row.get("Seconds_Behind_Source"))
+        return float("inf") if lag is None else max(0.0, float(lag))
+
+    def health_active_backends(self, conn: Any) -> int | None:
+        row = conn.execute("show global status like 'Threads_running'").fetchone()
+        return max(0, int(row["Value"]) - 1) if row else None  # this one aside
+
+    def table_vacuum_stats(self, conn: Any, table: str) -> VacuumStats | None:
+        return None  # InnoDB purges deleted rows itself: nothing to vacuum
+
+    def table_vacuum(self, conn: Any, table: str) -> None:
+        conn.execute(f"analyze table {self.quote(table)}").fetchall()
+
+    def explain(self, conn: Any, statement: str) -> None:
+        # A failed statement leaves a MySQL transaction usable: no savepoint needed.
+        conn.execute("explain " + statement, {}).fetchall()
+
+    def window_apply(self, conn: Any, window: WindowApply) -> int | None:
+        self.session_limits(conn, f"{window.lock_timeout_ms}ms", f"{window.statement_timeout_ms}ms")
+        if not conn.in_transaction:  # statement mode: the window is a transaction of its own
+            with self.atomic(conn):
+                return self.window_apply(conn, window)
+        # A savepoint: a foreign key that refuses the delete undoes the archive's
+        # copy too, and leaves the worker's transaction usable for the split.
+        conn.execute("savepoint expiry_window")
+        try:
+            rows = self._take_rows(conn, window)
+        except pymysql.err.IntegrityError as exc:
+            conn.execute("rollback to savepoint expiry_window")
+            if exc.args and exc.args[0] in (1451, 1217):  # a row is referenced
+                raise ForeignKeyBlocked(str(exc.args[-1])) from exc
+            raise
+        conn.execute("release savepoint expiry_window")
+        if window.job is not None:
+            self.job_complete(window.job, conn)
+        booked = self.ledger_insert(
+            conn,
+            window.key,
+            strict=rows > 0,
+            policy=window.policy,
+            run_id=window.run_id,
+            lo=window.lo,
+            hi=window.hi,
+            bounds=window.bounds,
+            action=window.action,
+            worker=window.worker,
+            rows=rows,
+        )
+        if booked:
+            return rows
+        self.audit_append(
+            conn,
+            AuditAction.WINDOW_DUPLICATE,
+            actor=window.worker or "worker",
+            policy=window.policy,
+            run_id=window.run_id,
+            job_key=window.key,
+        )
+        return None
+
+    @staticmethod
+    def _take_rows(conn: Any, window: WindowApply) -> int:
+        """Delete the window's rows (an archive locks, copies, then deletes them); the rows taken."""
+        label = f"/* {window.label} */ "
+        if window.copy is None:
+            return int(conn.execute(label + window.delete, window.params).rowcount)
+        head = "delete from "
+        assert window.delete.lstrip().startswith(head), window.delete
+        # target.py's statement (identifiers quoted, values bound), as a locking read.
+        lock = "select 1 from " + window.delete.lstrip()[len(head) :] + " for update"  # noqa: S608
+        conn.execute(label + lock, window.params).fetchall()
+        copied = int(conn.execute(label + window.copy, window.params).rowcount)
+        rows = int(conn.execute(label + window.delete, window.params).rowcount)
+        if copied != rows:
+            raise TransientError(
+                f"archive copied {copied} rows but deleted {rows} (rows changed meanwhile); "
+                "rolled back, to run again"
+            )
+        return rows
