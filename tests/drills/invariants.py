@@ -36,7 +36,7 @@ import psycopg
 import pymysql
 
 WINDOW_HANDLER = "expiry.window"
-_KEY = re.compile(r"(?<![\w`'.])key(?![\w`'])")
+_KEY = re.compile(r"(?<![\w`'.])(?<!primary )(?<!foreign )(?<!duplicate )key(?![\w`'])")
 
 
 def dialect(url: str) -> str:
