@@ -70,6 +70,14 @@ with recursive w(lo, n) as (
 select lo from w where lo is not null order by lo
 """
 
+# The same scan one step at a time, where a recursive statement would cost more
+# (Engine.recursive_scans): the first candidate key after a window's start.
+NEXT_KEY = """
+select {key} as k from {table}
+where {key} > {p_after} and {key} <= {p_max} and {pred}
+order by {key} limit 1
+"""
+
 # A window's range ({span} below): two integer keys, or two positions in the
 # timestamp's order, (timestamp, tie), compared as row values. The plain
 # timestamp bounds beside them let any index on the timestamp serve the scan.
@@ -318,6 +326,8 @@ class Target:
         storage: Storage | None = None,
     ) -> list[int]:
         """Lower bounds of up to ``page`` windows (lo, lo + window] after ``after``."""
+        if not self.engine.recursive_scans:
+            return self._plan_stepwise(conn, cutoff, after, max_key, page, storage)
         rows = self.run(
             conn,
             PLAN_PAGE,
@@ -329,6 +339,26 @@ class Target:
             page=page,
         ).fetchall()
         return [int(row["lo"]) for row in rows]
+
+    def _plan_stepwise(
+        self,
+        conn: Any,
+        cutoff: datetime,
+        after: int,
+        max_key: int,
+        page: int,
+        storage: Storage | None,
+    ) -> list[int]:
+        """PLAN_PAGE's windows, one index probe (and round trip) each."""
+        lows: list[int] = []
+        while len(lows) < page:
+            row = self.run(conn, NEXT_KEY, storage, cutoff=cutoff, after=after, max=max_key)
+            found = row.fetchone()
+            if found is None:
+                break
+            lows.append(int(found["k"]) - 1)
+            after = lows[-1] + self.policy.window
+        return lows
 
     def time_page(
         self,

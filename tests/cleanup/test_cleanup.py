@@ -270,9 +270,12 @@ def test_sparse_keys_cost_one_job_per_nonempty_window(db: Db, apps: Apps, window
     assert_run_clean(db, opened.run_id)
 
 
+@pytest.mark.parametrize("scan", ["recursive", "stepwise"])
 def test_planning_in_pages_gives_the_same_windows(
-    db: Db, apps: Apps, monkeypatch: pytest.MonkeyPatch
+    db: Db, apps: Apps, monkeypatch: pytest.MonkeyPatch, scan: str
 ) -> None:
+    """The planner's windows, as one recursive statement and one probe at a time
+    (Engine.recursive_scans; MySQL's way), against the rule they follow."""
     db.create_sessions()
     # 17 windows of 10 keys, in clusters with gaps of every size.
     keys = [k for start in range(0, 17) for k in (start * 37 + 1, start * 37 + 9)]
@@ -283,6 +286,7 @@ def test_planning_in_pages_gives_the_same_windows(
     # Key windows by the policy: these keys are sparse, so the data would choose time windows.
     app = apps(db.url, {"window": 10, "windows": "key"})
     assert app.cleanup is not None
+    monkeypatch.setattr(type(app.engine), "recursive_scans", scan == "recursive")
     one_page = app.cleanup.preview(POLICY, limit=1000)
     assert [(s.lo, s.hi) for s in one_page.first_windows] == expected_windows(gone, 10)
 

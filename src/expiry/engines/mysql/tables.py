@@ -101,6 +101,7 @@ class MySQLTables(Engine):
     typed_columns = True
     integer_type = "signed"
     integer_division = "div"
+    recursive_scans = False
 
     def quote(self, identifier: str) -> str:
         return quote(identifier)
