@@ -462,7 +462,9 @@ def bench_mysql(args: argparse.Namespace) -> list[Measured]:
         app.migrate()
         cutoff = app.engine.now().replace(microsecond=0)
         app.close()
-        methods = ("raw", "expiry", "pt-archiver") + (("pt-archiver-bulk",) if args.bulk else ())
+        methods: tuple[str, ...] = ("raw", "expiry")
+        methods += () if args.no_pt_archiver else ("pt-archiver",)
+        methods += ("pt-archiver-bulk",) if args.bulk else ()
         for round_ in range(1, args.repeat + 1):
             for method in round_order(methods, round_):
                 progress(f"mysql: building {rows:,} rows for {method} (round {round_})")
@@ -894,6 +896,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--mysql-rows", type=int, default=None, help="rows on MySQL (default: --rows)"
     )
     parser.add_argument("--bulk", action="store_true", help="MySQL: also pt-archiver --bulk-delete")
+    parser.add_argument(
+        "--no-pt-archiver", action="store_true", help="MySQL: the raw loop and expiry only"
+    )
     parser.add_argument("--window", type=int, default=None, help="keys per window (10000)")
     parser.add_argument(
         "--connections", type=int, default=2, help="PostgreSQL connections / worker processes (2)"

@@ -24,6 +24,11 @@ POLL_SECONDS = 1.0
 SQLITE_POLL_SECONDS = 0.05
 """SQLite has no NOTIFY, so idle workers poll a local file often; it is cheap."""
 
+MYSQL_POLL_SECONDS = 0.1
+"""MySQL has no NOTIFY either: an idle worker thread claims every 100 ms (one
+index probe per queue it works), so that a due job waits about 50 ms, not half
+of ``[worker] poll``."""
+
 RESCUE_SECONDS = 5.0
 """How often the rescuer returns expired claims to the queue."""
 

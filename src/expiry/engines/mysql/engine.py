@@ -5,7 +5,7 @@ InnoDB at READ COMMITTED: a statement reads what committed before it began, as
 on PostgreSQL, and locking reads lock rows, not gaps, so that claims and windows
 of different keys never wait on each other. Claims use FOR UPDATE SKIP LOCKED
 (MariaDB 10.6, MySQL 8.0). Times are the server's UTC clock, DATETIME(6). There
-is no NOTIFY: idle workers poll (``[worker] poll``). The session's time zone is
+is no NOTIFY: idle workers poll every 100 ms (defaults.MYSQL_POLL_SECONDS). The session's time zone is
 UTC, so that a target's TIMESTAMP column reads as UTC.
 
 A named query may be several statements (queries.sql says why): they run in
@@ -30,6 +30,7 @@ import pymysql
 import pymysql.cursors
 from pymysql.constants import CLIENT, ER
 
+from ...defaults import MYSQL_POLL_SECONDS
 from ...errors import AlreadyApplied, ConfigError, MigrationError
 from ...types import EnqueueResult, Job, JobState, NewJob
 from ..base import (
@@ -473,6 +474,9 @@ class MySQLEngine(MySQLTables):
             attempted_at=self._maybe_time(row["attempted_at"]),
             finished_at=self._maybe_time(row["finished_at"]),
         )
+
+    def wait_for_jobs(self, timeout: float) -> None:
+        super().wait_for_jobs(min(timeout, MYSQL_POLL_SECONDS))
 
     def classify(self, exc: BaseException) -> tuple[bool, str]:
         known = classify_exception(exc)
