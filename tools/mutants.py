@@ -271,7 +271,7 @@ MUTANTS = [
         "UNBOOKED = WINDOW",
         (f"{SAFETY}::test_a_redelivered_window_takes_nothing_that_expired_since[sqlite]",),
         "SQLite: no ledger guard, and the ledger insert after a delete is not strict",
-        also=(("src/expiry/engines/sqlite/tables.py", "strict=rows > 0,", "strict=False,"),),
+        also=(("src/expiry/engines/base.py", "strict=rows > 0,", "strict=False,"),),
     ),
     Mutant(
         "ledger-guard+strict-pg",
@@ -289,7 +289,7 @@ MUTANTS = [
         "UNBOOKED = WINDOW",
         (f"{SAFETY}::test_a_redelivered_window_takes_nothing_that_expired_since[mysql]",),
         "MySQL: no ledger guard, and the ledger insert after a delete is not strict",
-        also=(("src/expiry/engines/mysql/tables.py", "strict=rows > 0,", "strict=False,"),),
+        also=(("src/expiry/engines/base.py", "strict=rows > 0,", "strict=False,"),),
     ),
     Mutant(
         "mysql-epoch-bound",

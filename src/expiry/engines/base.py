@@ -181,8 +181,35 @@ class Engine(abc.ABC):
     def _rows(self, conn: Any, name: str, params: dict[str, Any] | None = None) -> list[Row]:
         """Run a named query on ``conn`` and return its rows as dicts."""
 
-    @abc.abstractmethod
-    def _job(self, row: Row) -> Job: ...
+    def _job(self, row: Row) -> Job:
+        """A jobs row as a Job: payload and errors decoded where the driver hands
+        them over as JSON text (SQLite, MySQL; PostgreSQL's jsonb arrives
+        decoded), times through ``_time``."""
+
+        def loaded(value: Any) -> Any:
+            return json.loads(value) if isinstance(value, str) else value
+
+        return Job(
+            id=row["id"],
+            queue=row["queue"],
+            handler=row["handler"],
+            key=row["key"],
+            payload=loaded(row["payload"]),
+            state=JobState(row["state"]),
+            priority=row["priority"],
+            attempt=row["attempt"],
+            max_attempts=row["max_attempts"],
+            run_at=self._time(row["run_at"]),
+            lease_owner=row["lease_owner"],
+            lease_token=row["lease_token"],
+            lease_expires_at=self._maybe_time(row["lease_expires_at"]),
+            last_error=row["last_error"],
+            last_error_kind=row["last_error_kind"],
+            errors=loaded(row["errors"]),
+            created_at=self._maybe_time(row["created_at"]),
+            attempted_at=self._maybe_time(row["attempted_at"]),
+            finished_at=self._maybe_time(row["finished_at"]),
+        )
 
     @abc.abstractmethod
     def _insert_params(self, jobs: Sequence[NewJob], payloads: list[str]) -> dict[str, Any]: ...
@@ -427,6 +454,40 @@ class Engine(abc.ABC):
         rows taken, or None for a duplicate (nothing changed). Raises
         AlreadyApplied when rows were taken but the key was booked meanwhile:
         the transaction must roll back."""
+
+    def _book_window(self, conn: Any, window: WindowApply, rows: int) -> int | None:
+        """The end of a window run as statements in ``conn``'s transaction
+        (SQLite, MySQL; PostgreSQL's window_apply does the same in plpgsql):
+        complete its job, then book the ledger. Rows taken: the ledger row must
+        be this delivery's (strict), else AlreadyApplied; none taken: a key
+        booked before is a duplicate, audited. The rows taken, or None for a
+        duplicate."""
+        if window.job is not None:
+            self.job_complete(window.job, conn)
+        booked = self.ledger_insert(
+            conn,
+            window.key,
+            strict=rows > 0,
+            policy=window.policy,
+            run_id=window.run_id,
+            lo=window.lo,
+            hi=window.hi,
+            bounds=window.bounds,
+            action=window.action,
+            worker=window.worker,
+            rows=rows,
+        )
+        if booked:
+            return rows
+        self.audit_append(
+            conn,
+            AuditAction.WINDOW_DUPLICATE,
+            actor=window.worker or "worker",
+            policy=window.policy,
+            run_id=window.run_id,
+            job_key=window.key,
+        )
+        return None
 
     # -- the clock ------------------------------------------------------------
 

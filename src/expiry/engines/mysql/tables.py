@@ -24,7 +24,6 @@ import pymysql
 from ...errors import ForeignKeyBlocked, SchemaError, TransientError
 from ...timestamps import NUMERIC_RANGES, Storage
 from ...types import (
-    AuditAction,
     Column,
     Index,
     Layout,
@@ -251,32 +250,7 @@ class MySQLTables(Engine):
                 raise ForeignKeyBlocked(str(exc.args[-1])) from exc
             raise
         conn.execute("release savepoint expiry_window")
-        if window.job is not None:
-            self.job_complete(window.job, conn)
-        booked = self.ledger_insert(
-            conn,
-            window.key,
-            strict=rows > 0,
-            policy=window.policy,
-            run_id=window.run_id,
-            lo=window.lo,
-            hi=window.hi,
-            bounds=window.bounds,
-            action=window.action,
-            worker=window.worker,
-            rows=rows,
-        )
-        if booked:
-            return rows
-        self.audit_append(
-            conn,
-            AuditAction.WINDOW_DUPLICATE,
-            actor=window.worker or "worker",
-            policy=window.policy,
-            run_id=window.run_id,
-            job_key=window.key,
-        )
-        return None
+        return self._book_window(conn, window, rows)
 
     @staticmethod
     def _take_rows(conn: Any, window: WindowApply) -> int:

@@ -24,7 +24,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from ...errors import AlreadyApplied, DatabaseUnavailable, LeaseLost, MigrationError
-from ...types import Job, JobState, NewJob
+from ...types import NewJob
 from ..base import (
     Row,
     classify_exception,
@@ -343,29 +343,6 @@ class PostgresEngine(PostgresTables):
     def _notify(self, conn: Any, due_keys: set[str], jobs: Sequence[NewJob]) -> None:
         for queue in sorted({j.queue for j in jobs if j.key in due_keys}):
             self._rows(conn, "job_notify", {"queue": queue})
-
-    def _job(self, row: Row) -> Job:
-        return Job(
-            id=row["id"],
-            queue=row["queue"],
-            handler=row["handler"],
-            key=row["key"],
-            payload=row["payload"],
-            state=JobState(row["state"]),
-            priority=row["priority"],
-            attempt=row["attempt"],
-            max_attempts=row["max_attempts"],
-            run_at=row["run_at"],
-            lease_owner=row["lease_owner"],
-            lease_token=row["lease_token"],
-            lease_expires_at=row["lease_expires_at"],
-            last_error=row["last_error"],
-            last_error_kind=row["last_error_kind"],
-            errors=row["errors"],
-            created_at=row["created_at"],
-            attempted_at=row["attempted_at"],
-            finished_at=row["finished_at"],
-        )
 
     def classify(self, exc: BaseException) -> tuple[bool, str]:
         known = classify_exception(exc)

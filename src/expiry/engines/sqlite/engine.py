@@ -20,7 +20,7 @@ from typing import Any
 
 from ...defaults import SQLITE_POLL_SECONDS
 from ...errors import MigrationError
-from ...types import Job, JobState, NewJob
+from ...types import Job, NewJob
 from ..base import (
     Row,
     classify_exception,
@@ -172,29 +172,6 @@ class SQLiteEngine(SQLiteTables):
             for j, payload in zip(jobs, payloads, strict=True)
         ]
         return {"jobs": json.dumps(items)}
-
-    def _job(self, row: Row) -> Job:
-        return Job(
-            id=row["id"],
-            queue=row["queue"],
-            handler=row["handler"],
-            key=row["key"],
-            payload=json.loads(row["payload"]),
-            state=JobState(row["state"]),
-            priority=row["priority"],
-            attempt=row["attempt"],
-            max_attempts=row["max_attempts"],
-            run_at=self._time(row["run_at"]),
-            lease_owner=row["lease_owner"],
-            lease_token=row["lease_token"],
-            lease_expires_at=self._maybe_time(row["lease_expires_at"]),
-            last_error=row["last_error"],
-            last_error_kind=row["last_error_kind"],
-            errors=json.loads(row["errors"]),
-            created_at=self._maybe_time(row["created_at"]),
-            attempted_at=self._maybe_time(row["attempted_at"]),
-            finished_at=self._maybe_time(row["finished_at"]),
-        )
 
     def classify(self, exc: BaseException) -> tuple[bool, str]:
         known = classify_exception(exc)

@@ -19,7 +19,6 @@ from typing import Any
 from ...errors import ForeignKeyBlocked, SchemaError
 from ...timestamps import NUMERIC_RANGES, Storage
 from ...types import (
-    AuditAction,
     Column,
     Index,
     Layout,
@@ -197,34 +196,7 @@ class SQLiteTables(Engine):
                 raise ForeignKeyBlocked(str(exc)) from exc
             raise
         conn.execute("release savepoint expiry_window")
-        if window.job is not None:
-            self.job_complete(window.job, conn)
-        # Rows taken: the ledger row must be this delivery's (strict), else
-        # AlreadyApplied; none taken: a booked key is a duplicate.
-        booked = self.ledger_insert(
-            conn,
-            window.key,
-            strict=rows > 0,
-            policy=window.policy,
-            run_id=window.run_id,
-            lo=window.lo,
-            hi=window.hi,
-            bounds=window.bounds,
-            action=window.action,
-            worker=window.worker,
-            rows=rows,
-        )
-        if booked:
-            return rows
-        self.audit_append(
-            conn,
-            AuditAction.WINDOW_DUPLICATE,
-            actor=window.worker or "worker",
-            policy=window.policy,
-            run_id=window.run_id,
-            job_key=window.key,
-        )
-        return None
+        return self._book_window(conn, window, rows)
 
     @staticmethod
     def _take(conn: Any, window: WindowApply) -> int:
