@@ -66,9 +66,7 @@ def setup() -> None:
         cur.execute(f"drop database if exists `{DB}`")
         cur.execute(f"create database `{DB}`")
         cur.execute(f"create table `{DB}`.t (id bigint primary key, at datetime(6) not null)")
-        cur.execute(
-            f"create table `{DB}`.jobs (id bigint primary key, state varchar(16) not null)"
-        )
+        cur.execute(f"create table `{DB}`.jobs (id bigint primary key, state varchar(16) not null)")
         cur.execute(f"create table `{DB}`.ledger (`key` varchar(200) primary key, n int)")
     admin.close()
 
