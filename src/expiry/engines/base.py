@@ -133,6 +133,17 @@ def in_turns(jobs: Sequence[Job]) -> list[Job]:
     return sorted(jobs, key=lambda j: (j.priority, turn[j.id], j.run_at, j.id))
 
 
+def enqueue_results(jobs: Sequence[NewJob], inserted: set[str]) -> list[EnqueueResult]:
+    """Each job's result in the batch's order: enqueued when its key is one this
+    batch inserted, the first time the batch names it."""
+    seen: set[str] = set()
+    results = []
+    for job in jobs:
+        results.append(EnqueueResult(job.key, job.key in inserted and job.key not in seen))
+        seen.add(job.key)
+    return results
+
+
 def ledger_params(key: str, **fields: Any) -> dict[str, Any]:
     """The ledger_insert query's parameters: ``key`` and whichever fields are known."""
     named = ("policy", "run_id", "lo", "hi", "bounds", "blocked", "action", "worker")
@@ -507,13 +518,7 @@ class Engine(abc.ABC):
         with self.transaction_or(conn) as c:
             inserted = self._rows(c, "job_insert_many", self._insert_params(jobs, payloads))
             self._notify(c, {row["key"] for row in inserted if row["state"] == "available"}, jobs)
-        keys = {row["key"] for row in inserted}
-        seen: set[str] = set()
-        results = []
-        for job in jobs:
-            results.append(EnqueueResult(job.key, job.key in keys and job.key not in seen))
-            seen.add(job.key)
-        return results
+        return enqueue_results(jobs, {row["key"] for row in inserted})
 
     def _notify(self, conn: Any, due_keys: set[str], jobs: Sequence[NewJob]) -> None:  # noqa: B027
         """Hint listeners that due work arrived (PostgreSQL only; others poll)."""

@@ -31,12 +31,13 @@ import pymysql.cursors
 from pymysql.constants import CLIENT, ER
 
 from ...defaults import MYSQL_POLL_SECONDS
-from ...errors import AlreadyApplied, ConfigError, MigrationError
+from ...errors import AlreadyApplied, ConfigError, MigrationError, TransientError
 from ...types import EnqueueResult, Job, NewJob
 from ..base import (
     Row,
     check_payload,
     classify_exception,
+    enqueue_results,
     in_turns,
     load_migrations,
     load_queries,
@@ -382,14 +383,8 @@ class MySQLEngine(MySQLTables):
                 inserted = {jobs[i].key for i in new}
                 break
             else:
-                raise MigrationError(
-                    "enqueue kept meeting keys inserted meanwhile"
-                )  # pragma: no cover
-        results, seen = [], set()
-        for job in jobs:
-            results.append(EnqueueResult(job.key, job.key in inserted and job.key not in seen))
-            seen.add(job.key)
-        return results
+                raise TransientError("enqueue kept meeting keys inserted meanwhile")
+        return enqueue_results(jobs, inserted)
 
     def job_claim(
         self,
