@@ -158,8 +158,9 @@ def test_a_canary_slow_one_run_in_five_holds_the_policy(
 ) -> None:
     """The latency ratio follows the canary's tail (its p90 over the last
     second against its idle p90), as the application's p99 does: one run in
-    five at 100 ms holds the policy though the canary's median stays fast (100 ms:
-    far over 3x of the idle p90 even where a loaded machine makes that 6 ms)."""
+    five at 300 ms holds the policy though the canary's median stays fast. The
+    limit is 10x, so that a loaded machine's jitter (an idle p90 of 17 ms was
+    seen) does not hold it first and let it go again; 300 ms is far over it."""
     db = pg_db
     caplog.set_level(logging.INFO, logger="expiry.health")
     seeded(db, 100_000)
@@ -168,9 +169,9 @@ def test_a_canary_slow_one_run_in_five_holds_the_policy(
     db.execute("create sequence canary_runs")
     canary = (
         "select pg_sleep(case when (select on_ from canary_tail)"
-        " and nextval('canary_runs') % 5 = 0 then 0.1 else 0 end)"
+        " and nextval('canary_runs') % 5 = 0 then 0.3 else 0 end)"
     )
-    app = apps(db.url, {**FAST, "window": 2000, "canary": canary, "max_latency_ratio": 3})
+    app = apps(db.url, {**FAST, "window": 2000, "canary": canary, "max_latency_ratio": 10})
     assert app.cleanup is not None
     opened = app.cleanup.open_run(POLICY)
     with working(app):

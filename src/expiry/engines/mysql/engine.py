@@ -20,8 +20,10 @@ import json
 import logging
 import re
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -84,6 +86,11 @@ PERMANENT_ERRORS = {
 _EXISTS = {1050, 1060, 1061, 1359}
 
 _MIGRATION_LOCK = "expiry.migrate"
+PING_AFTER_SECONDS = 5.0
+"""A connection back from a rest longer than this is pinged before a statement-mode
+transaction (one that would not begin with BEGIN, which finds a broken one
+itself); one used since is not: a session lost meanwhile fails its statement,
+a transient error that runs again."""
 
 
 def split_statements(script: str) -> list[str]:
@@ -100,6 +107,30 @@ def split_statements(script: str) -> list[str]:
     if buffer:
         statements.append("\n".join(buffer))
     return statements
+
+
+_ECHO = re.compile(
+    r"select\s+%\((\w+)\)s\s+as\s+`?(\w+)`?\s+from\s+dual(\s+where\s+row_count\(\)\s*>\s*0)?",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True)
+class Echo:
+    """``select %(p)s as c from dual [where row_count() > 0]``, a query's answer
+    made of a bound value (MySQL has no RETURNING): read by the client, no round
+    trip. With the condition, a row only when the statement before it changed
+    one: the driver's row count is the server's row_count() (both count rows
+    matched, CLIENT_FOUND_ROWS)."""
+
+    param: str
+    column: str
+    changed: bool
+
+    @classmethod
+    def of(cls, statement: str) -> Echo | None:
+        match = _ECHO.fullmatch(" ".join(statement.split()))
+        return cls(match[1], match[2], match[3] is not None) if match else None
 
 
 def parse_url(url: str) -> dict[str, Any]:
@@ -135,6 +166,7 @@ class Connection:
         self.raw = raw
         self.limits: tuple[str, str] | None = None
         self.in_transaction = False
+        self.returned_at = time.monotonic()
 
     def execute(self, sql: str, params: Any = None) -> Any:
         cur = self.raw.cursor(pymysql.cursors.DictCursor)
@@ -157,7 +189,10 @@ class MySQLEngine(MySQLTables):
         self.url = url
         self.params = parse_url(url)
         self.queries = load_queries(__package__ or "expiry.engines.mysql", {"$now": NOW_SQL})
-        self.statements = {name: split_statements(sql) for name, sql in self.queries.items()}
+        self.statements = {
+            name: [Echo.of(st) or st for st in split_statements(sql)]
+            for name, sql in self.queries.items()
+        }
         self.migrations = load_migrations(__package__ or "expiry.engines.mysql")
         self._local = threading.local()
         self._all: list[Connection] = []
@@ -206,6 +241,7 @@ class MySQLEngine(MySQLTables):
         return conn
 
     def _give(self, conn: Connection) -> None:
+        conn.returned_at = time.monotonic()
         if conn.raw.open:
             self._local.__dict__.setdefault("free", []).append(conn)
         else:
@@ -238,11 +274,12 @@ class MySQLEngine(MySQLTables):
         conn = self._take()
         try:
             try:
-                if conn.limits is not None:
-                    self._reset_limits(conn)
-                if statement:
-                    conn.raw.ping(reconnect=False)
+                if statement:  # a window's limits stay on the session, as on PostgreSQL
+                    if time.monotonic() - conn.returned_at > PING_AFTER_SECONDS:
+                        conn.raw.ping(reconnect=False)
                 else:
+                    if conn.limits is not None:
+                        self._reset_limits(conn)
                     conn.raw.begin()
             except pymysql.err.OperationalError:
                 self._forget(conn)  # gone since its last use: one fresh try
@@ -312,21 +349,25 @@ class MySQLEngine(MySQLTables):
         statement_s = _ms(statement_timeout) / 1000
         if conn.limits == (lock_timeout, statement_timeout):
             return
-        conn.execute(f"set session innodb_lock_wait_timeout = {int(lock_s)}")
-        if self.mariadb:
-            conn.execute(f"set session max_statement_time = {statement_s:.3f}")
-        else:
-            conn.execute(f"set session max_execution_time = {int(statement_s * 1000)}")
+        timeout = (
+            f"max_statement_time = {statement_s:.3f}"
+            if self.mariadb
+            else f"max_execution_time = {int(statement_s * 1000)}"
+        )
+        conn.execute(f"set session innodb_lock_wait_timeout = {int(lock_s)}, {timeout}")
         conn.limits = (lock_timeout, statement_timeout)
 
     def _reset_limits(self, conn: Connection) -> None:
-        conn.execute("set session innodb_lock_wait_timeout = default")
-        conn.execute(
-            "set session max_statement_time = default"
-            if self.mariadb
-            else "set session max_execution_time = default"
-        )
+        timeout = "max_statement_time" if self.mariadb else "max_execution_time"
+        conn.execute(f"set session innodb_lock_wait_timeout = default, {timeout} = default")
         conn.limits = None
+
+    def table_vacuum(self, conn: Any, table: str) -> None:
+        """A window's limits, left on the session in statement mode, never bind a
+        whole table's ANALYZE."""
+        if conn.limits is not None:
+            self._reset_limits(conn)
+        super().table_vacuum(conn, table)
 
     # -- named queries ------------------------------------------------------------
 
@@ -334,9 +375,15 @@ class MySQLEngine(MySQLTables):
         bound = _bind(params or {})
         found: list[Row] = []
         cur = conn.raw.cursor(pymysql.cursors.DictCursor)
+        changed = 0
         for i, statement in enumerate(self.statements[name]):
+            if isinstance(statement, Echo):
+                answer = not statement.changed or changed > 0
+                found = [{statement.column: bound[statement.param]}] if answer else []
+                continue
             try:
                 cur.execute(statement, bound)
+                changed = cur.rowcount
             except pymysql.err.IntegrityError as exc:
                 if _errno(exc) == ER.DUP_ENTRY and i == 0 and _inserts(statement):
                     return []  # the key exists: nothing inserted (ON CONFLICT DO NOTHING)

@@ -239,17 +239,22 @@ class MySQLTables(Engine):
         if not conn.in_transaction:  # statement mode: the window is a transaction of its own
             with self.atomic(conn):
                 return self.window_apply(conn, window)
-        # A savepoint: a foreign key that refuses the delete undoes the archive's
-        # copy too, and leaves the worker's transaction usable for the split.
-        conn.execute("savepoint expiry_window")
+        # A foreign key that refuses the delete rolls back that statement alone and
+        # leaves the worker's transaction usable for the split; an archive's copy
+        # before it is undone by a savepoint.
+        archive = window.copy is not None
+        if archive:
+            conn.execute("savepoint expiry_window")
         try:
             rows = self._take_rows(conn, window)
         except pymysql.err.IntegrityError as exc:
-            conn.execute("rollback to savepoint expiry_window")
+            if archive:
+                conn.execute("rollback to savepoint expiry_window")
             if exc.args and exc.args[0] in (1451, 1217):  # a row is referenced
                 raise ForeignKeyBlocked(str(exc.args[-1])) from exc
             raise
-        conn.execute("release savepoint expiry_window")
+        if archive:
+            conn.execute("release savepoint expiry_window")
         return self._book_window(conn, window, rows)
 
     @staticmethod

@@ -164,11 +164,15 @@ def _reset_limits(conn: psycopg.Connection[Any]) -> None:
     window's (a handler's statements are not bound by a policy's timeouts)."""
     conn.autocommit = True
     try:
-        conn.execute("reset lock_timeout")
-        conn.execute("reset statement_timeout")
-        del _session_limits[conn]
+        _clear_limits(conn)
     finally:
         conn.autocommit = False
+
+
+def _clear_limits(conn: psycopg.Connection[Any]) -> None:
+    conn.execute("reset lock_timeout")
+    conn.execute("reset statement_timeout")
+    del _session_limits[conn]
 
 
 class PostgresEngine(PostgresTables):
@@ -273,6 +277,13 @@ class PostgresEngine(PostgresTables):
         )
         if idle:
             _session_limits[conn] = limits
+
+    def table_vacuum(self, conn: Any, table: str) -> None:
+        """A window's limits, left on the session in statement mode, never bind a
+        whole table's vacuum."""
+        if conn in _session_limits:
+            _clear_limits(conn)
+        super().table_vacuum(conn, table)
 
     @contextmanager
     def connect(self) -> Iterator[psycopg.Connection[Row]]:
