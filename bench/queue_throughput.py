@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import importlib.util
 import logging
 import math
 import multiprocessing as mp
@@ -50,6 +52,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+import peers
 from expiry.app import App
 from expiry.queue import new_job
 from scratch import scratch_database
@@ -59,8 +62,15 @@ ADMIN_URL = os.environ.get(
 )
 
 TARGET_ENQUEUE = 50_000.0
-TARGET_DRAIN = 5_000.0
-TARGET_RATIO = 3.0
+TARGET_PEER = 1.0  # each mode against the fastest peer of the same or a weaker promise
+TARGET_FLOOR = 0.5  # one transaction a job against one bare durable commit a job
+TARGET_LATENCY_MS = 10.0
+
+GROUP = "expiry/group"  # group_commit=True: a claimed batch commits together
+ACK = "expiry/ack"  # transactional=False: acknowledged after the handler, one commit a job
+BATCHED = "expiry/batched"  # transactional=False, batched_ack=True
+FLOOR = "floor: commit/job"  # by hand: one durable commit a job and nothing else
+PEERS = ("procrastinate", "pgqueuer", "oban")
 
 _CTX = mp.get_context("spawn")
 
@@ -141,6 +151,8 @@ class Result:
     jobs: int
     seconds: float
     cpu: float  # CPU seconds: the processes and their own backends
+    twice: int = 0  # handler runs beyond the first of a job (a redelivery)
+    missing: int = 0  # jobs whose handler never ran
 
     @property
     def rate(self) -> float:
@@ -149,6 +161,27 @@ class Result:
     @property
     def cpu_us_per_job(self) -> float:
         return self.cpu / self.jobs * 1e6
+
+
+def exactly_once(ran: list[list[int]], jobs: int) -> tuple[int, int]:
+    """From the job ids each process's handler ran: the runs beyond a job's
+    first, and the jobs never run (both 0 when every job ran exactly once)."""
+    counts = Counter(job_id for part in ran for job_id in part)
+    return sum(n - 1 for n in counts.values()), jobs - len(counts)
+
+
+def checked(result: Result, ran: list[list[int]], jobs: int, finished: int) -> Result:
+    """The drain's result with its exactly-once check, printed when it fails;
+    ``finished`` is what the peer's own table says is done."""
+    result.twice, result.missing = exactly_once(ran, jobs)
+    if result.twice or result.missing or finished != jobs:
+        print(
+            f"    NOT EXACTLY ONCE: {result.engine}, {result.procs} procs: {result.twice} "
+            f"second runs, {result.missing} jobs never run, {finished:,} of {jobs:,} "
+            "done in its table",
+            flush=True,
+        )
+    return result
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -185,17 +218,33 @@ class WarningCounter(logging.Handler):
         return handler
 
 
-def _expiry_drain_worker(
-    url: str, batch: int, group_commit: bool, barrier: Barrier, results: Any
-) -> None:
+MODES: dict[str, dict[str, Any]] = {
+    "expiry": {},
+    GROUP: {"group_commit": True},
+    ACK: {"transactional": False},
+    BATCHED: {"transactional": False, "batched_ack": True},
+}
+"""expiry's modes: the handler's registration options of each."""
+
+
+def _expiry_drain_worker(url: str, batch: int, mode: str, barrier: Barrier, results: Any) -> None:
     CpuMeter.tag()
     warnings = WarningCounter.install("expiry")
     meter = CpuMeter(url)
     app = App(url, pool_size=2)
+    ran: list[int] = []
+    options = MODES[mode]
 
-    @app.handler("noop", group_commit=group_commit)
-    def noop(job: Any, tx: Any) -> None:
-        return None
+    if options.get("transactional", True):
+
+        @app.handler("noop", **options)
+        def noop(job: Any, tx: Any) -> None:
+            ran.append(job.id)
+    else:
+
+        @app.handler("noop", **options)
+        def noop_outside(job: Any) -> None:
+            ran.append(job.id)
 
     app.queue.pending()  # open the pool before the clock starts
     worker = app.worker(batch=batch, until_idle=True)
@@ -203,8 +252,42 @@ def _expiry_drain_worker(
     barrier.wait()
     worker.run()
     finished = time.monotonic()
-    results.put((worker.processed, finished, meter.stop(), dict(warnings.counts)))
+    results.put((ran, finished, meter.stop(), dict(warnings.counts)))
     app.close()
+
+
+def _peer_drain_worker(peer: str, url: str, jobs: int, barrier: Barrier, results: Any) -> None:
+    CpuMeter.tag()
+    warnings = WarningCounter.install(peer)
+    meter = CpuMeter(url)
+
+    def ready() -> None:
+        meter.start()
+        barrier.wait()
+
+    if peer == "pgqueuer":
+        ran = peers.pgqueuer_drain(url, ready)
+    else:
+        ran = peers.oban_drain(url, jobs, ready)
+    finished = time.monotonic()
+    results.put((ran, finished, meter.stop(), dict(warnings.counts)))
+
+
+def _floor_worker(url: str, ids: list[int], barrier: Barrier, results: Any) -> None:
+    """The hand-written floor: one durable commit a job, nothing else (an
+    autocommitted single-row UPDATE, prepared, on one connection)."""
+    CpuMeter.tag()
+    meter = CpuMeter(url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("select 1")
+        meter.start()
+        barrier.wait()
+        for job_id in ids:
+            conn.execute(
+                "update commit_floor set done = true where id = %s", (job_id,), prepare=True
+            )
+        finished = time.monotonic()
+    results.put((ids, finished, meter.stop(), {}))
 
 
 def _procrastinate_drain_worker(url: str, barrier: Barrier, results: Any) -> None:
@@ -215,9 +298,11 @@ def _procrastinate_drain_worker(url: str, barrier: Barrier, results: Any) -> Non
     meter = CpuMeter(url)
     app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url))
 
-    @app.task(name="noop")
-    async def noop() -> None:
-        return None
+    ran: list[int] = []
+
+    @app.task(name="noop", pass_context=True)
+    async def noop(context: Any) -> None:
+        ran.append(context.job.id)
 
     async def run() -> None:
         async with app.open_async():
@@ -226,7 +311,7 @@ def _procrastinate_drain_worker(url: str, barrier: Barrier, results: Any) -> Non
             await asyncio.to_thread(barrier.wait)
             await app.run_worker_async(concurrency=1, wait=False, install_signal_handlers=False)
             finished = time.monotonic()
-            results.put((None, finished, meter.stop(), dict(warnings.counts)))
+            results.put((ran, finished, meter.stop(), dict(warnings.counts)))
 
     asyncio.run(run())
 
@@ -270,7 +355,7 @@ def run_processes(
 
 
 def expiry_round(
-    url: str, jobs: int, procs: int, chunk: int, batch: int, group_commit: bool
+    url: str, jobs: int, procs: int, chunk: int, batch: int, mode: str
 ) -> list[Result]:
     app = App(url)
     meter = CpuMeter(url)
@@ -290,18 +375,70 @@ def expiry_round(
     finally:
         app.close()
     settle(url, "expiry.jobs")
-    seconds, cpu, processed = run_processes(
-        _expiry_drain_worker, (url, batch, group_commit), procs, timeout=max(300.0, jobs / 50)
+    seconds, cpu, ran = run_processes(
+        _expiry_drain_worker, (url, batch, mode), procs, timeout=max(300.0, jobs / 50)
     )
     done = scalar(url, "select count(*) from expiry.jobs where state = 'completed'")
-    if done != jobs:
-        print(f"    INCOMPLETE: expiry completed {done:,} of {jobs:,} jobs", flush=True)
-    if sum(processed) != jobs:  # retries after errors (a database restart, say)
-        print(f"    note: {sum(processed):,} attempts for {jobs:,} jobs", flush=True)
+    drain = Result("drain", mode, procs, done, seconds, cpu)
     return [
         Result("enqueue", "expiry", 1, jobs, enqueue, enqueue_cpu),
-        Result("drain", GROUP if group_commit else "expiry", procs, done, seconds, cpu),
+        checked(drain, ran, jobs, done),
     ]
+
+
+def floor_round(url: str, jobs: int, procs: int) -> list[Result]:
+    """One durable commit a job by hand, ``procs`` connections in parallel."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("drop table if exists commit_floor")
+        conn.execute("create table commit_floor (id bigint primary key, done boolean not null)")
+        conn.execute(
+            "insert into commit_floor select g, false from generate_series(1, %s) g", (jobs,)
+        )
+    settle(url, "commit_floor")
+    shares = [list(range(1 + p, jobs + 1, procs)) for p in range(procs)]
+    barrier = _CTX.Barrier(procs + 1)
+    results = _CTX.Queue()
+    children = [
+        _CTX.Process(target=_floor_worker, args=(url, share, barrier, results)) for share in shares
+    ]
+    for child in children:
+        child.start()
+    barrier.wait(timeout=120)
+    started = time.monotonic()
+    reports = [results.get(timeout=max(300.0, jobs / 50)) for _ in children]
+    for child in children:
+        child.join(timeout=30)
+    done = scalar(url, "select count(*) from commit_floor where done")
+    seconds = max(r[1] for r in reports) - started
+    drain = Result("drain", FLOOR, procs, done, seconds, sum(r[2] for r in reports))
+    return [checked(drain, [r[0] for r in reports], jobs, done)]
+
+
+# -- pgqueuer and Oban-py (bench/peers.py) -------------------------------------------
+
+
+def peer_round(peer: str, url: str, jobs: int, procs: int, chunk: int) -> list[Result]:
+    meter = CpuMeter(url)
+    if peer == "pgqueuer":
+        peers.pgqueuer_reset(url)
+        meter.start()
+        enqueue = peers.pgqueuer_enqueue(url, jobs, chunk)
+        settle(url, "pgqueuer")
+    else:
+        peers.oban_reset(url)
+        meter.start()
+        enqueue = peers.oban_enqueue(url, jobs, chunk)
+        settle(url, "oban_jobs")  # Oban's fetch plans badly on a table never analyzed
+    enqueue_cpu = meter.stop()
+    seconds, cpu, ran = run_processes(
+        _peer_drain_worker, (peer, url, jobs), procs, timeout=max(300.0, jobs / 50)
+    )
+    if peer == "pgqueuer":
+        done = jobs - peers.pgqueuer_unfinished(url)  # an acknowledged job leaves the table
+    else:
+        done = peers.oban_completed(url)
+    drain = Result("drain", peer, procs, done, seconds, cpu)
+    return [Result("enqueue", peer, 1, jobs, enqueue, enqueue_cpu), checked(drain, ran, jobs, done)]
 
 
 # -- procrastinate --------------------------------------------------------------
@@ -343,40 +480,65 @@ def procrastinate_round(url: str, jobs: int, procs: int, chunk: int) -> list[Res
 
     enqueue_seconds, enqueue_cpu = asyncio.run(enqueue())
     settle(url, "procrastinate_jobs")
-    seconds, cpu, _ = run_processes(
+    seconds, cpu, ran = run_processes(
         _procrastinate_drain_worker, (url,), procs, timeout=max(300.0, jobs / 20)
     )
     done = scalar(url, "select count(*) from procrastinate_jobs where status = 'succeeded'")
-    if done != jobs:
-        print(f"    INCOMPLETE: procrastinate finished {done:,} of {jobs:,} jobs", flush=True)
+    drain = Result("drain", "procrastinate", procs, done, seconds, cpu)
     return [
         Result("enqueue", "procrastinate", 1, jobs, enqueue_seconds, enqueue_cpu),
-        Result("drain", "procrastinate", procs, done, seconds, cpu),
+        checked(drain, ran, jobs, done),
     ]
 
 
 # -- latency: enqueue commit -> handler start ------------------------------------
 
 
-def _latency_worker(url: str, starts: Any) -> None:
+def _latency_worker(kind: str, url: str, starts: Any) -> None:
+    def started(i: int) -> None:
+        starts.put((i, time.monotonic()))
+
+    if kind == "pgqueuer":
+        peers.pgqueuer_latency_worker(url, started)
+        return
+    if kind == "oban":
+        peers.oban_latency_worker(url, started)
+        return
     app = App(url, pool_size=2)
 
     @app.handler("probe")
     def probe(job: Any, tx: Any) -> None:
-        starts.put((job.payload["i"], time.monotonic()))
+        started(job.payload["i"])
 
     app.queue.pending()
     app.worker(batch=1, until_idle=False).run()  # until SIGTERM
     app.close()
 
 
-def measure_latency(url: str, samples: int, warmup: int = 5) -> list[float]:
+class ExpiryClient:
+    def __init__(self, url: str) -> None:
+        self.app = App(url)
+
+    def enqueue(self, i: int) -> None:
+        self.app.queue.enqueue("probe", {"i": i})
+
+    def close(self) -> None:
+        self.app.close()
+
+
+def measure_latency(url: str, samples: int, kind: str = "expiry", warmup: int = 5) -> list[float]:
     """Seconds from each enqueue's commit to its handler starting, in an idle
     worker process; the first ``warmup`` samples (worker start-up) are dropped."""
     starts = _CTX.Queue()
-    child = _CTX.Process(target=_latency_worker, args=(url, starts))
+    child = _CTX.Process(target=_latency_worker, args=(kind, url, starts))
     child.start()
-    app = App(url)
+    client: Any
+    if kind == "pgqueuer":
+        client = peers.PgqueuerClient(url)
+    elif kind == "oban":
+        client = peers.ObanClient(url)
+    else:
+        client = ExpiryClient(url)
     latencies: list[float] = []
     gaps = random.Random(7)
     try:
@@ -385,7 +547,7 @@ def measure_latency(url: str, samples: int, warmup: int = 5) -> list[float]:
             # (longer than SQLite's 50 ms poll period: a fixed gap would always
             # land at the same phase of the poll loop and bias its figure).
             time.sleep(gaps.uniform(0.01, 0.11))
-            app.queue.enqueue("probe", {"i": i})
+            client.enqueue(i)
             committed = time.monotonic()
             index, began = starts.get(timeout=60)
             if index != i:
@@ -393,7 +555,7 @@ def measure_latency(url: str, samples: int, warmup: int = 5) -> list[float]:
             if i >= warmup:
                 latencies.append(began - committed)
     finally:
-        app.close()
+        client.close()
         child.terminate()  # SIGTERM: the worker finishes the job in hand and stops
         child.join(timeout=30)
         if child.is_alive():
@@ -404,83 +566,137 @@ def measure_latency(url: str, samples: int, warmup: int = 5) -> list[float]:
 
 # -- the report -------------------------------------------------------------------
 
-GROUP = "expiry/group"  # the no-op handler registered with group_commit=True
-ENGINES = ("expiry", GROUP, "procrastinate")
+ENGINES = ("expiry", GROUP, ACK, BATCHED, FLOOR, *PEERS)
+
+GUARANTEES = {
+    "tx": "the effect and the completion commit in one transaction (exactly-once effect)",
+    "each": "acknowledged after the handler, one commit a job (at least once)",
+    "batch": "acknowledged after the handler, in batches (at least once; a crash reruns a batch)",
+}
+GUARANTEE = {
+    "expiry": "tx",
+    GROUP: "tx",
+    ACK: "each",
+    BATCHED: "batch",
+    "procrastinate": "each",
+    "pgqueuer": "batch",
+    "oban": "batch",
+}
+STRENGTH = {"tx": 2, "each": 1, "batch": 0}
 
 
-def ratio_text(r: Result, peers: dict[str, Result]) -> str:
-    peer = peers.get("procrastinate")
-    if r.engine == "procrastinate" or peer is None:
+def median_results(results: list[Result]) -> list[Result]:
+    """One result for each (phase, engine, procs): the round of median rate."""
+    groups: dict[tuple[str, str, int], list[Result]] = {}
+    for r in results:
+        groups.setdefault((r.phase, r.engine, r.procs), []).append(r)
+    return [sorted(rs, key=lambda r: r.rate)[(len(rs) - 1) // 2] for rs in groups.values()]
+
+
+def best_peer(r: Result, drains: dict[tuple[str, int], Result]) -> Result | None:
+    """The fastest peer at ``r``'s process count whose guarantee is the same as
+    ``r``'s or weaker."""
+    mine = STRENGTH[GUARANTEE[r.engine]]
+    candidates = [
+        drains[(p, r.procs)]
+        for p in PEERS
+        if (p, r.procs) in drains and STRENGTH[GUARANTEE[p]] <= mine
+    ]
+    return max(candidates, key=lambda p: p.rate, default=None)
+
+
+def ratio_text(r: Result, drains: dict[tuple[str, int], Result]) -> str:
+    if r.engine in PEERS or r.engine == FLOOR or r.phase != "drain":
         return "-"
-    return f"{r.rate / peer.rate:.2f}x"
+    peer = best_peer(r, drains)
+    return "-" if peer is None else f"{r.rate / peer.rate:.2f}x {peer.engine}"
 
 
 def format_row(r: Result, procs: str, ratio: str) -> str:
     cpu = "-" if math.isnan(r.cpu) else f"{r.cpu_us_per_job:,.0f}"
+    guarantee = GUARANTEE.get(r.engine, "-") if r.phase == "drain" else "-"
     return (
-        f"{r.phase:<8} {r.engine:<14} {procs:>5} {r.jobs:>8} {r.seconds:>9.3f} "
-        f"{r.rate:>10,.0f} {cpu:>12} {ratio:>21}"
+        f"{r.phase:<8} {r.engine:<18} {guarantee:<6} {procs:>5} {r.jobs:>8} {r.seconds:>9.3f} "
+        f"{r.rate:>10,.0f} {cpu:>11} {ratio:>24}"
     )
 
 
-def print_table(results: list[Result]) -> None:
+def print_table(results: list[Result], rounds: list[Result]) -> None:
     header = (
-        f"{'phase':<8} {'engine':<14} {'procs':>5} {'jobs':>8} {'seconds':>9} "
-        f"{'jobs/s':>10} {'cpu us/job':>12} {'expiry/procrastinate':>21}"
+        f"{'phase':<8} {'engine':<18} {'promise':<6} {'procs':>5} {'jobs':>8} {'seconds':>9} "
+        f"{'jobs/s':>10} {'cpu us/job':>11} {'vs fastest peer, <= promise':>24}"
     )
     print(header)
     print("-" * len(header))
+    drains = {(r.engine, r.procs): r for r in results if r.phase == "drain"}
     enqueues: dict[str, list[Result]] = {}
-    for r in results:
+    for r in rounds:
         if r.phase == "enqueue":
             enqueues.setdefault(r.engine, []).append(r)
     best = {engine: max(rs, key=lambda r: r.rate) for engine, rs in enqueues.items()}
     for engine in ENGINES:
         if engine in best:
-            print(format_row(best[engine], "-", ratio_text(best[engine], best)))
-    drains = {(r.engine, r.procs): r for r in results if r.phase == "drain"}
+            print(format_row(best[engine], "-", "-"))
     for procs in sorted({p for _, p in drains}):
-        peers = {e: drains[(e, procs)] for e in ENGINES if (e, procs) in drains}
-        for r in peers.values():
-            print(format_row(r, str(procs), ratio_text(r, peers)))
+        for engine in ENGINES:
+            if (engine, procs) in drains:
+                r = drains[(engine, procs)]
+                print(format_row(r, str(procs), ratio_text(r, drains)))
     print()
+    print("promise: " + "; ".join(f"{k}: {v}" for k, v in GUARANTEES.items()))
     for engine, rs in enqueues.items():
         rates = ", ".join(f"{r.rate:,.0f}" for r in rs)
         print(f"enqueue rounds, {engine} (jobs/s): {rates}; the table shows the best")
+    per_round: dict[tuple[str, int], list[Result]] = {}
+    for r in rounds:
+        if r.phase == "drain":
+            per_round.setdefault((r.engine, r.procs), []).append(r)
+    if any(len(rs) > 1 for rs in per_round.values()):
+        for (engine, procs), rs in per_round.items():
+            rates = ", ".join(f"{r.rate:,.0f}" for r in rs)
+            print(f"drain rounds, {engine}, {procs} procs (jobs/s): {rates}; the table: median")
 
 
 def print_latency(name: str, latencies: list[float]) -> None:
     ms = [v * 1000 for v in latencies]
     print(
-        f"latency {name:<24} n={len(ms):<4} p50={percentile(ms, 50):7.2f} ms  "
+        f"latency {name:<28} n={len(ms):<4} p50={percentile(ms, 50):7.2f} ms  "
         f"p99={percentile(ms, 99):7.2f} ms  max={max(ms):7.2f} ms"
     )
 
 
-def print_targets(results: list[Result]) -> None:
+def print_targets(results: list[Result], latencies: dict[str, list[float]]) -> None:
     print("targets (reported, not asserted):")
     enqueue = [r.rate for r in results if r.phase == "enqueue" and r.engine == "expiry"]
     if enqueue:
         verdict = "ok" if max(enqueue) >= TARGET_ENQUEUE else "MISS"
         print(f"  enqueue_many >= {TARGET_ENQUEUE:,.0f} jobs/s: {max(enqueue):,.0f}  {verdict}")
     drains = {(r.engine, r.procs): r for r in results if r.phase == "drain"}
-    ours = [r for (engine, _), r in drains.items() if engine != "procrastinate"]
-    if ours:
-        top = max(ours, key=lambda r: r.rate)
-        verdict = "ok" if top.rate >= TARGET_DRAIN else "MISS"
-        print(
-            f"  drain >= {TARGET_DRAIN:,.0f} jobs/s: {top.rate:,.0f} "
-            f"({top.engine}, {top.procs} procs)  {verdict}"
-        )
     for (engine, procs), r in sorted(drains.items()):
-        peer = drains.get(("procrastinate", procs))
-        if engine != "procrastinate" and peer is not None:
+        if engine in PEERS or engine == FLOOR:
+            continue
+        peer = best_peer(r, drains)
+        if peer is not None:
             ratio = r.rate / peer.rate
-            verdict = "ok" if ratio >= TARGET_RATIO else "MISS"
+            verdict = "ok" if ratio >= TARGET_PEER else "MISS"
             print(
-                f"  drain >= {TARGET_RATIO:.0f}x procrastinate, {engine}, {procs} procs: "
-                f"{ratio:.2f}x  {verdict}"
+                f"  {engine} >= {TARGET_PEER:.1f}x the fastest peer of the same or a weaker "
+                f"promise ({peer.engine}), {procs} procs: {ratio:.2f}x  {verdict}"
             )
+    for (engine, procs), r in sorted(drains.items()):
+        floor = drains.get((FLOOR, procs))
+        if engine == "expiry" and floor is not None:
+            ratio = r.rate / floor.rate
+            verdict = "ok" if ratio >= TARGET_FLOOR else "MISS"
+            print(
+                f"  expiry (one transaction a job) >= {TARGET_FLOOR:.1f}x the commit floor, "
+                f"{procs} procs: {ratio:.2f}x ({r.rate:,.0f} of {floor.rate:,.0f})  {verdict}"
+            )
+    for name, values in latencies.items():
+        if name.startswith("expiry, postgres"):
+            p99 = percentile([v * 1000 for v in values], 99)
+            verdict = "ok" if p99 < TARGET_LATENCY_MS else "MISS"
+            print(f"  due->start p99 < {TARGET_LATENCY_MS:.0f} ms, {name}: {p99:.2f} ms  {verdict}")
 
 
 # -- main -------------------------------------------------------------------------
@@ -488,32 +704,65 @@ def print_targets(results: list[Result]) -> None:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description="expiry queue throughput and latency, against procrastinate"
+        description="expiry queue throughput and latency, against its peers"
     )
     parser.add_argument("--jobs", type=int, default=100_000, help="jobs per round (100000)")
     parser.add_argument(
         "--procs",
         type=lambda text: [int(p) for p in text.split(",") if p.strip()],
-        default=[1, 2, 4],
-        help="worker process counts, comma separated (1,2,4)",
+        default=[1, 2],
+        help="worker process counts, comma separated (1,2)",
     )
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds (1)")
     parser.add_argument("--batch", type=int, default=64, help="expiry jobs per claim (64)")
     parser.add_argument("--chunk", type=int, default=10_000, help="jobs per enqueue call (10000)")
     parser.add_argument("--samples", type=int, default=200, help="latency samples (200)")
     parser.add_argument("--admin-url", default=ADMIN_URL, help="where scratch databases are made")
-    parser.add_argument("--no-procrastinate", action="store_true", help="measure expiry only")
     parser.add_argument(
-        "--quick", action="store_true", help="smoke run: 2,000 jobs, 1 proc, 20 latency samples"
+        "--modes",
+        type=lambda text: [m.strip() for m in text.split(",") if m.strip()],
+        default=list(MODES),
+        help=f"expiry modes, comma separated ({','.join(MODES)})",
+    )
+    parser.add_argument(
+        "--peers",
+        type=lambda text: [p.strip() for p in text.split(",") if p.strip()],
+        default=list(PEERS),
+        help="peer queues, comma separated, '' for none (procrastinate,pgqueuer,oban); "
+        "one that is not installed is skipped with a line saying why",
+    )
+    parser.add_argument("--no-floor", action="store_true", help="skip the commit floor")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 2,000 jobs, 1 proc, 20 latency samples, no peers but procrastinate",
     )
     args = parser.parse_args(argv)
     if args.quick:
         args.jobs, args.procs, args.samples = 2_000, [1], 20
         args.chunk = min(args.chunk, 1_000)
-    if args.jobs <= 0 or args.chunk <= 0 or args.batch <= 0 or args.samples <= 0:
-        parser.error("--jobs, --chunk, --batch and --samples must be positive")
+        if "--peers" not in (argv if argv is not None else sys.argv[1:]):
+            args.peers = ["procrastinate"]
+    if min(args.jobs, args.chunk, args.batch, args.samples, args.rounds) <= 0:
+        parser.error("--jobs, --chunk, --batch, --samples and --rounds must be positive")
     if not args.procs or min(args.procs) <= 0:
         parser.error("--procs must list positive numbers")
+    unknown = [m for m in args.modes if m not in MODES] + [p for p in args.peers if p not in PEERS]
+    if unknown:
+        parser.error(f"unknown modes or peers: {', '.join(unknown)}")
     return args
+
+
+def usable_peers(wanted: list[str]) -> list[str]:
+    """The peers of ``wanted`` that can run here; a line for each that cannot."""
+    reasons = peers.available()
+    reasons["procrastinate"] = (
+        None if importlib.util.find_spec("procrastinate") else "procrastinate is not installed"
+    )
+    for peer in wanted:
+        if reasons[peer] is not None:
+            print(f"skipped peer {peer}: {reasons[peer]}", flush=True)
+    return [p for p in wanted if reasons[p] is None]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -525,64 +774,90 @@ def main(argv: Sequence[str] | None = None) -> int:
     load_before = os.getloadavg()
     print(
         f"queue throughput: {args.jobs:,} no-op jobs; procs {','.join(map(str, args.procs))}; "
-        f"expiry claim batch {args.batch}; enqueue chunk {args.chunk:,}; {os.cpu_count()} cpus; "
-        f"load average {load_before[0]:.2f}",
+        f"{args.rounds} rounds; expiry claim batch {args.batch}; enqueue chunk "
+        f"{args.chunk:,}; {os.cpu_count()} cpus; load average {load_before[0]:.2f}; "
+        f"Python {sys.version.split()[0]}",
         flush=True,
     )
-    results: list[Result] = []
+    chosen = usable_peers(args.peers)
+    rounds: list[Result] = []
     latencies: dict[str, list[float]] = {}
     suffix = os.getpid()  # concurrent runs (the smoke test) must not share databases
-    with (
-        scratch_database(args.admin_url, f"expiry_bench_queue_{suffix}") as expiry_url,
-        scratch_database(args.admin_url, f"procrastinate_bench_{suffix}") as procrastinate_url,
-    ):
+    with contextlib.ExitStack() as stack:
+        expiry_url = stack.enter_context(
+            scratch_database(args.admin_url, f"expiry_bench_queue_{suffix}")
+        )
+        urls = {
+            peer: stack.enter_context(scratch_database(args.admin_url, f"{peer}_bench_{suffix}"))
+            for peer in chosen
+        }
         app = App(expiry_url)
         app.migrate()
         app.close()
-        if not args.no_procrastinate:
-            procrastinate_setup(procrastinate_url)
-        for procs in args.procs:
-            for group_commit in (False, True):
-                results += expiry_round(
-                    expiry_url, args.jobs, procs, args.chunk, args.batch, group_commit
-                )
-                print(
-                    f"  drained: {results[-1].engine}, {procs} procs: "
-                    f"{results[-1].rate:,.0f} jobs/s",
-                    flush=True,
-                )
-            if not args.no_procrastinate:
-                results += procrastinate_round(procrastinate_url, args.jobs, procs, args.chunk)
-                print(
-                    f"  drained: procrastinate, {procs} procs: {results[-1].rate:,.0f} jobs/s",
-                    flush=True,
-                )
+        for peer in chosen:
+            SETUP[peer](urls[peer])
+        for round_no in range(args.rounds):
+            for procs in args.procs:
+                for mode in args.modes:
+                    rounds += expiry_round(
+                        expiry_url, args.jobs, procs, args.chunk, args.batch, mode
+                    )
+                    report(rounds[-1], round_no)
+                if not args.no_floor:
+                    rounds += floor_round(expiry_url, args.jobs, procs)
+                    report(rounds[-1], round_no)
+                for peer in chosen:
+                    if peer == "procrastinate":
+                        rounds += procrastinate_round(urls[peer], args.jobs, procs, args.chunk)
+                    else:
+                        rounds += peer_round(peer, urls[peer], args.jobs, procs, args.chunk)
+                    report(rounds[-1], round_no)
         with psycopg.connect(expiry_url, autocommit=True) as conn:
             conn.execute("truncate expiry.jobs restart identity")
-        latencies["postgres (LISTEN/NOTIFY)"] = measure_latency(expiry_url, args.samples)
+        latencies["expiry, postgres (LISTEN/NOTIFY)"] = measure_latency(expiry_url, args.samples)
+        for peer in chosen:
+            if peer != "procrastinate":
+                RESET[peer](urls[peer])
+                latencies[f"{peer}, postgres"] = measure_latency(urls[peer], args.samples, peer)
     with tempfile.TemporaryDirectory(prefix="expiry_bench_") as tmp:
         sqlite_url = f"sqlite:///{Path(tmp) / 'queue.db'}"
         app = App(sqlite_url)
         app.migrate()
         app.close()
-        latencies["sqlite (50 ms polling)"] = measure_latency(sqlite_url, args.samples)
+        latencies["expiry, sqlite (50 ms polling)"] = measure_latency(sqlite_url, args.samples)
 
+    results = median_results(rounds)
     print()
-    print_table(results)
+    print_table(results, rounds)
     print()
     for name, values in latencies.items():
         print_latency(name, values)
     print()
-    print_targets(results)
+    print_targets(results, latencies)
     load_after = os.getloadavg()
     print(
         f"load average (1 min) before/after: {load_before[0]:.2f}/{load_after[0]:.2f} "
         f"on {os.cpu_count()} cpus; other work on the machine slows every figure"
     )
-    incomplete = [r for r in results if r.phase == "drain" and r.jobs != args.jobs]
-    for r in incomplete:
+    broken = [r for r in rounds if r.phase == "drain" and (r.jobs != args.jobs or r.missing)]
+    for r in broken:
         print(f"INCOMPLETE: {r.engine}, {r.procs} procs, finished {r.jobs:,} of {args.jobs:,} jobs")
-    return 2 if incomplete else 0
+    return 2 if broken else 0
+
+
+SETUP: dict[str, Callable[[str], None]] = {
+    "procrastinate": procrastinate_setup,
+    "pgqueuer": peers.pgqueuer_setup,
+    "oban": peers.oban_setup,
+}
+RESET: dict[str, Callable[[str], None]] = {
+    "pgqueuer": peers.pgqueuer_reset,
+    "oban": peers.oban_reset,
+}
+
+
+def report(r: Result, round_no: int) -> None:
+    print(f"  round {round_no + 1}: {r.engine}, {r.procs} procs: {r.rate:,.0f} jobs/s", flush=True)
 
 
 if __name__ == "__main__":

@@ -280,6 +280,7 @@ class App:
         *,
         transactional: bool = True,
         group_commit: bool = False,
+        batched_ack: bool = False,
         before: Callable[[Job], None] | None = None,
         after: Callable[[Job, Any, float], None] | None = None,
         after_batch: Callable[[list[Job]], None] | None = None,
@@ -298,6 +299,7 @@ class App:
                     after_batch=after_batch,
                     transactional=transactional,
                     group_commit=group_commit,
+                    batched_ack=batched_ack,
                 )
             )
             return fn

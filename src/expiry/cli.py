@@ -233,6 +233,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         lease=settings.lease if settings else defaults.LEASE_SECONDS,
         batch=settings.claim_batch if settings else defaults.CLAIM_BATCH,
         prune_after=settings.prune_after if settings else defaults.PRUNE_AFTER_SECONDS,
+        ack_delay=settings.ack_delay if settings else defaults.ACK_DELAY_SECONDS,
         until_idle=args.until_idle,
     )
     code = worker.run()
@@ -276,6 +277,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         lease=config.worker.lease,
         batch=config.worker.claim_batch,
         prune_after=config.worker.prune_after,
+        ack_delay=config.worker.ack_delay,
     )
     threads = [threading.Thread(target=scheduler.run, name="scheduler", daemon=True)]
     if not args.no_workers:

@@ -225,6 +225,9 @@ class WorkerConfig(HealthSettings):
     lease: Duration = defaults.LEASE_SECONDS
     claim_batch: int = Field(defaults.CLAIM_BATCH, ge=1, le=1000)
     prune_after: Duration = defaults.PRUNE_AFTER_SECONDS
+    ack_delay: Duration = defaults.ACK_DELAY_SECONDS
+    """How long a batched acknowledgement (``batched_ack=True`` handlers) may wait
+    for more jobs before it commits."""
 
 
 class Policy(HealthSettings):

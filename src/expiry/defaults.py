@@ -86,3 +86,8 @@ WORKER_STALE_SECONDS = 90.0
 """A worker not seen on the roll for this long (three default heartbeats and
 more) may be stopped, stuck or cut off: the workers page says so, and its
 throttles no longer count in status and /metrics."""
+
+ACK_DELAY_SECONDS = 0.1
+"""A batched acknowledgement (``batched_ack=True``) commits at most this long
+after the first job of its batch finished, or sooner once a claim's worth of
+jobs (``claim_batch``) wait for it: pgqueuer's figure."""

@@ -6,7 +6,8 @@ the handler's effect and the job's completion commit together.
 ``transactional=False`` runs ``fn(job)`` outside any transaction (an HTTP
 call, a cache purge): the worker records the outcome afterwards, in a
 transaction of its own, so such a job may run again if the process dies between
-the two (at least once). ``group_commit=True`` lets neighbouring jobs of the
+the two (at least once); with ``batched_ack=True`` those completions are
+written in batches, one transaction for many jobs. ``group_commit=True`` lets neighbouring jobs of the
 handler share one transaction and one commit.
 
 The built-in window job uses three private modes of the same model
@@ -42,6 +43,12 @@ class Handler:
     transactional: bool = True
     """False: ``fn(job)`` runs outside any transaction and the worker completes
     the job afterwards in its own (at least once, not exactly once)."""
+    batched_ack: bool = False
+    """With ``transactional=False``: the worker acknowledges the jobs in batches,
+    one transaction for up to a claim's worth, at most ``[worker] ack_delay``
+    after the first of them finished (acks.py). Until its batch commits a job is
+    still leased, so a crash runs it again: at least once, as without batching,
+    but a crash repeats up to a batch of jobs, not one."""
     group_commit: bool = False
     """Jobs of this handler claimed together may run in one transaction that
     completes them all (one commit for many short jobs). Any failure rolls the
@@ -69,6 +76,13 @@ class Handler:
                 f"handler {self.name!r}: a group commit completes its jobs together in "
                 "one transaction, so the handler must be transactional and must not "
                 "complete its own job"
+            )
+        if self.batched_ack and self.transactional:
+            raise ConfigError(
+                f"handler {self.name!r}: batched_ack acknowledges jobs after their "
+                "handler returned, outside its transaction: register it with "
+                "transactional=False (a transactional job completes in its own "
+                "transaction; group_commit=True batches those)"
             )
         if self.statement and (self.pipelined or not self.completes_job):
             raise ConfigError(

@@ -24,6 +24,7 @@ from types import FrameType
 from typing import Any
 
 from . import defaults, retry
+from .acks import AckBuffer
 from .engines import Engine
 from .errors import AlreadyApplied, LeaseLost, Snooze
 from .handlers import Handler
@@ -88,6 +89,7 @@ class Worker:
         name: str | None = None,
         rng: random.Random | None = None,
         pools: Mapping[str, int] | None = None,
+        ack_delay: float = defaults.ACK_DELAY_SECONDS,
     ) -> None:
         self.engine = engine
         self.queue = queue
@@ -111,6 +113,10 @@ class Worker:
         self.processed = 0
         self._held: dict[int, Job] = {}
         self._lock = threading.Lock()
+        self.acks: AckBuffer | None = None
+        """The batched acknowledgements of batched_ack handlers (None: none here)."""
+        if any(h.batched_ack for h in handlers.values()):
+            self.acks = AckBuffer(queue, size=self.batch, delay=ack_delay, acked=self._acked)
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -137,6 +143,12 @@ class Worker:
             threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True),
             threading.Thread(target=self._rescue_loop, name="rescuer", daemon=True),
         ]
+        if self.acks is not None:
+            helpers.append(
+                threading.Thread(
+                    target=self.acks.run, args=(self.stopping,), name="acks", daemon=True
+                )
+            )
         if self.hooks.monitor is not None:
             # A first reading before the first claim: a held policy is held from
             # the start, and a canary's baseline is taken while nothing runs.
@@ -162,6 +174,8 @@ class Worker:
         for thread in loops:
             while thread.is_alive():
                 thread.join(0.2)
+        if self.acks is not None:  # the loops are done: what they ran, acknowledged now
+            self.acks.flush()
         self.stopping.set()
         # Let a heartbeat or rescue in flight finish before the caller closes the
         # engine: a helper still inside the driver as its connection closes (or
@@ -250,6 +264,8 @@ class Worker:
                 self.stopping.wait(delay)
                 continue
             if not jobs:
+                if self.until_idle and self.acks is not None:
+                    self.acks.flush()  # jobs awaiting their ack are not idle yet
                 if self.until_idle and self._idle():
                     self.stopping.set()
                     break
@@ -515,7 +531,8 @@ class Worker:
             self._fail(job, exc)
             return
         JOB_SECONDS.labels(job.handler, "completed").observe(elapsed)
-        log.info("job completed", extra={**fields, "state": "completed"})
+        if not handler.batched_ack:  # else logged once its batch commits (_acked)
+            log.info("job completed", extra={**fields, "state": "completed"})
         if handler.after is not None:
             handler.after(job, result, elapsed)
 
@@ -525,18 +542,28 @@ class Worker:
         if not handler.transactional:
             result = handler.fn(job)
             self._settle([job])
-            self.queue.complete(job)
+            if handler.batched_ack and self.acks is not None:
+                self.acks.add(job)
+            else:
+                self.queue.complete(job)
             return result
+        # The engine completes the job as the transaction's last statement, sent
+        # with its COMMIT where it can (one round trip on PostgreSQL).
         with self.engine.transaction(
-            pipelined=handler.pipelined, statement=handler.statement
+            pipelined=handler.pipelined,
+            statement=handler.statement,
+            completing=None if handler.completes_job else job,
         ) as tx:
             result = handler.fn(job, tx)
             # Settled before commit: a heartbeat that meets the completion's
             # row lock returns after it and finds the job no longer held.
             self._settle([job])
-            if not handler.completes_job:
-                self.queue.complete(job, tx)
         return result
+
+    def _acked(self, jobs: list[Job]) -> None:
+        """The jobs a batched acknowledgement completed: their log lines."""
+        for job in jobs:
+            log.info("job completed", extra={**job_fields(job), "state": "completed"})
 
     def _audit_lease_lost(self, job: Job) -> None:
         """Record a delivery that lost its lease, outside its rolled-back transaction,

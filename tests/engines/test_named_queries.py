@@ -33,7 +33,10 @@ PRIVATE = RUNNERS | {"_time", "_maybe_time", "queries"}
 
 DIALECT_ONLY = {
     # pg_notify hints listeners of new jobs; SQLite has no NOTIFY and polls.
-    "postgres": {"job_notify"},
+    # job_complete_strict raises LeaseLost in the server, so that a job's
+    # completion can travel with its COMMIT (pipeline mode); the others read
+    # job_complete's answer before they commit.
+    "postgres": {"job_notify", "job_complete_strict"},
     # SQLite merges each queue's due jobs in Python before claiming (one writer,
     # no SKIP LOCKED); PostgreSQL claims in one statement.
     "sqlite": {"job_due"},

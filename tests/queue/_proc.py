@@ -1,6 +1,6 @@
 """A worker or a claimer in its own OS process, for the queue tests.
 
-    python _proc.py worker URL --lease 1 [--until-idle] [--marks DIR]
+    python _proc.py worker URL --lease 1 [--until-idle] [--marks DIR] [--ack-delay S]
     python _proc.py claimer URL --go FILE --out FILE
 
 ``worker`` builds an App on URL with the test handlers below and runs
@@ -53,6 +53,10 @@ def build_app(url: str, marks: Path | None) -> App:
         mark(marks, job)
         os.kill(os.getpid(), signal.SIGKILL)
 
+    @app.handler("batched", transactional=False, batched_ack=True)
+    def batched(job: Job) -> None:
+        mark(marks, job)
+
     return app
 
 
@@ -64,6 +68,7 @@ def run_worker(args: argparse.Namespace) -> int:
         poll=0.05,
         rescue_every=args.rescue_every,
         until_idle=args.until_idle,
+        ack_delay=args.ack_delay,
     )
     try:
         return worker.run()
@@ -107,6 +112,7 @@ def main(argv: list[str]) -> int:
     worker.add_argument("--rescue-every", type=float, default=0.2)
     worker.add_argument("--until-idle", action="store_true")
     worker.add_argument("--marks")
+    worker.add_argument("--ack-delay", type=float, default=0.1)
     claimer = sub.add_parser("claimer")
     claimer.add_argument("url")
     claimer.add_argument("--go", required=True)

@@ -487,6 +487,85 @@ def test_lease_lost_inside_the_callers_transaction_rolls_its_effect_back(
     queue.complete(fresh)
 
 
+def test_a_completing_transaction_commits_the_effect_with_the_completion(
+    queue: Queue, engine: Engine
+) -> None:
+    execute(engine, "create table scratch (id integer primary key)")
+    queue.enqueue("noop", {}, None, "k")
+    [job] = queue.claim(1)
+
+    with engine.transaction(completing=job) as tx:
+        execute_in(engine, tx, "insert into scratch (id) values (%s)", 1)
+        if engine.dialect != "sqlite":  # (SQLite's one connection a thread is inside it)
+            assert state_of(queue, "k") is JobState.RUNNING  # not before the block ends
+
+    assert state_of(queue, "k") is JobState.COMPLETED
+    assert execute(engine, "select id from scratch") == [{"id": 1}]
+
+
+def test_a_completing_transaction_that_raises_commits_nothing(queue: Queue, engine: Engine) -> None:
+    execute(engine, "create table scratch (id integer primary key)")
+    queue.enqueue("noop", {}, None, "k")
+    [job] = queue.claim(1)
+
+    with pytest.raises(RuntimeError, match="handler blew up"):
+        with engine.transaction(completing=job) as tx:
+            execute_in(engine, tx, "insert into scratch (id) values (%s)", 1)
+            raise RuntimeError("handler blew up")
+
+    assert state_of(queue, "k") is JobState.RUNNING
+    assert execute(engine, "select id from scratch") == []
+    queue.complete(job)  # the lease is still the caller's
+
+
+def test_a_completing_transaction_whose_lease_moved_on_commits_nothing(
+    queue: Queue, engine: Engine
+) -> None:
+    """The completion travels with the COMMIT on PostgreSQL (one round trip): a
+    lost lease must still abort the transaction, not commit the effect alone."""
+    execute(engine, "create table scratch (id integer primary key)")
+    queue.enqueue("noop", {}, None, "k")
+    [stale] = queue.claim(1, lease=30)
+    expire_leases(engine)
+    queue.rescue()
+    [fresh] = queue.claim(1)
+
+    with pytest.raises(LeaseLost):
+        with engine.transaction(completing=stale) as tx:
+            execute_in(engine, tx, "insert into scratch (id) values (%s)", 1)
+
+    assert execute(engine, "select id from scratch") == []
+    assert state_of(queue, "k") is JobState.RUNNING  # the fresh lease's, untouched
+    with engine.transaction(completing=fresh) as tx:  # the connection is fit for the next
+        execute_in(engine, tx, "insert into scratch (id) values (%s)", 2)
+    assert state_of(queue, "k") is JobState.COMPLETED
+    assert execute(engine, "select id from scratch") == [{"id": 2}]
+
+
+def test_a_completing_transaction_keeps_a_nested_block_inside_it(pg_url: str) -> None:
+    """PostgreSQL writes the job's BEGIN out (to send its completion with the
+    COMMIT): a handler's own ``with tx.transaction():`` must still be a savepoint
+    inside it, not a transaction that commits its work ahead of the completion.
+    (sqlite3 and PyMySQL connections have no nested transaction() to misuse.)"""
+    engine = open_engine(pg_url)
+    queue = Queue(engine)
+    try:
+        execute(engine, "create table scratch (id integer primary key)")
+        queue.enqueue("noop", {}, None, "k")
+        [job] = queue.claim(1)
+
+        with pytest.raises(RuntimeError, match="after the savepoint"):
+            with engine.transaction(completing=job) as tx:
+                with tx.transaction():
+                    execute_in(engine, tx, "insert into scratch (id) values (%s)", 1)
+                raise RuntimeError("after the savepoint")
+
+        assert execute(engine, "select id from scratch") == []
+        assert state_of(queue, "k") is JobState.RUNNING
+    finally:
+        engine.close()
+
+
 def execute_in(engine: Engine, tx: object, statement: str, *params: object) -> None:
     tx.execute(sql(engine, statement), params)  # type: ignore[attr-defined]
 

@@ -162,8 +162,16 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     @contextmanager
-    def transaction(self, *, pipelined: bool = False, statement: bool = False) -> Iterator[Any]:
+    def transaction(
+        self, *, pipelined: bool = False, statement: bool = False, completing: Job | None = None
+    ) -> Iterator[Any]:
         """A driver connection inside a transaction, committed on success.
+
+        ``completing``: the block's work is this job's, and the transaction
+        completes the job as its last statement when the block ends: raises
+        LeaseLost, and commits nothing, when the lease has moved on. An engine
+        may send the completion with the COMMIT (PostgreSQL: one round trip).
+        Not with ``statement``.
 
         ``pipelined``: where the driver can, statements are queued and sent
         together when a result is read, BEGIN with the first of them and COMMIT
@@ -545,7 +553,11 @@ class Engine(abc.ABC):
             "owner": owner,
             "fair_share": fair_share,
         }
-        return in_turns([self._job(row) for row in self._run(None, "job_claim", params)])
+        return in_turns([self._job(row) for row in self._claim_rows(params)])
+
+    def _claim_rows(self, params: dict[str, Any]) -> list[Row]:
+        """The claim's statement, as a transaction of its own."""
+        return self._run(None, "job_claim", params)
 
     def job_heartbeat(self, job: Job, lease_seconds: float) -> bool:
         params = {"id": job.id, "token": job.lease_token, "lease": lease_seconds}

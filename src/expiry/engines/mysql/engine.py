@@ -267,10 +267,14 @@ class MySQLEngine(MySQLTables):
         self._local = threading.local()
 
     @contextmanager
-    def transaction(self, *, pipelined: bool = False, statement: bool = False) -> Iterator[Any]:
+    def transaction(
+        self, *, pipelined: bool = False, statement: bool = False, completing: Job | None = None
+    ) -> Iterator[Any]:
         """``statement``: the connection in autocommit, each statement its own
         transaction (ANALYZE TABLE, which would commit an open one); work of
         several statements goes in ``atomic(conn)``."""
+        if statement and completing is not None:
+            raise ValueError("a statement-mode transaction cannot complete a job at its end")
         conn = self._take()
         try:
             try:
@@ -290,6 +294,8 @@ class MySQLEngine(MySQLTables):
                     conn.raw.begin()
             with self._within(conn, begun=not statement):
                 yield conn
+                if completing is not None:
+                    self.job_complete(completing, conn)
         finally:
             self._give(conn)
 

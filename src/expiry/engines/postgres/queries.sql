@@ -35,6 +35,9 @@ select pg_notify('expiry_jobs', %(queue)s);
 -- rounded up, looking at no more than 2n a queue: near the end of a backlog
 -- the last jobs spread over the workers, instead of one worker holding a batch
 -- while the others have nothing left to do.
+-- The picked ids are matched as an array: a join with the CTE, whose size the
+-- planner cannot know (the fair share's LIMIT), was planned as a hash join over a
+-- sequential scan of the whole job table, 15 ms a claim at 20,000 jobs.
 -- The claim commits without waiting for its WAL to reach disk (synchronous_commit
 -- off, for this transaction only): lost in a crash, a claim only leaves its jobs
 -- available, and a job's own transaction, durable, flushes the claim's WAL first.
@@ -87,8 +90,8 @@ set state = 'running',
     lease_expires_at = now() + make_interval(secs => %(lease)s),
     attempted_at = now(),
     updated_at = now()
-from picked, async_commit
-where j.id = picked.id
+from async_commit
+where j.id = any(array(select id from picked))
 returning j.*;
 
 -- name: job_heartbeat
@@ -104,6 +107,12 @@ returning id;
 -- the rule of expiry.job_complete (migration 0006), which window_apply shares.
 select id from (select expiry.job_complete(%(id)s, %(token)s) as id) as done
 where id is not null;
+
+-- name: job_complete_strict
+-- Complete a job as its transaction's last statement, sent with the COMMIT in
+-- one round trip: raises EX001 (LeaseLost) when the lease has moved on, which
+-- aborts the transaction, so the COMMIT behind it commits nothing.
+select expiry.job_complete_strict(%(id)s, %(token)s) as id;
 
 -- name: job_complete_many
 -- Complete a group of jobs run in one transaction (group commit), each only

@@ -23,6 +23,20 @@ begin
 end
 $$;
 
+CREATE FUNCTION expiry.job_complete_strict(job_id bigint, token text) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
+declare
+    done bigint;
+begin
+    done := expiry.job_complete(job_id, token);
+    if done is null then
+        raise exception 'job %: lease lost before completion', job_id using errcode = 'EX001';
+    end if;
+    return done;
+end
+$$;
+
 CREATE FUNCTION expiry.window_apply(statement text, lo bigint, hi bigint, cutoff timestamp with time zone, key text, policy text, run_id text, action text, worker text, job_id bigint, lease_token text, positions text[], bounds text) RETURNS bigint
     LANGUAGE plpgsql
     AS $$

@@ -96,12 +96,14 @@ class SQLiteEngine(SQLiteTables):
 
     @contextmanager
     def transaction(
-        self, *, pipelined: bool = False, statement: bool = False
+        self, *, pipelined: bool = False, statement: bool = False, completing: Job | None = None
     ) -> Iterator[sqlite3.Connection]:
         conn = self._conn()
         conn.execute("begin immediate")
         try:
             yield conn
+            if completing is not None:
+                self.job_complete(completing, conn)
         except BaseException:
             conn.execute("rollback")
             raise

@@ -1,0 +1,4 @@
+-- 0011: PostgreSQL's expiry.job_complete_strict, which lets a job's completion
+-- travel with its COMMIT. Nothing here: this engine completes a job with
+-- job_complete and checks its answer before the COMMIT. The number is kept so
+-- that every engine stands at the same migration.
