@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench bench-peers clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -23,9 +23,21 @@ lint: $(STAMP)
 test: lint
 	$(VENV)/bin/pytest -q
 
+# The queue benchmark with all its peers: Oban-py needs Python >= 3.12, so a venv
+# of its own from the first such interpreter found (PYTHON_BENCH to choose).
+PYTHON_BENCH ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3 $(HOME)/.pyenv/versions/3.13*/bin/python3) $(shell for p in python3.12 python3.13; do $$p -c "" 2>/dev/null && command -v $$p; done))
+BENCH_VENV := .venv-bench
+
+bench-peers: pyproject.toml
+	@test -n "$(PYTHON_BENCH)" || { echo "no Python >= 3.12 found: set PYTHON_BENCH"; exit 1; }
+	$(PYTHON_BENCH) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(BENCH_VENV)/bin/python -m pip install --quiet -e '.[bench-peers]'
+	$(BENCH_VENV)/bin/python bench/queue_throughput.py --jobs 20000 --rounds 3
+
 bench: $(STAMP)
 	$(PY) bench/queue_throughput.py
 	$(PY) bench/cleanup_throughput.py
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache expiry-demo.db* expiry-demo.toml
+	rm -rf $(VENV) $(BENCH_VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache expiry-demo.db* expiry-demo.toml

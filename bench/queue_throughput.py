@@ -1,29 +1,42 @@
-"""Queue throughput and latency: expiry against procrastinate on the same PostgreSQL.
+"""Queue throughput and latency: expiry's modes against its peers on the same PostgreSQL.
 
-    .venv/bin/python bench/queue_throughput.py                 # 100,000 jobs; 1, 2, 4 procs
-    .venv/bin/python bench/queue_throughput.py --jobs 20000 --procs 1,2
+    .venv/bin/python bench/queue_throughput.py                 # 100,000 jobs; 1, 2 procs
+    .venv-bench/bin/python bench/queue_throughput.py --jobs 20000 --rounds 3   # with Oban-py
     .venv/bin/python bench/queue_throughput.py --quick         # smoke run (2,000 jobs, 1 proc)
 
 What it measures, on scratch databases it creates and drops itself:
 
-* enqueue: ``Queue.enqueue_many`` of N no-op jobs (``--chunk`` jobs a call),
-  against procrastinate's ``Task.batch_defer_async`` with the same chunks;
-* drain: N no-op jobs run to completion by 1, 2, 4... worker *processes*:
-  ``expiry.worker.Worker(batch=..., until_idle=True)`` against procrastinate's
-  worker with ``concurrency=1, wait=False``. expiry drains twice: with one
-  transaction a job (the default), and as ``expiry/group``, the handler
-  registered with ``group_commit=True`` (a claimed batch commits together).
-  The clock starts at a barrier every
-  process reaches after its start-up and stops at the last process's finish;
-* latency: from the commit of a single ``enqueue()`` (the call returned) to
-  the handler starting in an idle worker process, on PostgreSQL (LISTEN/NOTIFY)
-  and on SQLite (polling), as p50/p99 over ``--samples``.
+* enqueue: N no-op jobs, ``--chunk`` a call, for expiry (``Queue.enqueue_many``)
+  and each peer (its own batch insert);
+* drain: N no-op jobs run to completion by 1, 2... worker *processes*, each mode
+  of expiry with the guarantee it offers (the "promise" column):
 
-Both engines get the same treatment between rounds: a truncated job table, the
-enqueue, then VACUUM ANALYZE and CHECKPOINT before the drain, so neither drain
-pays for the other's dirty pages. Next to each rate is the CPU it cost: the
-worker processes plus their own PostgreSQL backends (found by application_name
-in /proc), which stays meaningful when other work shares the machine; the load
+  - ``expiry``: one transaction a job, the completion in it (tx);
+  - ``expiry/group``: ``group_commit=True``, a claimed batch in one (tx);
+  - ``expiry/ack``: ``transactional=False``, acknowledged after the handler,
+    one commit a job (each);
+  - ``expiry/batched``: ``transactional=False, batched_ack=True``,
+    acknowledged after the handler in batches (batch);
+
+  against the peers: procrastinate (each: ``concurrency=1, wait=False``),
+  pgqueuer (batch: asyncpg, ``batch_size`` 100, drain mode) and Oban-py (batch:
+  a queue limit of 100; it needs Python 3.12, ``make bench-peers`` builds
+  ``.venv-bench`` with it). A peer that is not installed is skipped with a line
+  saying why. Each mode's ratio is to the fastest peer whose promise is the
+  same or weaker. ``floor: commit/job`` is the hand-written floor of one
+  durable commit a job (one autocommitted UPDATE a job, nothing else): what
+  one transaction a job cannot beat. Every drain is checked exactly once: the
+  ids each process's handler ran, and the peer's own table;
+* latency: from the commit of a single enqueue to the handler starting in an
+  idle worker process, for expiry on PostgreSQL (LISTEN/NOTIFY) and SQLite
+  (polling) and for each peer, as p50/p99 over ``--samples``.
+
+Every queue gets the same treatment between rounds: a truncated job table, the
+enqueue, then VACUUM ANALYZE and CHECKPOINT before the drain, so no drain
+pays for another's dirty pages. ``--rounds`` interleaves the rounds; the table
+shows each one's median. Next to each rate is the CPU it cost: the worker
+processes plus their own PostgreSQL backends (found by application_name in
+/proc), which stays meaningful when other work shares the machine; the load
 average is printed for the same reason. Targets are printed, never asserted;
 the exit status is 2 when a drain left jobs unfinished (0 otherwise).
 """
@@ -731,6 +744,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="peer queues, comma separated, '' for none (procrastinate,pgqueuer,oban); "
         "one that is not installed is skipped with a line saying why",
     )
+    parser.add_argument(
+        "--no-procrastinate", action="store_true", help="the peers without procrastinate"
+    )
     parser.add_argument("--no-floor", action="store_true", help="skip the commit floor")
     parser.add_argument(
         "--quick",
@@ -743,6 +759,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.chunk = min(args.chunk, 1_000)
         if "--peers" not in (argv if argv is not None else sys.argv[1:]):
             args.peers = ["procrastinate"]
+    if args.no_procrastinate:
+        args.peers = [p for p in args.peers if p != "procrastinate"]
     if min(args.jobs, args.chunk, args.batch, args.samples, args.rounds) <= 0:
         parser.error("--jobs, --chunk, --batch, --samples and --rounds must be positive")
     if not args.procs or min(args.procs) <= 0:

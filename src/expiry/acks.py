@@ -3,11 +3,12 @@ any transaction (``batched_ack=True``), written many to a transaction.
 
 A job acknowledged here is complete once its batch commits: at most ``delay``
 seconds after the first job of the batch finished, or as soon as ``size`` jobs
-wait. Until then it is still leased ("running"); should the process die
-first, its lease expires and it runs again. So a batched job runs at least
-once, and a crash repeats at most one batch's jobs per worker: the promise
-of pgqueuer's and Oban's acknowledgements, and the price of one commit for
-many jobs.
+wait (a thread of its own commits them, while the job loops go on). Until
+then it is still leased ("running"); should the process die first, its lease
+expires and it runs again. So a batched job runs at least once, and a crash
+repeats at most the jobs of two batches per worker (2 x ``size``: one
+committing, one filling): the promise of pgqueuer's and Oban's
+acknowledgements, and the price of one commit for many jobs.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import threading
 import time
 from collections.abc import Callable
 
-from .errors import LeaseLost
 from .queue import Queue
 from .types import Job
 
@@ -44,15 +44,18 @@ class AckBuffer:
         self._flushing = threading.Lock()  # one batch commits at a time, in order
 
     def add(self, job: Job) -> None:
-        """A job whose handler returned: acknowledge it with the next batch. The
-        caller's thread writes the batch when it is full."""
+        """A job whose handler returned: acknowledge it with the next batch. A full
+        batch goes to the flusher's thread, which commits it while this one claims
+        and runs the next; should twice that wait, this thread commits them itself
+        (the flusher is behind: the database is slow)."""
         with self._cond:
             self._pending.append(job)
             if self._since is None:
                 self._since = time.monotonic()
+            waiting = len(self._pending)
+            if waiting >= self.size:
                 self._cond.notify()
-            full = len(self._pending) >= self.size
-        if full:
+        if waiting >= 2 * self.size:
             self.flush()
 
     def pending(self) -> int:
@@ -73,11 +76,7 @@ class AckBuffer:
 
     def _complete(self, jobs: list[Job]) -> list[Job]:
         try:
-            with self.queue.engine.transaction() as tx:
-                self.queue.complete_many(jobs, tx)
-            return jobs
-        except LeaseLost:
-            pass  # one lease of the batch moved on: the others alone, below
+            done = self.queue.ack_many(jobs)
         except Exception as exc:  # the database went away: their leases bring them back
             log.warning(
                 "could not acknowledge %d jobs; they run again once their leases expire: %s",
@@ -85,34 +84,35 @@ class AckBuffer:
                 exc,
             )
             return []
-        done: list[Job] = []
-        for job in jobs:
-            try:
-                self.queue.complete(job)
-                done.append(job)
-            except LeaseLost:
-                log.warning(
-                    "lease lost before the acknowledgement; the job runs again",
-                    extra={"job": job.key, "attempt": job.attempt},
-                )
-            except Exception as exc:
-                log.warning(
-                    "could not acknowledge the job; it runs again once its lease expires: %s",
-                    exc,
-                    extra={"job": job.key, "attempt": job.attempt},
-                )
+        acked = {job.id for job in done}
+        for job in (j for j in jobs if j.id not in acked):
+            log.warning(
+                "lease lost before the acknowledgement; the job runs again",
+                extra={"job": job.key, "attempt": job.attempt},
+            )
         return done
 
     def run(self, stopping: threading.Event) -> None:
-        """The flusher's loop: write each batch ``delay`` after its first job, until
-        ``stopping`` (the worker writes what is left once its job loops end)."""
+        """The flusher's loop: write a batch once it is full, or ``delay`` after its
+        first job finished, until ``stopping`` (the worker writes what is left once
+        its job loops end)."""
         while not stopping.is_set():
             with self._cond:
-                if self._since is None:
-                    self._cond.wait(0.5)
+                due = self._due()
+                if due > 0:
+                    self._cond.wait(min(due, 0.5))
                     continue
-                due = self._since + self.delay - time.monotonic()
-            if due > 0:
-                stopping.wait(due)
-                continue
             self.flush()
+
+    def _due(self) -> float:
+        """Seconds until the pending batch must be written (0: now); under the lock."""
+        if self._since is None:
+            return 0.5
+        if len(self._pending) >= self.size:
+            return 0.0
+        return max(0.0, self._since + self.delay - time.monotonic())
+
+    def wake(self) -> None:
+        """Let the flusher see a change (the worker stopping) at once."""
+        with self._cond:
+            self._cond.notify()

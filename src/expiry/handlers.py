@@ -48,7 +48,7 @@ class Handler:
     one transaction for up to a claim's worth, at most ``[worker] ack_delay``
     after the first of them finished (acks.py). Until its batch commits a job is
     still leased, so a crash runs it again: at least once, as without batching,
-    but a crash repeats up to a batch of jobs, not one."""
+    but a crash repeats up to two batches of jobs (2 x claim_batch), not one."""
     group_commit: bool = False
     """Jobs of this handler claimed together may run in one transaction that
     completes them all (one commit for many short jobs). Any failure rolls the

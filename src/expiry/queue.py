@@ -142,6 +142,16 @@ class Queue:
         Raises LeaseLost, completing none, when any of their leases was lost."""
         self.engine.job_complete_many(jobs, conn)
 
+    def ack_many(self, jobs: Sequence[Job]) -> list[Job]:
+        """Complete jobs that ran outside any transaction, together, in one
+        transaction of their own (batched acknowledgement): the ones completed. A
+        job whose lease moved on is left to its new owner, and the others complete
+        all the same. A database error propagates, and completes none."""
+        if not jobs:
+            return []
+        done = self.engine.job_ack_many(jobs)
+        return [job for job in jobs if job.id in done]
+
     def fail(
         self, job: Job, error: str, transient: bool = True, kind: str | None = None
     ) -> JobState | None:

@@ -177,6 +177,8 @@ class Worker:
         if self.acks is not None:  # the loops are done: what they ran, acknowledged now
             self.acks.flush()
         self.stopping.set()
+        if self.acks is not None:
+            self.acks.wake()
         # Let a heartbeat or rescue in flight finish before the caller closes the
         # engine: a helper still inside the driver as its connection closes (or
         # as the interpreter exits) can take the process down.

@@ -28,13 +28,18 @@ def test_queue_throughput_quick_run_prints_the_table() -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
-    assert "expiry/procrastinate" in out and "jobs/s" in out
+    assert "vs fastest peer" in out and "jobs/s" in out
     for line in (
-        "drain    expiry",
-        "drain    procrastinate",
-        "enqueue  expiry",
-        "enqueue  procrastinate",
+        "drain    expiry ",
+        "drain    expiry/group ",
+        "drain    expiry/ack ",
+        "drain    expiry/batched ",
+        "drain    floor: commit/job ",
+        "drain    procrastinate ",
+        "enqueue  expiry ",
+        "enqueue  procrastinate ",
     ):
         assert line in out, out
-    assert "latency postgres" in out and "latency sqlite" in out
+    assert "NOT EXACTLY ONCE" not in out, out
+    assert "latency expiry, postgres" in out and "latency expiry, sqlite" in out
     assert "targets (reported, not asserted)" in out

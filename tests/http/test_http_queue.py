@@ -111,6 +111,53 @@ def test_ack_after_another_consumer_received_the_job_is_409(live: Live) -> None:
     assert stored is not None and stored.state is JobState.COMPLETED
 
 
+def test_ack_batch_acknowledges_many_in_one_transaction_and_names_the_expired(
+    live: Live,
+) -> None:
+    keys = [f"b{i}" for i in range(4)]
+    body = {"queue": "emails", "messages": [{"n": i} for i in range(4)], "keys": keys}
+    assert live.client.post("/v1/queue/publish_batch", json=body).status_code == 200
+    held = {str(j["key"]): str(j["receipt"]) for j in receive(live, max=3, lease_seconds=0.3)}
+    assert len(held) == 3
+    time.sleep(0.5)
+    live.app.queue.rescue()  # the three leases expired: b0..b2 are back in the queue
+    fresh = {str(j["key"]): str(j["receipt"]) for j in receive(live, max=10, lease_seconds=30)}
+    assert sorted(fresh) == keys
+    stale = held["b2"]  # its job now leased again, under a new receipt
+    receipts = [fresh["b0"], fresh["b1"], stale, fresh["b3"]]
+
+    response = live.client.post("/v1/queue/ack_batch", json={"receipts": receipts})
+
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer == {"acked": [fresh["b0"], fresh["b1"], fresh["b3"]], "expired": [stale]}
+    states = {key: live.app.queue.get(key).state for key in keys}  # type: ignore[union-attr]
+    assert states == {
+        "b0": JobState.COMPLETED,
+        "b1": JobState.COMPLETED,
+        "b2": JobState.RUNNING,  # the stale receipt changed nothing: still leased
+        "b3": JobState.COMPLETED,
+    }
+    # Acknowledged receipts are spent: acking them again acknowledges nothing.
+    again = live.client.post("/v1/queue/ack_batch", json={"receipts": [fresh["b0"]]})
+    assert again.json() == {"acked": [], "expired": [fresh["b0"]]}
+    assert live.client.post("/v1/queue/ack", json={"receipt": fresh["b2"]}).status_code == 200
+
+
+def test_ack_batch_with_a_malformed_receipt_is_422_and_acknowledges_none(live: Live) -> None:
+    live.client.post("/v1/queue/publish", json={"queue": "emails", "message": {}, "key": "j"})
+    [job] = receive(live, lease_seconds=30)
+    bad = live.client.post(
+        "/v1/queue/ack_batch", json={"receipts": [job["receipt"], "not-a-receipt"]}
+    )
+    assert_error(bad, 422)
+    assert_error(live.client.post("/v1/queue/ack_batch", json={"receipts": []}), 422)
+    twice = {"receipts": [job["receipt"], f"{str(job['receipt']).split('.')[0]}.1.other"]}
+    assert "same job" in assert_error(live.client.post("/v1/queue/ack_batch", json=twice), 422)
+    stored = live.app.queue.get("j")
+    assert stored is not None and stored.state is JobState.RUNNING
+
+
 def test_nack_retries_then_a_permanent_nack_dead_letters(live: Live) -> None:
     live.client.post(
         "/v1/queue/publish", json={"queue": "emails", "message": {"to": "a@b"}, "key": "mail:1"}

@@ -111,12 +111,13 @@ def test_a_full_batch_is_acknowledged_without_waiting(app: App) -> None:
     thread = threading.Thread(target=worker.run)
     thread.start()
     try:
-        # Two claims of 4: each fills a batch, which commits as it fills.
+        # Two claims of 4: each fills a batch, which commits well before the delay.
         wait_for(lambda: states(app, keys) == [JobState.COMPLETED] * 8, 10, "the full batches")
     finally:
         worker.stop()
         thread.join(10)
-    assert len(finished_at(app, keys)) == 2
+    assert 1 <= len(finished_at(app, keys)) <= 2  # in batches (the flusher may take both)
+    assert sorted(seen) == keys
 
 
 def test_a_stopping_worker_acknowledges_what_it_ran(app: App) -> None:

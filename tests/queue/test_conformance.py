@@ -566,6 +566,26 @@ def test_a_completing_transaction_keeps_a_nested_block_inside_it(pg_url: str) ->
         engine.close()
 
 
+def test_ack_many_completes_the_held_jobs_and_leaves_a_moved_lease(
+    queue: Queue, engine: Engine
+) -> None:
+    queue.enqueue_many(new_job("noop", {}, None, f"a{i}") for i in range(3))
+    jobs = queue.claim(3, lease=30)
+    [moved] = [j for j in jobs if j.key == "a1"]
+    execute(engine, "update expiry.jobs set lease_token = %s where key = %s", ("theirs", "a1"))
+
+    done = engine.job_ack_many(jobs)
+
+    assert done == {j.id for j in jobs if j.key != "a1"}
+    assert [state_of(queue, f"a{i}") for i in range(3)] == [
+        JobState.COMPLETED,
+        JobState.RUNNING,  # the new owner's
+        JobState.COMPLETED,
+    ]
+    assert engine.job_ack_many(jobs) == set()  # spent leases complete nothing again
+    assert [j.key for j in queue.ack_many([moved])] == []
+
+
 def execute_in(engine: Engine, tx: object, statement: str, *params: object) -> None:
     tx.execute(sql(engine, statement), params)  # type: ignore[attr-defined]
 

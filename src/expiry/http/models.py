@@ -213,6 +213,20 @@ class AckRequest(Request):
     receipt: str = Field(min_length=3, max_length=200)
 
 
+class AckBatchRequest(Request):
+    receipts: list[Annotated[str, Field(min_length=3, max_length=200)]] = Field(
+        min_length=1, max_length=1000, description="acknowledged in one transaction"
+    )
+
+
+class AckedBatch(Body):
+    acked: list[str] = Field(description="the receipts whose jobs are now completed")
+    expired: list[str] = Field(
+        description="receipts whose lease expired or moved on: not acknowledged, "
+        "their jobs run again"
+    )
+
+
 class NackRequest(Request):
     receipt: str = Field(min_length=3, max_length=200)
     delay_seconds: float | None = Field(

@@ -1,5 +1,5 @@
-"""The queue over HTTP: publish (one or a batch), and receive, ack, nack and
-heartbeat for pull consumers. A received job comes with a receipt,
+"""The queue over HTTP: publish (one or a batch), and receive, ack (one or a
+batch), nack and heartbeat for pull consumers. A received job comes with a receipt,
 ``id.attempt.lease_token``, that names its lease: an expired one gets 409 and
 changes nothing. A receipt is a capability: its token is unguessable and
 issued only to a consumer that may receive from the job's queue. Publishing
@@ -149,6 +149,27 @@ def ack(body: m.AckRequest, key: Key, app: ExpiryApp) -> m.JobOutcome:
             "another consumer; the job was not acknowledged"
         ) from None
     return m.JobOutcome(key=str(job.id), state="completed")
+
+
+@router.post("/ack_batch", response_model=m.AckedBatch)
+def ack_batch(body: m.AckBatchRequest, key: Key, app: ExpiryApp) -> m.AckedBatch:
+    """Acknowledge many received jobs in one transaction (a consumer that batches
+    its acks pays one commit for them all). A receipt whose lease is gone is
+    listed as expired, and the others are acknowledged all the same."""
+    consumer(key)
+    jobs = {text: job_from_receipt(text) for text in dict.fromkeys(body.receipts)}
+    if len({job.id for job in jobs.values()}) < len(jobs):
+        raise ApiError(
+            422,
+            "invalid_receipt",
+            "two receipts name the same job: only the latest one received can hold its "
+            "lease; send that one",
+        )
+    done = {job.id for job in app.queue.ack_many(list(jobs.values()))}
+    return m.AckedBatch(
+        acked=[text for text, job in jobs.items() if job.id in done],
+        expired=[text for text, job in jobs.items() if job.id not in done],
+    )
 
 
 @router.post("/nack", response_model=m.JobOutcome, responses=CONFLICT)
