@@ -17,7 +17,7 @@ from expiry import retry
 from expiry.engines import Engine, open_engine
 from expiry.errors import LeaseLost, MigrationError, PayloadTooLarge
 from expiry.queue import Queue, new_job
-from expiry.types import JobState
+from expiry.types import Job, JobState
 
 
 def state_of(queue: Queue, key: str) -> JobState:
@@ -468,15 +468,22 @@ def test_complete_inside_the_callers_transaction_rolls_back_with_it(
     assert execute(engine, "select id from scratch") == [{"id": 2}]
 
 
-def test_lease_lost_inside_the_callers_transaction_rolls_its_effect_back(
-    queue: Queue, engine: Engine
-) -> None:
+def a_stale_and_a_fresh_lease(queue: Queue, engine: Engine) -> tuple[Job, Job]:
+    """Job "k" claimed, its lease expired and rescued, then claimed again; and an
+    empty table ``scratch`` for the effects."""
     execute(engine, "create table scratch (id integer primary key)")
     queue.enqueue("noop", {}, None, "k")
     [stale] = queue.claim(1, lease=30)
     expire_leases(engine)
     queue.rescue()
     [fresh] = queue.claim(1)
+    return stale, fresh
+
+
+def test_lease_lost_inside_the_callers_transaction_rolls_its_effect_back(
+    queue: Queue, engine: Engine
+) -> None:
+    stale, fresh = a_stale_and_a_fresh_lease(queue, engine)
 
     with pytest.raises(LeaseLost):
         with engine.transaction() as tx:
@@ -523,12 +530,7 @@ def test_a_completing_transaction_whose_lease_moved_on_commits_nothing(
 ) -> None:
     """The completion travels with the COMMIT on PostgreSQL (one round trip): a
     lost lease must still abort the transaction, not commit the effect alone."""
-    execute(engine, "create table scratch (id integer primary key)")
-    queue.enqueue("noop", {}, None, "k")
-    [stale] = queue.claim(1, lease=30)
-    expire_leases(engine)
-    queue.rescue()
-    [fresh] = queue.claim(1)
+    stale, fresh = a_stale_and_a_fresh_lease(queue, engine)
 
     with pytest.raises(LeaseLost):
         with engine.transaction(completing=stale) as tx:
