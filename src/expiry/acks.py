@@ -58,10 +58,6 @@ class AckBuffer:
         if waiting >= 2 * self.size:
             self.flush()
 
-    def pending(self) -> int:
-        with self._cond:
-            return len(self._pending)
-
     def flush(self) -> int:
         """Write what waits now, in one transaction; the jobs it completed."""
         with self._flushing:
