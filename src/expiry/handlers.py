@@ -70,6 +70,14 @@ class Handler:
     statement costs one round trip; work of several statements goes in
     ``engine.atomic(tx)``. Requires ``completes_job``."""
 
+    @property
+    def chains(self) -> bool:
+        """Runs alone in a transaction of the worker's that completes its job (no
+        private mode, no group): such a job's COMMIT may open the next one's."""
+        return self.transactional and not (
+            self.group_commit or self.completes_job or self.pipelined or self.statement
+        )
+
     def __post_init__(self) -> None:
         if self.group_commit and (self.completes_job or not self.transactional):
             raise ConfigError(

@@ -284,22 +284,40 @@ class Worker:
                 per_job = sample if per_job is None else 0.7 * per_job + 0.3 * sample
 
     def _run_batch(self, jobs: list[Job]) -> list[Job]:
-        """Run a claimed batch, group by group; on shutdown, give back the rest.
-        The jobs that ran."""
+        """Run a claimed batch, group by group, on one connection (pinned); on
+        shutdown, give back the rest. The jobs that ran."""
         with self._lock:
             self._held.update({job.id: job for job in jobs})
         ran: list[Job] = []
-        for group in self._groups(jobs):
-            if self.stopping.is_set():
-                self._give_back(jobs[len(ran) :])
-                break
-            if len(group) > 1:
-                self._process_group(group)
-            else:
-                self._process(group[0])
-            ran.extend(group)
+        groups = self._groups(jobs)
+        with self.engine.pinned():
+            for group, after in zip(groups, [*groups[1:], None], strict=True):
+                if self.stopping.is_set():
+                    self._give_back(jobs[len(ran) :])
+                    break
+                if len(group) > 1:
+                    self._process_group(group)
+                else:
+                    self._process(group[0], chain=self._chains(group[0], after))
+                ran.extend(group)
         self._after_batch(ran)
         return ran
+
+    def _chains(self, job: Job, after: list[Job] | None) -> bool:
+        """Whether ``job``'s COMMIT should open the transaction of the job run
+        after it (engine.transaction(chain=True)): both run alone, in a
+        transaction the worker completes, with no hook between the two."""
+        if after is None or len(after) > 1:
+            return False
+        first, second = self.handlers.get(job.handler), self.handlers.get(after[0].handler)
+        return (
+            first is not None
+            and second is not None
+            and first.chains
+            and second.chains
+            and first.after is None
+            and second.before is None
+        )
 
     def _quiet(
         self,
@@ -483,10 +501,10 @@ class Worker:
                 except Exception:
                     log.exception("job loop error after running the job", extra=job_fields(job))
 
-    def _process(self, job: Job) -> None:
+    def _process(self, job: Job, chain: bool = False) -> None:
         """Run one claimed job to one of its outcomes, then forget it."""
         try:
-            self._run(job)
+            self._run(job, chain)
         except Exception:
             # An after-commit hook, or the database failing while recording the
             # outcome: this loop must outlive it (an unsettled job's lease expires).
@@ -496,7 +514,7 @@ class Worker:
                 self._held.pop(job.id, None)
                 self.processed += 1
 
-    def _run(self, job: Job) -> None:
+    def _run(self, job: Job, chain: bool = False) -> None:
         fields = job_fields(job)
         handler = self.handlers.get(job.handler)
         if handler is None:
@@ -514,7 +532,7 @@ class Worker:
             if handler.before is not None:
                 handler.before(job)
             started = time.monotonic()
-            result = self._execute(job, handler)
+            result = self._execute(job, handler, chain)
             elapsed = time.monotonic() - started
         except AlreadyApplied:
             self._complete_duplicate(job)
@@ -538,9 +556,10 @@ class Worker:
         if handler.after is not None:
             handler.after(job, result, elapsed)
 
-    def _execute(self, job: Job, handler: Handler) -> Any:
+    def _execute(self, job: Job, handler: Handler, chain: bool = False) -> Any:
         """Run the handler and complete its job: in the job's transaction, or, for
-        a handler without one, in a transaction of its own right after."""
+        a handler without one, in a transaction of its own right after. ``chain``:
+        the job's COMMIT opens the next job's transaction (_chains)."""
         if not handler.transactional:
             result = handler.fn(job)
             self._settle([job])
@@ -555,6 +574,7 @@ class Worker:
             pipelined=handler.pipelined,
             statement=handler.statement,
             completing=None if handler.completes_job else job,
+            chain=chain,
         ) as tx:
             result = handler.fn(job, tx)
             # Settled before commit: a heartbeat that meets the completion's

@@ -8,7 +8,10 @@ the queue's times all come from the database.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
+from typing import TypeVar
 
 import pytest
 from _support import age_finished, execute, expire_leases, make_due, sql
@@ -18,6 +21,8 @@ from expiry.engines import Engine, open_engine
 from expiry.errors import LeaseLost, MigrationError, PayloadTooLarge
 from expiry.queue import Queue, new_job
 from expiry.types import Job, JobState
+
+T = TypeVar("T")
 
 
 def state_of(queue: Queue, key: str) -> JobState:
@@ -564,6 +569,120 @@ def test_a_completing_transaction_keeps_a_nested_block_inside_it(pg_url: str) ->
 
         assert execute(engine, "select id from scratch") == []
         assert state_of(queue, "k") is JobState.RUNNING
+    finally:
+        engine.close()
+
+
+def elsewhere(fn: Callable[[], T]) -> T:
+    """``fn()`` on another thread: outside the calling thread's pinned connection."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(fn).result()
+
+
+def test_chained_transactions_commit_each_job_with_its_effect(queue: Queue, engine: Engine) -> None:
+    """Inside pinned(), a chained COMMIT commits its job (the next job's
+    transaction only starts in the one it opened), and the last job, unchained,
+    leaves the connection outside any transaction."""
+    execute(engine, "create table scratch (id integer primary key)")
+    queue.enqueue_many(new_job("noop", {}, None, f"c{i}") for i in range(3))
+    jobs = sorted(queue.claim(3), key=lambda j: j.key)
+
+    with engine.pinned():
+        for i, job in enumerate(jobs):
+            with engine.transaction(completing=job, chain=i < 2) as tx:
+                execute_in(engine, tx, "insert into scratch (id) values (%s)", i)
+            assert elsewhere(lambda key=job.key: state_of(queue, key)) is JobState.COMPLETED
+            seen = elsewhere(lambda: execute(engine, "select id from scratch order by id"))
+            assert seen == [{"id": n} for n in range(i + 1)]
+
+    assert [state_of(queue, f"c{i}") for i in range(3)] == [JobState.COMPLETED] * 3
+
+
+def test_a_chained_transaction_never_swallows_other_work(queue: Queue, engine: Engine) -> None:
+    """After a chained COMMIT, a statement of another kind on the same thread (a
+    failure's record, a release) must commit as its own, not run inside the
+    empty transaction the chain left open and vanish with it."""
+    queue.enqueue_many(new_job("noop", {}, None, f"s{i}") for i in range(2))
+    first, second = sorted(queue.claim(2), key=lambda j: j.key)
+
+    with engine.pinned():
+        with engine.transaction(completing=first, chain=True):
+            pass
+        assert queue.release(second)  # an autocommitted statement on the pinned thread
+        assert elsewhere(lambda: state_of(queue, "s1")) is JobState.AVAILABLE
+        [again] = queue.claim(1)
+        assert queue.fail(again, "boom", transient=False) is JobState.DEAD
+        assert elsewhere(lambda: state_of(queue, "s1")) is JobState.DEAD
+
+    assert state_of(queue, "s0") is JobState.COMPLETED
+
+
+def test_a_chained_transaction_whose_job_raises_commits_only_the_job_before(
+    queue: Queue, engine: Engine
+) -> None:
+    execute(engine, "create table scratch (id integer primary key)")
+    queue.enqueue_many(new_job("noop", {}, None, f"r{i}") for i in range(2))
+    first, second = sorted(queue.claim(2), key=lambda j: j.key)
+
+    with engine.pinned():
+        with engine.transaction(completing=first, chain=True) as tx:
+            execute_in(engine, tx, "insert into scratch (id) values (%s)", 1)
+        with pytest.raises(RuntimeError, match="second blew up"):
+            with engine.transaction(completing=second, chain=True) as tx:
+                execute_in(engine, tx, "insert into scratch (id) values (%s)", 2)
+                raise RuntimeError("second blew up")
+        with engine.transaction(completing=second) as tx:  # the connection is fit again
+            execute_in(engine, tx, "insert into scratch (id) values (%s)", 3)
+
+    assert execute(engine, "select id from scratch order by id") == [{"id": 1}, {"id": 3}]
+    assert [state_of(queue, "r0"), state_of(queue, "r1")] == [JobState.COMPLETED] * 2
+
+
+@pytest.mark.parametrize("server", ["postgres", "mysql"])
+def test_work_begun_inside_a_pinned_transaction_takes_a_connection_of_its_own(
+    server: str, request: pytest.FixtureRequest
+) -> None:
+    """A handler that enqueues without passing its tx gets a transaction of its
+    own, as without pinned(): never the job's, busy on the pinned connection.
+    (SQLite has one connection a thread and one writer: not for it.)"""
+    engine = open_engine(request.getfixturevalue("pg_url" if server == "postgres" else "mysql_url"))
+    queue = Queue(engine)
+    try:
+        queue.enqueue("noop", {}, None, "job")
+        [job] = queue.claim(1)
+
+        with engine.pinned():
+            with pytest.raises(RuntimeError, match="handler blew up"):
+                with engine.transaction(completing=job, chain=True):
+                    queue.enqueue("noop", {}, None, "side")
+                    raise RuntimeError("handler blew up")
+
+        assert queue.get("side") is not None  # committed by itself
+        assert state_of(queue, "job") is JobState.RUNNING
+    finally:
+        engine.close()
+
+
+def test_a_job_transaction_after_a_stale_chain_starts_afresh(pg_url: str) -> None:
+    """now() is a transaction's start: a job whose transaction would start in
+    one chained long ago (the worker stopped between two jobs) gets a new one."""
+    engine = open_engine(pg_url)
+    queue = Queue(engine)
+    try:
+        queue.enqueue_many(new_job("noop", {}, None, f"t{i}") for i in range(2))
+        first, second = sorted(queue.claim(2), key=lambda j: j.key)
+        with engine.pinned():
+            with engine.transaction(completing=first, chain=True) as tx:
+                pid = tx.execute("select pg_backend_pid() as pid").fetchone()["pid"]
+            time.sleep(0.3)
+            with engine.transaction(completing=second) as tx:
+                row = tx.execute(
+                    "select pg_backend_pid() as pid,"
+                    " extract(epoch from clock_timestamp() - now()) as age"
+                ).fetchone()
+        assert row["pid"] == pid  # the pinned connection
+        assert row["age"] < 0.2  # not the chain's start, 0.3 s before
+        assert state_of(queue, "t1") is JobState.COMPLETED
     finally:
         engine.close()
 

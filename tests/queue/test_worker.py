@@ -68,6 +68,53 @@ def test_until_idle_runs_every_due_job_then_exits(app: App, concurrency: int) ->
     assert app.queue.pending(due_only=True) == 0
 
 
+def test_a_batch_of_mixed_jobs_on_one_pinned_connection_gets_each_its_own_outcome(
+    app: App,
+) -> None:
+    """One claim, one pinned connection, each plain job's COMMIT chained into the
+    next one's transaction: failing jobs between good ones, one outside any
+    transaction and one with an after hook must each end as they would alone,
+    and only the good effects stay."""
+    effects_table(app)
+    mark = placeholder(app.engine)
+    insert = f"insert into effects (id, job) values ({mark}, {mark})"
+    after: list[str] = []
+
+    @app.handler("record")
+    def record(job: Job, tx: Any) -> None:
+        tx.execute(insert, (job.payload["i"], job.key))
+
+    @app.handler("boom")
+    def boom(job: Job, tx: Any) -> None:
+        tx.execute(insert, (job.payload["i"], job.key))
+        raise ValueError("boom")
+
+    @app.handler("outside", transactional=False)
+    def outside(job: Job) -> None:
+        after.append(f"ran {job.key}")
+
+    @app.handler("hooked", after=lambda job, result, seconds: after.append(f"after {job.key}"))
+    def hooked(job: Job, tx: Any) -> None:
+        tx.execute(insert, (job.payload["i"], job.key))
+
+    plan = ["record", "boom", "record", "boom", "record", "outside"]
+    plan += ["record", "hooked", "record", "record"]
+    app.queue.enqueue_many(
+        new_job(name, {"i": i}, None, f"{i}-{name}", max_attempts=1) for i, name in enumerate(plan)
+    )
+    worker = make_worker(app, batch=len(plan), claim_hold=None)
+
+    assert worker.run() == 0
+
+    good = {i for i, name in enumerate(plan) if name in ("record", "hooked")}
+    states = {i: get(app, f"{i}-{name}").state for i, name in enumerate(plan)}
+    assert {i for i, state in states.items() if state is JobState.COMPLETED} == good | {5}
+    assert states[1] is JobState.DEAD and states[3] is JobState.DEAD
+    assert [i for i, _ in effects(app)] == sorted(good)
+    assert after == ["ran 5-outside", "after 7-hooked"]
+    assert worker.processed == len(plan)
+
+
 def test_permanent_error_dead_letters_after_one_attempt_with_its_reason(app: App) -> None:
     effects_table(app)
     mark = placeholder(app.engine)

@@ -163,7 +163,12 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     @contextmanager
     def transaction(
-        self, *, pipelined: bool = False, statement: bool = False, completing: Job | None = None
+        self,
+        *,
+        pipelined: bool = False,
+        statement: bool = False,
+        completing: Job | None = None,
+        chain: bool = False,
     ) -> Iterator[Any]:
         """A driver connection inside a transaction, committed on success.
 
@@ -172,6 +177,13 @@ class Engine(abc.ABC):
         LeaseLost, and commits nothing, when the lease has moved on. An engine
         may send the completion with the COMMIT (PostgreSQL: one round trip).
         Not with ``statement``.
+
+        ``chain``: with ``completing``, inside ``pinned()``, where the engine
+        can (PostgreSQL): the COMMIT opens the next transaction (COMMIT AND
+        CHAIN), which the thread's next ``transaction(completing=...)`` starts
+        in instead of sending BEGIN: a job a round trip. Anything else the
+        thread does with the connection first rolls the empty one back. Others
+        ignore it.
 
         ``pipelined``: where the driver can, statements are queued and sent
         together when a result is read, BEGIN with the first of them and COMMIT
@@ -189,6 +201,17 @@ class Engine(abc.ABC):
         ``transaction()``: in statement mode, a transaction of their own;
         otherwise they are in the caller's already."""
         yield conn
+
+    @contextmanager
+    def pinned(self) -> Iterator[None]:
+        """The calling thread keeps one connection for the block: its
+        transactions and statements run on it, one after another, instead of
+        taking one from the pool each (a worker's claimed batch), and a chained
+        transaction (``transaction(chain=True)``) can pass on to the next. A
+        call made while the pinned connection is busy (inside one of its
+        transactions) takes a connection of its own, as outside the block. Where
+        connections are not pooled (SQLite) or not chained (MySQL), nothing."""
+        yield
 
     def session_limits(self, conn: Any, lock_timeout: str, statement_timeout: str) -> None:
         """Bind the statements that follow on ``conn`` by these limits, where the

@@ -268,7 +268,12 @@ class MySQLEngine(MySQLTables):
 
     @contextmanager
     def transaction(
-        self, *, pipelined: bool = False, statement: bool = False, completing: Job | None = None
+        self,
+        *,
+        pipelined: bool = False,
+        statement: bool = False,
+        completing: Job | None = None,
+        chain: bool = False,
     ) -> Iterator[Any]:
         """``statement``: the connection in autocommit, each statement its own
         transaction (ANALYZE TABLE, which would commit an open one); work of

@@ -97,6 +97,29 @@ _returned_at: weakref.WeakKeyDictionary[psycopg.Connection[Any], float] = (
 )
 
 
+# Connections left inside an empty transaction by COMMIT AND CHAIN (a job's
+# transaction with chain=True), with when it was opened (monotonic seconds): the
+# thread's next job transaction starts in it instead of sending BEGIN. A chained
+# connection stays in autocommit (psycopg cannot switch it inside a transaction).
+_chained: weakref.WeakKeyDictionary[psycopg.Connection[Any], float] = weakref.WeakKeyDictionary()
+
+CHAIN_FRESH_SECONDS = 0.05
+"""A job's transaction starts in a chained one opened at most this long ago;
+an older one is rolled back and a fresh one begun, so that now() in a job's
+transaction (its start) is never older than this when the job begins."""
+
+
+def _unchain(conn: psycopg.Connection[Any]) -> None:
+    """Roll back the empty transaction COMMIT AND CHAIN left open, if any, and
+    give the connection back its default mode: for any use but a job's
+    transaction (a claim, a failure's record, the pool)."""
+    if _chained.pop(conn, None) is None:
+        return
+    with suppress(psycopg.Error):  # a broken connection: the pool drops it
+        conn.execute("rollback")
+        conn.autocommit = False
+
+
 def _check_if_idle(conn: psycopg.Connection[Any]) -> None:
     """Check a connection with a round trip only when it sat in the pool for a
     while (the server may have restarted or cut it meanwhile). One back within
@@ -129,14 +152,16 @@ def _autocommit(conn: psycopg.Connection[Any]) -> Iterator[None]:
     caller opens one (Engine.atomic, or BEGIN written out). A transaction still
     open at the end (after an error, or a Python exception before its COMMIT) is
     rolled back, and the connection goes back to the pool as it came."""
-    conn.autocommit = True
+    if not conn.autocommit:  # a chained connection is already (and cannot be set)
+        conn.autocommit = True
     try:
         yield
     finally:
-        with suppress(psycopg.Error):  # a broken connection: the pool drops it
-            if conn.info.transaction_status != TransactionStatus.IDLE:
-                conn.rollback()
-            conn.autocommit = False
+        if conn not in _chained:  # else its COMMIT AND CHAIN opened the next one
+            with suppress(psycopg.Error):  # a broken connection: the pool drops it
+                if conn.info.transaction_status != TransactionStatus.IDLE:
+                    conn.rollback()
+                conn.autocommit = False
 
 
 @contextmanager
@@ -166,9 +191,16 @@ def _completing_transaction(conn: psycopg.Connection[Any]) -> Iterator[None]:
     conn.transaction() would wait for the completion and then for the COMMIT.
     BEGIN is written out in autocommit (psycopg's would be the same round trip),
     so a handler's own ``with tx.transaction():`` is a savepoint inside it, as
-    in conn.transaction(). Rolled back when the block raises (_autocommit)."""
+    in conn.transaction(); or, on a connection a fresh COMMIT AND CHAIN left
+    inside an empty transaction, not sent at all. Rolled back when the block
+    raises (_autocommit); left open when the caller chained its COMMIT."""
+    opened = _chained.pop(conn, None)
+    if opened is not None and time.monotonic() - opened > CHAIN_FRESH_SECONDS:
+        conn.execute("rollback")  # too old a start for now(): begin afresh
+        opened = None
     with _autocommit(conn):
-        conn.execute("begin")
+        if opened is None:
+            conn.execute("begin")
         yield
 
 
@@ -214,6 +246,9 @@ class PostgresEngine(PostgresTables):
         self._hints = 0
         self._run_listener: psycopg.Connection[Any] | None = None
         self._run_listener_lock = threading.Lock()
+        self._pin = threading.local()
+        """Per thread: ``conn``, the connection pinned() holds (None outside), and
+        ``busy``, whether a transaction or statement is using it now."""
 
     def close(self) -> None:
         self.pool.close()
@@ -223,7 +258,20 @@ class PostgresEngine(PostgresTables):
         self._listener = self._maintenance = self._run_listener = None
 
     @contextmanager
-    def _pooled(self) -> Iterator[psycopg.Connection[Row]]:
+    def _pooled(self, *, chained: bool = False) -> Iterator[psycopg.Connection[Row]]:
+        """A connection of the pool, or the thread's pinned one when it is not
+        busy (and not broken); then, but for a job's transaction (``chained``),
+        outside the transaction a COMMIT AND CHAIN left open on it."""
+        pin: psycopg.Connection[Row] | None = getattr(self._pin, "conn", None)
+        if pin is not None and not self._pin.busy and not (pin.broken or pin.closed):
+            self._pin.busy = True
+            try:
+                if not chained:
+                    _unchain(pin)
+                yield pin
+            finally:
+                self._pin.busy = False
+            return
         with self.pool.connection() as conn:
             try:
                 yield conn
@@ -231,14 +279,35 @@ class PostgresEngine(PostgresTables):
                 _returned_at[conn] = time.monotonic()
 
     @contextmanager
+    def pinned(self) -> Iterator[None]:
+        if getattr(self._pin, "conn", None) is not None:  # pinned already: the outer block's
+            yield
+            return
+        with self._pooled() as conn:
+            self._pin.conn, self._pin.busy = conn, False
+            try:
+                yield
+            finally:
+                self._pin.conn = None
+                _unchain(conn)
+
+    @contextmanager
     def transaction(
-        self, *, pipelined: bool = False, statement: bool = False, completing: Job | None = None
+        self,
+        *,
+        pipelined: bool = False,
+        statement: bool = False,
+        completing: Job | None = None,
+        chain: bool = False,
     ) -> Iterator[psycopg.Connection[Row]]:
         if statement and completing is not None:
             raise ValueError("a statement-mode transaction cannot complete a job at its end")
-        with self._pooled() as conn:
+        plain = completing is not None and not pipelined
+        with self._pooled(chained=plain) as conn:
+            # A chain only where this thread's next job transaction takes it up.
+            chain = chain and plain and conn is getattr(self._pin, "conn", None)
             try:
-                with self._opened(conn, pipelined, statement, completing):
+                with self._opened(conn, pipelined, statement, completing, chain):
                     yield conn
             except psycopg.errors.UniqueViolation as exc:
                 # A window that took rows found its ledger key booked meanwhile.
@@ -258,7 +327,7 @@ class PostgresEngine(PostgresTables):
 
     @contextmanager
     def _opened(
-        self, conn: Any, pipelined: bool, statement: bool, completing: Job | None
+        self, conn: Any, pipelined: bool, statement: bool, completing: Job | None, chain: bool
     ) -> Iterator[None]:
         """The pooled connection in the transaction ``transaction()`` was asked for,
         around the caller's block; the job's completion after it."""
@@ -266,7 +335,7 @@ class PostgresEngine(PostgresTables):
             with _autocommit(conn):
                 yield
             return
-        if conn in _session_limits:
+        if conn in _session_limits:  # never a chained one: a job transaction reset them
             _reset_limits(conn)
         if pipelined:
             with _pipelined_transaction(conn):
@@ -284,7 +353,9 @@ class PostgresEngine(PostgresTables):
                     )
                 with conn.pipeline():  # the completion and COMMIT: one round trip
                     self._complete_strict(conn, completing)
-                    conn.execute("commit")
+                    conn.execute("commit and chain" if chain else "commit")
+                if chain:  # committed, and inside the next one: keep it open
+                    _chained[conn] = time.monotonic()
         else:
             with conn.transaction():
                 yield

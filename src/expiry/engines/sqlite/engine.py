@@ -96,7 +96,12 @@ class SQLiteEngine(SQLiteTables):
 
     @contextmanager
     def transaction(
-        self, *, pipelined: bool = False, statement: bool = False, completing: Job | None = None
+        self,
+        *,
+        pipelined: bool = False,
+        statement: bool = False,
+        completing: Job | None = None,
+        chain: bool = False,
     ) -> Iterator[sqlite3.Connection]:
         conn = self._conn()
         conn.execute("begin immediate")
