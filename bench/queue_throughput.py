@@ -3,6 +3,7 @@
     .venv/bin/python bench/queue_throughput.py                 # 100,000 jobs; 1, 2 procs
     .venv-bench/bin/python bench/queue_throughput.py --jobs 20000 --rounds 3   # with Oban-py
     .venv/bin/python bench/queue_throughput.py --quick         # smoke run (2,000 jobs, 1 proc)
+    .venv/bin/python bench/queue_throughput.py --concurrency 2 # the job threads `expiry worker` ships with
 
 What it measures, on scratch databases it creates and drops itself:
 
@@ -24,8 +25,9 @@ What it measures, on scratch databases it creates and drops itself:
   ``.venv-bench`` with it). A peer that is not installed is skipped with a line
   saying why. Each mode's ratio is to the fastest peer whose promise is the
   same or weaker. ``floor: commit/job`` is the hand-written floor of one
-  durable commit a job (one autocommitted UPDATE a job, nothing else): what
-  one transaction a job cannot beat. Every drain is checked exactly once: the
+  durable commit a job (one autocommitted UPDATE a job, nothing else, on as
+  many connections a process as expiry has job threads, ``--concurrency``):
+  what one transaction a job cannot beat. Every drain is checked exactly once: the
   ids each process's handler ran, and the peer's own table;
 * latency: from the commit of a single enqueue to the handler starting in an
   idle worker process, for expiry on PostgreSQL (LISTEN/NOTIFY) and SQLite
@@ -57,6 +59,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
@@ -66,6 +69,7 @@ import psycopg
 from psycopg import sql
 
 import peers
+from expiry import defaults
 from expiry.app import App
 from expiry.queue import new_job
 from scratch import scratch_database
@@ -240,11 +244,13 @@ MODES: dict[str, dict[str, Any]] = {
 """expiry's modes: the handler's registration options of each."""
 
 
-def _expiry_drain_worker(url: str, batch: int, mode: str, barrier: Barrier, results: Any) -> None:
+def _expiry_drain_worker(
+    url: str, batch: int, threads: int, mode: str, barrier: Barrier, results: Any
+) -> None:
     CpuMeter.tag()
     warnings = WarningCounter.install("expiry")
     meter = CpuMeter(url)
-    app = App(url, pool_size=2)
+    app = App(url, pool_size=threads + 2)
     ran: list[int] = []
     options = MODES[mode]
 
@@ -260,7 +266,7 @@ def _expiry_drain_worker(url: str, batch: int, mode: str, barrier: Barrier, resu
             ran.append(job.id)
 
     app.queue.pending()  # open the pool before the clock starts
-    worker = app.worker(batch=batch, until_idle=True)
+    worker = app.worker(batch=batch, concurrency=threads, until_idle=True)
     meter.start()
     barrier.wait()
     worker.run()
@@ -286,20 +292,27 @@ def _peer_drain_worker(peer: str, url: str, jobs: int, barrier: Barrier, results
     results.put((ran, finished, meter.stop(), dict(warnings.counts)))
 
 
-def _floor_worker(url: str, ids: list[int], barrier: Barrier, results: Any) -> None:
+def _floor_thread(conn: psycopg.Connection[Any], ids: list[int]) -> None:
+    for job_id in ids:
+        conn.execute("update commit_floor set done = true where id = %s", (job_id,), prepare=True)
+
+
+def _floor_worker(url: str, ids: list[int], threads: int, barrier: Barrier, results: Any) -> None:
     """The hand-written floor: one durable commit a job, nothing else (an
-    autocommitted single-row UPDATE, prepared, on one connection)."""
+    autocommitted single-row UPDATE, prepared), on as many connections, each
+    with a thread of its own, as expiry's worker has job threads."""
     CpuMeter.tag()
     meter = CpuMeter(url)
-    with psycopg.connect(url, autocommit=True) as conn:
+    conns = [psycopg.connect(url, autocommit=True) for _ in range(threads)]
+    for conn in conns:
         conn.execute("select 1")
-        meter.start()
-        barrier.wait()
-        for job_id in ids:
-            conn.execute(
-                "update commit_floor set done = true where id = %s", (job_id,), prepare=True
-            )
-        finished = time.monotonic()
+    meter.start()
+    barrier.wait()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(_floor_thread, conns, [ids[t::threads] for t in range(threads)]))
+    finished = time.monotonic()
+    for conn in conns:
+        conn.close()
     results.put((ids, finished, meter.stop(), {}))
 
 
@@ -368,7 +381,7 @@ def run_processes(
 
 
 def expiry_round(
-    url: str, jobs: int, procs: int, chunk: int, batch: int, mode: str
+    url: str, jobs: int, procs: int, chunk: int, batch: int, threads: int, mode: str
 ) -> list[Result]:
     app = App(url)
     meter = CpuMeter(url)
@@ -389,7 +402,7 @@ def expiry_round(
         app.close()
     settle(url, "expiry.jobs")
     seconds, cpu, ran = run_processes(
-        _expiry_drain_worker, (url, batch, mode), procs, timeout=max(300.0, jobs / 50)
+        _expiry_drain_worker, (url, batch, threads, mode), procs, timeout=max(300.0, jobs / 50)
     )
     done = scalar(url, "select count(*) from expiry.jobs where state = 'completed'")
     drain = Result("drain", mode, procs, done, seconds, cpu)
@@ -399,8 +412,8 @@ def expiry_round(
     ]
 
 
-def floor_round(url: str, jobs: int, procs: int) -> list[Result]:
-    """One durable commit a job by hand, ``procs`` connections in parallel."""
+def floor_round(url: str, jobs: int, procs: int, threads: int) -> list[Result]:
+    """One durable commit a job by hand, ``procs`` x ``threads`` connections in parallel."""
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("drop table if exists commit_floor")
         conn.execute("create table commit_floor (id bigint primary key, done boolean not null)")
@@ -412,7 +425,8 @@ def floor_round(url: str, jobs: int, procs: int) -> list[Result]:
     barrier = _CTX.Barrier(procs + 1)
     results = _CTX.Queue()
     children = [
-        _CTX.Process(target=_floor_worker, args=(url, share, barrier, results)) for share in shares
+        _CTX.Process(target=_floor_worker, args=(url, share, threads, barrier, results))
+        for share in shares
     ]
     for child in children:
         child.start()
@@ -727,7 +741,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="worker process counts, comma separated (1,2)",
     )
     parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds (1)")
-    parser.add_argument("--batch", type=int, default=64, help="expiry jobs per claim (64)")
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=defaults.CLAIM_BATCH,
+        help=f"expiry jobs per claim (the shipped [worker] claim_batch, {defaults.CLAIM_BATCH}: "
+        f"pgqueuer's batch here is {peers.PGQUEUER_BATCH})",
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=1,
+        help="expiry job threads per worker process, and the floor's connections (1; "
+        "`expiry worker` ships with [worker] concurrency 2)",
+    )
     parser.add_argument("--chunk", type=int, default=10_000, help="jobs per enqueue call (10000)")
     parser.add_argument("--samples", type=int, default=200, help="latency samples (200)")
     parser.add_argument("--admin-url", default=ADMIN_URL, help="where scratch databases are made")
@@ -761,8 +788,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             args.peers = ["procrastinate"]
     if args.no_procrastinate:
         args.peers = [p for p in args.peers if p != "procrastinate"]
-    if min(args.jobs, args.chunk, args.batch, args.samples, args.rounds) <= 0:
-        parser.error("--jobs, --chunk, --batch, --samples and --rounds must be positive")
+    if min(args.jobs, args.chunk, args.batch, args.samples, args.rounds, args.concurrency) <= 0:
+        parser.error(
+            "--jobs, --chunk, --batch, --samples, --rounds and --concurrency must be positive"
+        )
     if not args.procs or min(args.procs) <= 0:
         parser.error("--procs must list positive numbers")
     unknown = [m for m in args.modes if m not in MODES] + [p for p in args.peers if p not in PEERS]
@@ -792,7 +821,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     load_before = os.getloadavg()
     print(
         f"queue throughput: {args.jobs:,} no-op jobs; procs {','.join(map(str, args.procs))}; "
-        f"{args.rounds} rounds; expiry claim batch {args.batch}; enqueue chunk "
+        f"{args.rounds} rounds; expiry claim batch {args.batch}, {args.concurrency} job "
+        f"threads a process; enqueue chunk "
         f"{args.chunk:,}; {os.cpu_count()} cpus; load average {load_before[0]:.2f}; "
         f"Python {sys.version.split()[0]}",
         flush=True,
@@ -816,20 +846,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             SETUP[peer](urls[peer])
         for round_no in range(args.rounds):
             for procs in args.procs:
-                for mode in args.modes:
-                    rounds += expiry_round(
-                        expiry_url, args.jobs, procs, args.chunk, args.batch, mode
-                    )
-                    report(rounds[-1], round_no)
-                if not args.no_floor:
-                    rounds += floor_round(expiry_url, args.jobs, procs)
-                    report(rounds[-1], round_no)
-                for peer in chosen:
-                    if peer == "procrastinate":
-                        rounds += procrastinate_round(urls[peer], args.jobs, procs, args.chunk)
-                    else:
-                        rounds += peer_round(peer, urls[peer], args.jobs, procs, args.chunk)
-                    report(rounds[-1], round_no)
+                # Every other round runs its queues in the reverse order: this
+                # host's speed drifts over minutes, and a fixed order would hand
+                # the same queue the same part of each round.
+                for name in turn(["expiry", "floor", *chosen], round_no):
+                    rounds += run_round(name, args, expiry_url, urls, procs)
+                    for r in rounds[-(len(args.modes) if name == "expiry" else 1) :]:
+                        if r.phase == "drain":
+                            report(r, round_no)
         with psycopg.connect(expiry_url, autocommit=True) as conn:
             conn.execute("truncate expiry.jobs restart identity")
         latencies["expiry, postgres (LISTEN/NOTIFY)"] = measure_latency(expiry_url, args.samples)
@@ -872,6 +896,30 @@ RESET: dict[str, Callable[[str], None]] = {
     "pgqueuer": peers.pgqueuer_reset,
     "oban": peers.oban_reset,
 }
+
+
+def turn(names: list[str], round_no: int) -> list[str]:
+    """The queues of a round in order, reversed in every other round."""
+    return names if round_no % 2 == 0 else names[::-1]
+
+
+def run_round(
+    name: str, args: argparse.Namespace, expiry_url: str, urls: dict[str, str], procs: int
+) -> list[Result]:
+    """One queue's enqueue and drain at ``procs`` processes (expiry: each of its
+    modes; "floor": the commit floor, unless --no-floor)."""
+    if name == "expiry":
+        found: list[Result] = []
+        for mode in args.modes:
+            found += expiry_round(
+                expiry_url, args.jobs, procs, args.chunk, args.batch, args.concurrency, mode
+            )
+        return found
+    if name == "floor":
+        return [] if args.no_floor else floor_round(expiry_url, args.jobs, procs, args.concurrency)
+    if name == "procrastinate":
+        return procrastinate_round(urls[name], args.jobs, procs, args.chunk)
+    return peer_round(name, urls[name], args.jobs, procs, args.chunk)
 
 
 def report(r: Result, round_no: int) -> None:

@@ -35,6 +35,9 @@ from .types import AuditAction, Gates, Job, JobState
 log = logging.getLogger("expiry.worker")
 
 HELPER_JOIN_SECONDS = 10.0
+UNTIL_IDLE_WAIT_SECONDS = 0.05
+"""An --until-idle worker's idle loops check this often whether it is done:
+waiting a whole poll, they held its exit back up to a second after its last job."""
 ROLL_CALL_SECONDS = 5.0
 """With a health monitor, the roll call also tells the throttles this often."""
 
@@ -246,7 +249,7 @@ class Worker:
             hints, now = self.engine.hints_seen(), time.monotonic()
             quiet = self._quiet(empty, queues, hints, now)
             if len(quiet) == len(queues):  # nothing new where this loop may claim
-                self.engine.wait_for_jobs(min([*quiet.values(), opens_in or self.poll]))
+                self._wait(min([*quiet.values(), opens_in or self.poll]))
                 continue
             queues = tuple(q for q in queues if q not in quiet)
             try:
@@ -273,7 +276,7 @@ class Worker:
                     break
                 if hints is not None:
                     empty.update({q: (now, hints) for q in queues})
-                self.engine.wait_for_jobs(min(self.poll, opens_in or self.poll))
+                self._wait(min(self.poll, opens_in or self.poll))
                 continue
             for job in jobs:  # a queue that gave a job may give more
                 empty.pop(job.queue, None)
@@ -282,6 +285,15 @@ class Worker:
             if ran:
                 sample = (time.monotonic() - started) / len(ran)
                 per_job = sample if per_job is None else 0.7 * per_job + 0.3 * sample
+
+    def _wait(self, seconds: float) -> None:
+        """Wait for a hint of new work, at most ``seconds``; with ``until_idle``
+        at most UNTIL_IDLE_WAIT_SECONDS, so that the loops idle while another
+        still works see, soon after, that it found everything done (a hint
+        cannot wake them: the last job sends none)."""
+        if self.until_idle:
+            seconds = min(seconds, UNTIL_IDLE_WAIT_SECONDS)
+        self.engine.wait_for_jobs(seconds)
 
     def _run_batch(self, jobs: list[Job]) -> list[Job]:
         """Run a claimed batch, group by group, on one connection (pinned); on

@@ -68,6 +68,25 @@ def test_until_idle_runs_every_due_job_then_exits(app: App, concurrency: int) ->
     assert app.queue.pending(due_only=True) == 0
 
 
+def test_until_idle_exits_soon_after_its_last_job_whatever_the_poll(app: App) -> None:
+    """The loops that idle while another works (the cron calls' threads) must
+    notice that the worker is done well within a poll (1 s): the last job sends
+    no hint to wake them."""
+    last: list[float] = []
+
+    @app.handler("quick")
+    def quick(job: Job, tx: Any) -> None:
+        last.append(time.monotonic())
+
+    app.queue.enqueue_many(new_job("quick", {}, None, f"q{i}") for i in range(20))
+    worker = app.worker(until_idle=True, poll=1.0, rng=random.Random(0))
+
+    assert worker.run() == 0
+
+    assert len(last) == 20
+    assert time.monotonic() - last[-1] < 0.5
+
+
 def test_a_batch_of_mixed_jobs_on_one_pinned_connection_gets_each_its_own_outcome(
     app: App,
 ) -> None:
