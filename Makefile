@@ -33,7 +33,7 @@ bench-peers: pyproject.toml
 	$(PYTHON_BENCH) -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(BENCH_VENV)/bin/python -m pip install --quiet -e '.[bench-peers]'
-	$(BENCH_VENV)/bin/python bench/queue_throughput.py --jobs 20000 --rounds 3
+	$(BENCH_VENV)/bin/python bench/queue_throughput.py --jobs 50000 --rounds 3
 
 bench: $(STAMP)
 	$(PY) bench/queue_throughput.py

@@ -1,7 +1,7 @@
 """Queue throughput and latency: expiry's modes against its peers on the same PostgreSQL.
 
     .venv/bin/python bench/queue_throughput.py                 # 100,000 jobs; 1, 2 procs
-    .venv-bench/bin/python bench/queue_throughput.py --jobs 20000 --rounds 3   # with Oban-py
+    .venv-bench/bin/python bench/queue_throughput.py --jobs 50000 --rounds 3   # with Oban-py
     .venv/bin/python bench/queue_throughput.py --quick         # smoke run (2,000 jobs, 1 proc)
     .venv/bin/python bench/queue_throughput.py --concurrency 2 # the job threads `expiry worker` ships with
 
@@ -850,10 +850,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 # host's speed drifts over minutes, and a fixed order would hand
                 # the same queue the same part of each round.
                 for name in turn(["expiry", "floor", *chosen], round_no):
-                    rounds += run_round(name, args, expiry_url, urls, procs)
-                    for r in rounds[-(len(args.modes) if name == "expiry" else 1) :]:
+                    found = run_round(name, args, expiry_url, urls, procs)
+                    for r in found:
                         if r.phase == "drain":
                             report(r, round_no)
+                    rounds += found
         with psycopg.connect(expiry_url, autocommit=True) as conn:
             conn.execute("truncate expiry.jobs restart identity")
         latencies["expiry, postgres (LISTEN/NOTIFY)"] = measure_latency(expiry_url, args.samples)

@@ -19,6 +19,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
@@ -296,21 +297,27 @@ class Worker:
         self.engine.wait_for_jobs(seconds)
 
     def _run_batch(self, jobs: list[Job]) -> list[Job]:
-        """Run a claimed batch, group by group, on one connection (pinned); on
-        shutdown, give back the rest. The jobs that ran."""
+        """Run a claimed batch, group by group; on shutdown, give back the rest.
+        A batch where one job's transaction can pass on to the next (_chains)
+        runs on one connection (pinned); any other holds a connection only while
+        it uses one (a cron call's HTTP request holds none). The jobs that ran."""
         with self._lock:
             self._held.update({job.id: job for job in jobs})
         ran: list[Job] = []
         groups = self._groups(jobs)
-        with self.engine.pinned():
-            for group, after in zip(groups, [*groups[1:], None], strict=True):
+        chains = [
+            len(group) == 1 and self._chains(group[0], after)
+            for group, after in zip(groups, [*groups[1:], None], strict=True)
+        ]
+        with self.engine.pinned() if any(chains) else nullcontext():
+            for group, chain in zip(groups, chains, strict=True):
                 if self.stopping.is_set():
                     self._give_back(jobs[len(ran) :])
                     break
                 if len(group) > 1:
                     self._process_group(group)
                 else:
-                    self._process(group[0], chain=self._chains(group[0], after))
+                    self._process(group[0], chain=chain)
                 ran.extend(group)
         self._after_batch(ran)
         return ran
