@@ -7,11 +7,12 @@ the queue's times all come from the database.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 from _support import age_finished, execute, expire_leases, make_due, sql
@@ -72,6 +73,13 @@ def test_enqueue_many_5000_with_duplicates_in_batch_and_in_table(
     assert queue.get("k-00010").payload == {"old": True}  # type: ignore[union-attr]
     assert queue.get("k-00050").payload == {"i": 50}  # type: ignore[union-attr]
     assert queue.enqueue_many([]) == []
+
+
+def test_a_batch_is_claimed_in_the_order_it_was_enqueued(queue: Queue) -> None:
+    keys = ["m", "c", "x", "a", "q"]
+    queue.enqueue_many([new_job("noop", {}, None, k) for k in keys])
+
+    assert [job.key for job in queue.claim(5)] == keys
 
 
 def test_payload_over_256_kib_is_refused(queue: Queue, engine: Engine) -> None:
@@ -443,6 +451,10 @@ def test_prune_deletes_only_old_completed_and_cancelled(queue: Queue, engine: En
         "old-dead",
         "waiting",
     }
+    # A pruned job's key is free again; a kept job's key still is not.
+    again = queue.enqueue_many([new_job("noop", {}, None, k) for k in ("old-done-1", "old-dead")])
+    assert [(r.key, r.enqueued) for r in again] == [("old-done-1", True), ("old-dead", False)]
+    assert queue.get("old-dead").state is JobState.DEAD  # type: ignore[union-attr]
 
 
 # -- transactions ------------------------------------------------------------------
@@ -730,6 +742,21 @@ def drop_expiry_schema(engine: Engine) -> None:
             execute(engine, f'drop table "{row["name"]}"')
 
 
+def enqueue_as_of_old(
+    engine: Engine, handler: str, payload: dict[str, Any], key: str, queue: str = "default"
+) -> None:
+    """Queue a job as an expiry before PostgreSQL's 0012 did: a row in jobs
+    alone (SQLite and MySQL still enqueue that way)."""
+    if engine.dialect != "postgres":
+        Queue(engine).enqueue(handler, payload, None, key, queue=queue)
+        return
+    execute(
+        engine,
+        "insert into expiry.jobs (queue, handler, key, payload) values (%s, %s, %s, %s)",
+        (queue, handler, key, json.dumps(payload)),
+    )
+
+
 def test_migrate_twice_is_a_no_op(engine: Engine) -> None:
     version = engine.schema_version()
     assert version == engine.migrations[-1][0]
@@ -758,12 +785,11 @@ def test_migration_0008_moves_expirys_own_queued_jobs_into_their_own_queues(
     try:
         engine.migrations = [m for m in every if m[0] < 8]
         engine.migrate()
-        old = Queue(engine)
-        old.enqueue("expiry.window", {"policy": "p", "run_id": "p:t"}, key="p:t:0")
-        old.enqueue("expiry.plan", {"policy": "p", "run_id": "p:t"}, key="p:t:plan")
-        old.enqueue("expiry.http_call", {"name": "n"}, key="cron:n:t")
-        old.enqueue("send_mail", {"policy": "p"}, key="mail")
-        old.enqueue("expiry.window", {"policy": "p"}, key="elsewhere", queue="other")
+        enqueue_as_of_old(engine, "expiry.window", {"policy": "p", "run_id": "p:t"}, "p:t:0")
+        enqueue_as_of_old(engine, "expiry.plan", {"policy": "p", "run_id": "p:t"}, "p:t:plan")
+        enqueue_as_of_old(engine, "expiry.http_call", {"name": "n"}, "cron:n:t")
+        enqueue_as_of_old(engine, "send_mail", {"policy": "p"}, "mail")
+        enqueue_as_of_old(engine, "expiry.window", {"policy": "p"}, "elsewhere", queue="other")
     finally:
         engine.migrations = every
     assert engine.migrate() == [v for v, _ in every if v >= 8]
@@ -776,6 +802,31 @@ def test_migration_0008_moves_expirys_own_queued_jobs_into_their_own_queues(
         "mail": "default",
         "elsewhere": "other",
     }
+
+
+def test_migration_0012_keeps_the_keys_of_jobs_queued_before_it(bare_pg_url: str) -> None:
+    """PostgreSQL keeps a job's key in expiry.job_keys from 0012 on: jobs
+    queued before it keep their keys, found by key and not queued twice.
+    (SQLite and MySQL keep the unique index on the jobs table.)"""
+    engine = open_engine(bare_pg_url)
+    every = engine.migrations
+    try:
+        engine.migrations = [m for m in every if m[0] < 12]
+        engine.migrate()
+        enqueue_as_of_old(engine, "noop", {"v": 1}, "before-1")
+        enqueue_as_of_old(engine, "noop", {"v": 2}, "before-2")
+        engine.migrations = every
+        assert engine.migrate() == [12]
+        queue = Queue(engine)
+
+        again = queue.enqueue_many([new_job("noop", {}, None, k) for k in ("before-1", "after")])
+        assert [(r.key, r.enqueued) for r in again] == [("before-1", False), ("after", True)]
+        assert queue.get("before-2").payload == {"v": 2}  # type: ignore[union-attr]
+        assert queue.discard(["before-2"]) == ["before-2"]
+        assert [job.key for job in queue.claim(5)] == ["before-1", "after"]
+    finally:
+        engine.migrations = every
+        engine.close()
 
 
 def test_a_database_from_a_newer_expiry_is_refused(db_url: str, engine: Engine) -> None:

@@ -3,19 +3,30 @@
 select now() as now;
 
 -- name: job_insert_many
--- Enqueue a batch in one statement; a key that exists already is skipped.
+-- Enqueue a batch in one statement; a key that exists already is skipped (the
+-- first of a key repeated in the batch is taken). Each job is numbered (its
+-- row's id) in the batch's order and claims its key in expiry.job_keys.
 -- Each job's run_at is either given or now() + delay seconds.
-insert into expiry.jobs (queue, handler, key, payload, priority, max_attempts, run_at, state, run_id)
-select t.queue, t.handler, t.key, t.payload::jsonb, t.priority, t.max_attempts, t.due,
-       case when t.due > now() then 'scheduled' else 'available' end, t.run_id
-from (
-    select u.*, coalesce(u.run_at, now() + make_interval(secs => u.delay)) as due
+with given as materialized (
+    select u.*, nextval('expiry.jobs_id_seq') as id,
+           coalesce(u.run_at, now() + make_interval(secs => u.delay)) as due
     from unnest(%(queues)b::text[], %(handlers)b::text[], %(keys)b::text[], %(payloads)b::text[],
                 %(priorities)b::int[], %(max_attempts)b::int[], %(run_ats)b::timestamptz[],
                 %(delays)b::float8[], %(run_ids)b::text[])
          as u(queue, handler, key, payload, priority, max_attempts, run_at, delay, run_id)
-) t
-on conflict (key) do nothing
+),
+taken as (
+    insert into expiry.job_keys (key, job_id) select key, id from given
+    on conflict (key) do nothing
+    returning job_id
+)
+insert into expiry.jobs (id, queue, handler, key, payload, priority, max_attempts, run_at, state, run_id)
+overriding system value
+select t.id, t.queue, t.handler, t.key, t.payload::jsonb, t.priority, t.max_attempts, t.due,
+       case when t.due > now() then 'scheduled' else 'available' end, t.run_id
+from given t
+where t.id in (select job_id from taken)
+order by t.id
 returning key, state;
 
 -- name: job_notify
@@ -179,7 +190,7 @@ returning key, state, attempt, run_id;
 update expiry.jobs
 set state = 'available', attempt = 0, run_at = now(), finished_at = null, updated_at = now()
 where state = 'dead'
-  and (%(all)s or key = any(%(keys)s::text[]))
+  and (%(all)s or id in (select job_id from expiry.job_keys where key = any(%(keys)s::text[])))
   and (%(policy)s::text is null or payload->>'policy' = %(policy)s)
 returning key, run_id;
 
@@ -188,12 +199,12 @@ returning key, run_id;
 update expiry.jobs
 set state = 'cancelled', finished_at = now(), updated_at = now()
 where state in ('dead', 'scheduled', 'available', 'retryable')
-  and key = any(%(keys)s::text[])
+  and id in (select job_id from expiry.job_keys where key = any(%(keys)s::text[]))
 returning key, run_id;
 
 -- name: job_get
 -- One job by key.
-select * from expiry.jobs where key = %(key)s;
+select j.* from expiry.job_keys k join expiry.jobs j on j.id = k.job_id where k.key = %(key)s;
 
 -- name: job_list
 -- Jobs in a state, newest first, optionally of one queue.
@@ -203,12 +214,16 @@ order by updated_at desc, id desc
 limit %(limit)s;
 
 -- name: job_prune
--- Delete finished jobs older than the given age, a bounded batch at a time.
+-- Delete finished jobs older than the given age, a bounded batch at a time,
+-- and free their keys.
 with old as (
-    select id from expiry.jobs
+    select id, key from expiry.jobs
     where state in ('completed', 'cancelled')
       and finished_at < now() - make_interval(secs => %(age)s)
     limit %(limit)s
+),
+freed as (
+    delete from expiry.job_keys k using old where k.key = old.key and k.job_id = old.id
 )
 delete from expiry.jobs j using old where j.id = old.id;
 

@@ -144,6 +144,11 @@ CREATE TABLE expiry.idempotency (
     created_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
+CREATE TABLE expiry.job_keys (
+    key text NOT NULL,
+    job_id bigint NOT NULL
+);
+
 CREATE TABLE expiry.jobs (
     id bigint NOT NULL,
     queue text NOT NULL,
@@ -250,8 +255,8 @@ ALTER TABLE ONLY expiry.cron_targets
 ALTER TABLE ONLY expiry.idempotency
     ADD CONSTRAINT idempotency_pkey PRIMARY KEY (api_key, key);
 
-ALTER TABLE ONLY expiry.jobs
-    ADD CONSTRAINT jobs_key_unique UNIQUE (key);
+ALTER TABLE ONLY expiry.job_keys
+    ADD CONSTRAINT job_keys_pkey PRIMARY KEY (key);
 
 ALTER TABLE ONLY expiry.jobs
     ADD CONSTRAINT jobs_pkey PRIMARY KEY (id);
