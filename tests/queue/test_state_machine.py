@@ -253,7 +253,7 @@ def test_state_machine_postgres(pg_url: str) -> None:
     engine = open_engine(pg_url)
 
     def fresh() -> QueueMachine:
-        execute(engine, "truncate expiry.jobs restart identity")
+        execute(engine, "truncate expiry.jobs, expiry.job_keys restart identity")
         return QueueMachine(engine, lambda: None)
 
     try:

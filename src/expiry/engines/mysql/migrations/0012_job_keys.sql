@@ -1,0 +1,5 @@
+-- 0012: PostgreSQL's expiry.job_keys, which keeps a job's key unique outside
+-- the jobs table (there every claim and completion rewrites the row without
+-- HOT, and a unique key index took a new entry and a check each time). Nothing
+-- here: this engine keeps the unique key on its jobs table. The number is kept
+-- so that every engine stands at the same migration.
