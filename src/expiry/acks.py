@@ -50,13 +50,10 @@ class AckBuffer:
         (the flusher is behind: the database is slow)."""
         with self._cond:
             self._pending.append(job)
-            first = self._since is None
-            if first:
+            if self._since is None:
                 self._since = time.monotonic()
             waiting = len(self._pending)
-            if first or waiting >= self.size:
-                # A first job starts the delay the flusher, idle until now, must
-                # wait out; a full batch is due at once.
+            if waiting >= self.size:
                 self._cond.notify()
         if waiting >= 2 * self.size:
             self.flush()
