@@ -50,10 +50,13 @@ class AckBuffer:
         (the flusher is behind: the database is slow)."""
         with self._cond:
             self._pending.append(job)
-            if self._since is None:
+            first = self._since is None
+            if first:
                 self._since = time.monotonic()
             waiting = len(self._pending)
-            if waiting >= self.size:
+            if first or waiting >= self.size:
+                # A first job starts the delay the flusher, idle until now, must
+                # wait out; a full batch is due at once.
                 self._cond.notify()
         if waiting >= 2 * self.size:
             self.flush()

@@ -82,6 +82,37 @@ def test_a_batch_is_acknowledged_in_one_transaction_after_the_delay(app: App) ->
     assert worker.processed == 6
 
 
+def test_a_batch_that_does_not_fill_is_acknowledged_after_the_delay_not_later(app: App) -> None:
+    """The flusher, idle with nothing pending, hears of a batch's first job: it
+    commits ``ack_delay`` (0.1 s) after it, not at its next idle check (0.5 s)."""
+    done = threading.Event()
+    release = threading.Event()
+
+    @app.handler("touch", transactional=False, batched_ack=True)
+    def touch(job: Job) -> None:
+        done.set()
+
+    @app.handler("hold", transactional=False)
+    def hold(job: Job) -> None:  # keeps the job loop busy: only the flusher acks
+        release.wait(10)
+
+    app.queue.enqueue("touch", {}, None, "t")
+    app.queue.enqueue("hold", {}, None, "h")
+    worker = make_worker(app, batch=10, ack_delay=0.1)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        assert done.wait(10)
+        ran_at = time.monotonic()
+        wait_for(lambda: states(app, ["t"]) == [JobState.COMPLETED], 10, "the ack")
+        waited = time.monotonic() - ran_at
+    finally:
+        release.set()
+        worker.stop()
+        thread.join(10)
+    assert waited < 0.3
+
+
 def test_a_worker_run_until_idle_acknowledges_at_once(app: App) -> None:
     """With nothing more to run, a draining worker does not sit out the delay."""
 
