@@ -201,7 +201,11 @@ def test_a_critical_reading_stops_the_policy_until_an_operator_resumes_it(
     sleepers = [threading.Thread(target=busy) for _ in range(3)]
     for t in sleepers:
         t.start()
+    sleeping = "select count(*) from pg_stat_activity where query = 'select pg_sleep(0.2)'"
     try:
+        # The three are running before the worker's first reading: else the run's
+        # thirty windows can all be done before the reading that stops them.
+        wait_for(lambda: db.scalar(sleeping) == 3, timeout=10, what="the three busy backends")
         with working(app):
             wait_for(lambda: db.audit("policy.paused") == 1, timeout=10, what="the throttle's stop")
             stop.set()
