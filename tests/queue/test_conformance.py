@@ -457,6 +457,28 @@ def test_prune_deletes_only_old_completed_and_cancelled(queue: Queue, engine: En
     assert queue.get("old-dead").state is JobState.DEAD  # type: ignore[union-attr]
 
 
+def test_emptying_the_jobs_table_by_hand_frees_their_keys(queue: Queue, engine: Engine) -> None:
+    """An operator who empties the queue by hand (TRUNCATE, or DELETE where
+    there is no TRUNCATE) can queue the same keys again: none is skipped as a
+    duplicate of a job that no longer exists (on PostgreSQL the keys live in
+    expiry.job_keys, which TRUNCATE expiry.jobs empties with it: 0013)."""
+    keys = ["window-1", "window-2"]
+    queue.enqueue_many([new_job("noop", {}, None, k) for k in keys])
+    if engine.dialect == "sqlite":
+        execute(engine, "delete from expiry.jobs")
+    else:
+        execute(engine, "truncate expiry.jobs")
+    assert job_count(engine) == 0
+
+    again = queue.enqueue_many([new_job("noop", {"v": 2}, None, k) for k in keys])
+
+    assert [(r.key, r.enqueued) for r in again] == [("window-1", True), ("window-2", True)]
+    assert [job.key for job in queue.claim(5)] == keys
+    if engine.dialect == "postgres":  # both named at once, as an operator may
+        execute(engine, "truncate expiry.jobs, expiry.job_keys restart identity")
+        assert queue.enqueue_many([new_job("noop", {}, None, "window-1")])[0].enqueued
+
+
 # -- transactions ------------------------------------------------------------------
 
 
@@ -816,7 +838,7 @@ def test_migration_0012_keeps_the_keys_of_jobs_queued_before_it(bare_pg_url: str
         enqueue_as_of_old(engine, "noop", {"v": 1}, "before-1")
         enqueue_as_of_old(engine, "noop", {"v": 2}, "before-2")
         engine.migrations = every
-        assert engine.migrate() == [12]
+        assert engine.migrate() == [12, 13]
         queue = Queue(engine)
 
         again = queue.enqueue_many([new_job("noop", {}, None, k) for k in ("before-1", "after")])

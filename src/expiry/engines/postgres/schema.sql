@@ -37,6 +37,19 @@ begin
 end
 $$;
 
+CREATE FUNCTION expiry.job_keys_truncate() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+begin
+    begin
+        truncate expiry.job_keys;
+    exception when object_in_use then
+        delete from expiry.job_keys;
+    end;
+    return null;
+end
+$$;
+
 CREATE FUNCTION expiry.window_apply(statement text, lo bigint, hi bigint, cutoff timestamp with time zone, key text, policy text, run_id text, action text, worker text, job_id bigint, lease_token text, positions text[], bounds text) RETURNS bigint
     LANGUAGE plpgsql
     AS $$
@@ -297,3 +310,5 @@ CREATE INDEX ledger_run ON expiry.ledger USING btree (run_id) WHERE (run_id IS N
 CREATE INDEX runs_policy ON expiry.runs USING btree (policy, opened_at DESC);
 
 CREATE TRIGGER audit_is_append_only BEFORE DELETE OR UPDATE ON expiry.audit FOR EACH ROW EXECUTE FUNCTION expiry.audit_is_append_only();
+
+CREATE TRIGGER jobs_truncate_frees_keys AFTER TRUNCATE ON expiry.jobs FOR EACH STATEMENT EXECUTE FUNCTION expiry.job_keys_truncate();

@@ -1,0 +1,4 @@
+-- 0013: on PostgreSQL, TRUNCATE expiry.jobs empties expiry.job_keys with it.
+-- Nothing here: this engine keeps the unique key on its jobs table, so the
+-- keys go with the rows. The number is kept so that every engine stands at the
+-- same migration.
