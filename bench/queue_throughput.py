@@ -245,12 +245,18 @@ MODES: dict[str, dict[str, Any]] = {
 
 
 def _expiry_drain_worker(
-    url: str, batch: int, threads: int, mode: str, barrier: Barrier, results: Any
+    url: str,
+    batch: int,
+    threads: int,
+    mode: str,
+    claim_ahead: bool,
+    barrier: Barrier,
+    results: Any,
 ) -> None:
     CpuMeter.tag()
     warnings = WarningCounter.install("expiry")
     meter = CpuMeter(url)
-    app = App(url, pool_size=threads + 2)
+    app = App(url, pool_size=2 * threads + 2)  # a loop's claim ahead has a connection too
     ran: list[int] = []
     options = MODES[mode]
 
@@ -266,7 +272,7 @@ def _expiry_drain_worker(
             ran.append(job.id)
 
     app.queue.pending()  # open the pool before the clock starts
-    worker = app.worker(batch=batch, concurrency=threads, until_idle=True)
+    worker = app.worker(batch=batch, concurrency=threads, until_idle=True, claim_ahead=claim_ahead)
     meter.start()
     barrier.wait()
     worker.run()
@@ -381,7 +387,14 @@ def run_processes(
 
 
 def expiry_round(
-    url: str, jobs: int, procs: int, chunk: int, batch: int, threads: int, mode: str
+    url: str,
+    jobs: int,
+    procs: int,
+    chunk: int,
+    batch: int,
+    threads: int,
+    mode: str,
+    claim_ahead: bool = True,
 ) -> list[Result]:
     app = App(url)
     meter = CpuMeter(url)
@@ -402,7 +415,10 @@ def expiry_round(
         app.close()
     settle(url, "expiry.jobs")
     seconds, cpu, ran = run_processes(
-        _expiry_drain_worker, (url, batch, threads, mode), procs, timeout=max(300.0, jobs / 50)
+        _expiry_drain_worker,
+        (url, batch, threads, mode, claim_ahead),
+        procs,
+        timeout=max(300.0, jobs / 50),
     )
     done = scalar(url, "select count(*) from expiry.jobs where state = 'completed'")
     drain = Result("drain", mode, procs, done, seconds, cpu)
@@ -776,6 +792,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--no-floor", action="store_true", help="skip the commit floor")
     parser.add_argument(
+        "--no-claim-ahead",
+        action="store_true",
+        help="expiry's loops claim a batch only once the last has run (the worker's "
+        "claim_ahead=False): the before of claiming ahead",
+    )
+    parser.add_argument(
         "--quick",
         action="store_true",
         help="smoke run: 2,000 jobs, 1 proc, 20 latency samples, no peers but procrastinate",
@@ -913,7 +935,14 @@ def run_round(
         found: list[Result] = []
         for mode in args.modes:
             found += expiry_round(
-                expiry_url, args.jobs, procs, args.chunk, args.batch, args.concurrency, mode
+                expiry_url,
+                args.jobs,
+                procs,
+                args.chunk,
+                args.batch,
+                args.concurrency,
+                mode,
+                not args.no_claim_ahead,
             )
         return found
     if name == "floor":

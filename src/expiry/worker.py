@@ -7,6 +7,14 @@ of every job this process holds, and one rescuer that returns other workers'
 expired claims to the queue (on its own connection on PostgreSQL). On SIGTERM or
 SIGINT the loops finish the job in hand and give back claimed jobs they had
 not started, without spending their attempts.
+
+A loop whose claim came back full of short jobs claims the next batch while it
+runs this one (on a thread of its own, where the engine has concurrent
+writers): the claim's round trip and the server's work on it overlap the
+batch's transactions instead of following them. Those jobs are leased (and
+heartbeated) meanwhile; a claim ahead whose queue has since come to rest goes
+back, as does one still in hand at shutdown. Never for a paced queue (a claim
+limit): each of its windows waits for the rest after the one before.
 """
 
 from __future__ import annotations
@@ -19,8 +27,9 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
@@ -73,6 +82,23 @@ class Hooks:
     """The policies' throttles as the roll call tells them."""
 
 
+@dataclass
+class _Loop:
+    """What one job loop carries from claim to claim."""
+
+    failures: int = 0
+    """Claims failed in a row (the back-off's exponent)."""
+    per_job: float | None = None
+    """Seconds a job, a moving average of this loop's (the claim's size)."""
+    size: int = 1
+    """The size of the last claim: a batch that came back this full had more behind it."""
+    empty: dict[str, tuple[float, int]] = field(default_factory=dict)
+    """Queues the last empty claim found empty: (when, the engine's hint count
+    then). Until a hint arrives or a poll has passed, they are not claimed again,
+    so a resting policy's next window does not cost an empty claim of every other
+    queue each time (the idle loop's latency is kept: a hint, or at most one poll)."""
+
+
 class Worker:
     def __init__(
         self,
@@ -94,6 +120,7 @@ class Worker:
         rng: random.Random | None = None,
         pools: Mapping[str, int] | None = None,
         ack_delay: float = defaults.ACK_DELAY_SECONDS,
+        claim_ahead: bool = True,
     ) -> None:
         self.engine = engine
         self.queue = queue
@@ -109,6 +136,8 @@ class Worker:
         self.lease = lease
         self.poll = poll
         self.until_idle = until_idle
+        self.claim_ahead = claim_ahead and engine.concurrent_writers
+        """Claim the next batch while running a full one (the module says when)."""
         self.rescue_every = rescue_every
         self.prune_after = prune_after
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{random.randrange(16**4):04x}"
@@ -234,58 +263,120 @@ class Worker:
         return open_queues, gates.limits, min(resting, default=None)
 
     def _job_loop(self, mine: tuple[str, ...]) -> None:
-        failures = 0
-        per_job: float | None = None  # seconds a job, a moving average of this loop's
-        # Queues this loop's last empty claim found empty: (when, the engine's hint
-        # count then). Until a hint arrives or a poll has passed, they are not
-        # claimed again, so a resting policy's next window does not cost an empty
-        # claim of every other queue each time (the idle loop's latency is kept:
-        # a hint, or at most one poll).
-        empty: dict[str, tuple[float, int]] = {}
-        while not self.stopping.is_set():
-            queues, limits, opens_in = self._gates(mine)
-            if not queues:  # every queue rests: wait for the first to open
-                self.stopping.wait(opens_in or self.poll)
-                continue
-            hints, now = self.engine.hints_seen(), time.monotonic()
-            quiet = self._quiet(empty, queues, hints, now)
-            if len(quiet) == len(queues):  # nothing new where this loop may claim
-                self._wait(min([*quiet.values(), opens_in or self.poll]))
-                continue
-            queues = tuple(q for q in queues if q not in quiet)
-            try:
-                jobs = self.queue.claim(
-                    self._claim_size(per_job),
-                    self.lease,
-                    queues=queues,
-                    owner=self.name,
-                    fair_share=self.claim_hold is not None,
-                    limits=limits,
-                )
-                failures = 0
-            except Exception as exc:  # the database went away: back off, reconnect
-                failures += 1
-                delay = retry.backoff(failures, self.rng, base=0.2, cap=10.0)
-                log.warning("claim failed, retrying in %.1fs: %s", delay, exc)
-                self.stopping.wait(delay)
-                continue
-            if not jobs:
-                if self.until_idle and self.acks is not None:
+        with ThreadPoolExecutor(1, thread_name_prefix=threading.current_thread().name) as ahead:
+            self._loop(mine, ahead)
+
+    def _loop(self, mine: tuple[str, ...], ahead: ThreadPoolExecutor) -> None:
+        loop = _Loop()
+        next_batch: Future[list[Job]] | None = None  # claimed ahead, while the last ran
+        try:
+            while not self.stopping.is_set():
+                queues, limits, opens_in = self._gates(mine)
+                jobs = self._arrived(next_batch, queues) if next_batch is not None else []
+                next_batch = None
+                if not jobs:
+                    jobs = self._claim_due(loop, queues, limits, opens_in)
+                    if not jobs:
+                        continue
+                if self._ahead_pays(jobs, loop.size, limits):
+                    next_batch = ahead.submit(self._claim_ahead, loop.size, queues, limits)
+                for job in jobs:  # a queue that gave a job may give more
+                    loop.empty.pop(job.queue, None)
+                started = time.monotonic()
+                ran = self._run_batch(jobs)
+                if ran:
+                    sample = (time.monotonic() - started) / len(ran)
+                    loop.per_job = (
+                        sample if loop.per_job is None else 0.7 * loop.per_job + 0.3 * sample
+                    )
+        finally:
+            if next_batch is not None:  # stopping: what was claimed ahead goes back
+                self._give_back(next_batch.result())
+
+    def _claim_due(
+        self, loop: _Loop, queues: tuple[str, ...], limits: dict[str, int], opens_in: float | None
+    ) -> list[Job]:
+        """A claim of the queues not found empty since the last hint; none (after
+        a wait or a back-off) when there is nothing to claim or it failed. With
+        ``until_idle``, the worker stops once everything is done."""
+        if not queues:  # every queue rests: wait for the first to open
+            self.stopping.wait(opens_in or self.poll)
+            return []
+        hints, now = self.engine.hints_seen(), time.monotonic()
+        quiet = self._quiet(loop.empty, queues, hints, now)
+        if len(quiet) == len(queues):  # nothing new where this loop may claim
+            self._wait(min([*quiet.values(), opens_in or self.poll]))
+            return []
+        queues = tuple(q for q in queues if q not in quiet)
+        loop.size = self._claim_size(loop.per_job)
+        try:
+            jobs = self._claim(loop.size, queues, limits)
+            loop.failures = 0
+        except Exception as exc:  # the database went away: back off, reconnect
+            loop.failures += 1
+            delay = retry.backoff(loop.failures, self.rng, base=0.2, cap=10.0)
+            log.warning("claim failed, retrying in %.1fs: %s", delay, exc)
+            self.stopping.wait(delay)
+            return []
+        if not jobs:
+            locked_out = False
+            if self.until_idle:
+                if self.acks is not None:
                     self.acks.flush()  # jobs awaiting their ack are not idle yet
-                if self.until_idle and self._idle():
+                if self._idle(self.queues):
                     self.stopping.set()
-                    break
-                if hints is not None:
-                    empty.update({q: (now, hints) for q in queues})
-                self._wait(min(self.poll, opens_in or self.poll))
-                continue
-            for job in jobs:  # a queue that gave a job may give more
-                empty.pop(job.queue, None)
-            started = time.monotonic()
-            ran = self._run_batch(jobs)
-            if ran:
-                sample = (time.monotonic() - started) / len(ran)
-                per_job = sample if per_job is None else 0.7 * per_job + 0.3 * sample
+                    return []
+                # Due jobs that this claim could not take: another claim in flight
+                # holds them locked. It may give some back (fair share, a release):
+                # claim again after the short wait, not a poll later.
+                locked_out = set(queues) >= set(self.queues) or not self._idle(queues)
+            if hints is not None and not locked_out:
+                loop.empty.update({q: (now, hints) for q in queues})
+            self._wait(min(self.poll, opens_in or self.poll))
+        return jobs
+
+    def _claim(self, size: int, queues: tuple[str, ...], limits: dict[str, int]) -> list[Job]:
+        return self.queue.claim(
+            size,
+            self.lease,
+            queues=queues,
+            owner=self.name,
+            fair_share=self.claim_hold is not None,
+            limits=limits,
+        )
+
+    def _ahead_pays(self, jobs: list[Job], size: int, limits: dict[str, int]) -> bool:
+        """Whether to claim the next batch while ``jobs`` run: the claim came back
+        full (more are due), of more than one job (short ones: slow jobs come
+        one to a claim), from queues no pacing limits."""
+        return (
+            self.claim_ahead
+            and size > 1
+            and len(jobs) >= size
+            and not any(job.queue in limits for job in jobs)
+        )
+
+    def _claim_ahead(self, size: int, queues: tuple[str, ...], limits: dict[str, int]) -> list[Job]:
+        """The next batch, claimed on this loop's second thread and held (its
+        leases heartbeated) until the loop takes it; a failed claim is the loop's
+        next claim to retry."""
+        try:
+            jobs = self._claim(size, queues, limits)
+        except Exception as exc:
+            log.warning("claim ahead failed: %s", exc)
+            return []
+        with self._lock:
+            self._held.update({job.id: job for job in jobs})
+        return jobs
+
+    def _arrived(self, claimed: Future[list[Job]], queues: tuple[str, ...]) -> list[Job]:
+        """The batch claimed ahead, less the jobs of queues that have come to rest
+        since (a throttle's hold, a policy's pause): those go back unrun."""
+        jobs = claimed.result()
+        resting = [job for job in jobs if job.queue not in queues]
+        if resting:
+            self._give_back(resting, why="its queue rests")
+        return [job for job in jobs if job.queue in queues]
 
     def _wait(self, seconds: float) -> None:
         """Wait for a hint of new work, at most ``seconds``; with ``until_idle``
@@ -368,17 +459,18 @@ class Worker:
             previous_grouped = grouped
         return groups
 
-    def _idle(self) -> bool:
+    def _idle(self, queues: tuple[str, ...]) -> bool:
+        """No job of ``queues`` is due (an unreadable count is not idle)."""
         try:
-            return all(self.queue.pending(q, due_only=True) == 0 for q in self.queues)
+            return all(self.queue.pending(q, due_only=True) == 0 for q in queues)
         except Exception:
             return False
 
-    def _give_back(self, jobs: list[Job]) -> None:
+    def _give_back(self, jobs: list[Job], why: str = "on shutdown") -> None:
         for job in jobs:
             try:
                 self.queue.release(job)
-                log.info("job released on shutdown", extra=job_fields(job))
+                log.info("job released %s", why, extra=job_fields(job))
             except Exception as exc:
                 log.warning(
                     "could not release job; its lease will expire: %s", exc, extra=job_fields(job)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _support import execute, finish, make_due, placeholder, spawn, wait_for
+from _support import execute, finish, make_due, placeholder, spawn, sql, wait_for
 
 from expiry.app import App
 from expiry.errors import PermanentError
@@ -85,6 +85,49 @@ def test_until_idle_exits_soon_after_its_last_job_whatever_the_poll(app: App) ->
 
     assert len(last) == 20
     assert time.monotonic() - last[-1] < 0.5
+
+
+@pytest.mark.parametrize("server", ["postgres", "mysql"])
+def test_until_idle_claims_again_soon_when_another_claim_held_the_due_jobs(
+    server: str, request: pytest.FixtureRequest
+) -> None:
+    """A claim that finds every due job locked by another claim in flight (SKIP
+    LOCKED: the last jobs of a backlog two workers drain) comes back empty. Those
+    jobs are still due: an --until-idle worker claims again after its short
+    wait, and exits once they are done, not a poll (here 2 s) later.
+    (SQLite's claims take the database's one write lock: none comes back empty
+    while jobs are due.)"""
+    app = App(request.getfixturevalue("pg_url" if server == "postgres" else "mysql_url"))
+    try:
+        ran: list[str] = []
+
+        @app.handler("quick")
+        def quick(job: Job, tx: Any) -> None:
+            ran.append(job.key)
+
+        app.queue.enqueue_many(new_job("quick", {}, None, f"q{i}") for i in range(3))
+        locked, release = threading.Event(), threading.Event()
+
+        def other_claim() -> None:  # holds the due jobs' rows, as a claim in flight does
+            with app.engine.transaction() as tx:
+                tx.execute(sql(app.engine, "select id from expiry.jobs for update"))
+                locked.set()
+                release.wait(10)
+
+        holder = threading.Thread(target=other_claim)
+        holder.start()
+        assert locked.wait(10)
+        worker = make_worker(app, poll=2.0)
+        started = time.monotonic()
+        threading.Timer(0.3, release.set).start()
+        assert worker.run() == 0
+        took = time.monotonic() - started
+        holder.join(10)
+
+        assert sorted(ran) == ["q0", "q1", "q2"]
+        assert 0.3 <= took < 1.2, f"the worker ran {took:.2f}s for jobs freed after 0.3s"
+    finally:
+        app.close()
 
 
 def test_a_batch_of_mixed_jobs_on_one_pinned_connection_gets_each_its_own_outcome(

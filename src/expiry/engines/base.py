@@ -158,6 +158,11 @@ class Engine(abc.ABC):
     queries: dict[str, str]
     migrations: list[tuple[int, str]]
 
+    concurrent_writers: bool = True
+    """Two connections can write at once. A worker claims its next batch while
+    it runs one only where they can: on SQLite (one writer at a time) that
+    claim would wait for the batch's own transactions."""
+
     # -- primitives each engine provides ------------------------------------
 
     @abc.abstractmethod

@@ -62,6 +62,7 @@ def epoch(value: datetime) -> float:
 
 class SQLiteEngine(SQLiteTables):
     dialect = "sqlite"
+    concurrent_writers = False
 
     def __init__(self, url: str) -> None:
         self.url = url
