@@ -394,7 +394,7 @@ def expiry_round(
     batch: int,
     threads: int,
     mode: str,
-    claim_ahead: bool = True,
+    claim_ahead: bool = False,
 ) -> list[Result]:
     app = App(url)
     meter = CpuMeter(url)
@@ -792,10 +792,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--no-floor", action="store_true", help="skip the commit floor")
     parser.add_argument(
-        "--no-claim-ahead",
+        "--claim-ahead",
         action="store_true",
-        help="expiry's loops claim a batch only once the last has run (the worker's "
-        "claim_ahead=False): the before of claiming ahead",
+        help="expiry's loops claim their next batch while they run one (the worker's "
+        "claim_ahead=True; off as shipped)",
     )
     parser.add_argument(
         "--quick",
@@ -942,7 +942,7 @@ def run_round(
                 args.batch,
                 args.concurrency,
                 mode,
-                not args.no_claim_ahead,
+                args.claim_ahead,
             )
         return found
     if name == "floor":

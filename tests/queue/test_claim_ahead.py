@@ -1,4 +1,4 @@
-"""Claiming ahead: a loop whose claim came back full of short jobs claims its
+"""Claiming ahead (``claim_ahead=True``): a loop whose claim came back full of short jobs claims its
 next batch while it runs this one, where the engine has concurrent writers
 (PostgreSQL, MySQL; not SQLite). The batch claimed ahead is held under lease
 meanwhile; it goes back unrun, its attempt unspent, at shutdown or when its
@@ -49,6 +49,7 @@ def worker(app: App, hooks: Hooks | None = None, **kwargs: Any) -> Worker:
         "rng": random.Random(0),
         "queues": ("default",),
         "pools": {},
+        "claim_ahead": True,
     }
     return Worker(app.engine, app.queue, app.handlers, hooks, **{**options, **kwargs})
 
@@ -85,6 +86,7 @@ def test_a_full_batch_has_the_next_claimed_while_it_runs(app: App) -> None:
 
 
 def test_without_claim_ahead_a_loop_holds_one_batch(app: App) -> None:
+    """The default: a loop claims its next batch once this one has run."""
     seen: list[int] = []
 
     @app.handler("watch", transactional=False)
@@ -93,7 +95,9 @@ def test_without_claim_ahead_a_loop_holds_one_batch(app: App) -> None:
             seen.append(watch_running(app, 2 * BATCH, 0.5))
 
     enqueue(app, 30)
-    assert worker(app, claim_ahead=False).run() == 0
+    w = Worker(app.engine, app.queue, app.handlers, batch=BATCH, claim_hold=None, until_idle=True)
+    assert not w.claim_ahead
+    assert w.run() == 0
 
     assert seen == [BATCH]
 
