@@ -54,6 +54,19 @@ def worker(app: App, hooks: Hooks | None = None, **kwargs: Any) -> Worker:
     return Worker(app.engine, app.queue, app.handlers, hooks, **{**options, **kwargs})
 
 
+def watched(app: App, seconds: float) -> list[int]:
+    """Register the "watch" handler: its first job records the jobs running once
+    a second batch is (or after ``seconds``). The list it fills."""
+    seen: list[int] = []
+
+    @app.handler("watch", transactional=False)
+    def watch(job: Job) -> None:
+        if job.payload["i"] == 0:
+            seen.append(watch_running(app, 2 * BATCH, seconds))
+
+    return seen
+
+
 def enqueue(app: App, n: int) -> None:
     app.queue.enqueue_many(new_job("watch", {"i": i}, None, f"j{i}") for i in range(n))
 
@@ -68,12 +81,7 @@ def states(app: App) -> dict[str, tuple[JobState, int]]:
 
 
 def test_a_full_batch_has_the_next_claimed_while_it_runs(app: App) -> None:
-    seen: list[int] = []
-
-    @app.handler("watch", transactional=False)
-    def watch(job: Job) -> None:
-        if job.payload["i"] == 0:
-            seen.append(watch_running(app, 2 * BATCH, 2.0))
+    seen = watched(app, 2.0)
 
     enqueue(app, 30)
     w = worker(app)
@@ -87,12 +95,7 @@ def test_a_full_batch_has_the_next_claimed_while_it_runs(app: App) -> None:
 
 def test_without_claim_ahead_a_loop_holds_one_batch(app: App) -> None:
     """The default: a loop claims its next batch once this one has run."""
-    seen: list[int] = []
-
-    @app.handler("watch", transactional=False)
-    def watch(job: Job) -> None:
-        if job.payload["i"] == 0:
-            seen.append(watch_running(app, 2 * BATCH, 0.5))
+    seen = watched(app, 0.5)
 
     enqueue(app, 30)
     w = Worker(app.engine, app.queue, app.handlers, batch=BATCH, claim_hold=None, until_idle=True)
@@ -146,12 +149,7 @@ def test_a_batch_claimed_ahead_whose_queue_came_to_rest_goes_back(
 
 
 def test_a_paced_queue_is_never_claimed_ahead(app: App) -> None:
-    seen: list[int] = []
-
-    @app.handler("watch", transactional=False)
-    def watch(job: Job) -> None:
-        if job.payload["i"] == 0:
-            seen.append(watch_running(app, 2 * BATCH, 0.5))
+    seen = watched(app, 0.5)
 
     enqueue(app, 30)
     assert worker(app, Hooks(gates=lambda: Gates(limits={"default": BATCH}))).run() == 0
