@@ -2,7 +2,8 @@
 
 Four `expiry worker` processes with a 3 s lease clean a big table in small
 windows while a chaos loop SIGKILLs a random one every 0.2-2 s and starts it
-again. The workers also kill themselves, with some probability, right after a
+again, then once more at a worker seen holding a claim, so every run abandons
+work in flight. The workers also kill themselves, with some probability, right after a
 window's transaction committed and before their own bookkeeping (drill_app).
 Nothing may be lost or applied twice: the invariants hold at the end.
 """
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 from .harness import (
+    Proc,
     config,
     connect,
     dialect,
@@ -41,6 +43,23 @@ RATE_MYSQL = scale(600, 500)
 """MariaDB: fewer rows at a lower rate, for as long a chaos (300,000 rows at
 4 x 600 rows/s: 125 s of work; restarted workers begin with a fresh rate, so
 50 kills once ran out of 900 rows/s' work in 60 s)."""
+
+
+def claims_held(url: str, pid: int) -> int:
+    """Running jobs whose lease the worker process `pid` holds (a worker is
+    named host:pid:suffix)."""
+    with connect(url) as conn:
+        row = conn.execute(
+            "select count(*) from expiry.jobs where state = 'running' and lease_owner like %s",
+            (f"%:{pid}:%",),
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def restart_dead(procs: list[Proc]) -> None:
+    for proc in procs:
+        if not proc.alive():
+            proc.start()
 
 
 def test_random_worker_kills_lose_nothing_and_apply_nothing_twice(
@@ -73,26 +92,40 @@ def test_random_worker_kills_lose_nothing_and_apply_nothing_twice(
         proc.start()
     run_id = trigger(cfg)
 
-    kills = 0
+    kills = aimed = 0
     started = time.monotonic()
     try:
         while pending(pg_url) and kills < KILLS:
             time.sleep(rng.uniform(0.2, 2.0))
-            for proc in procs:  # a worker that killed itself after a commit
-                if not proc.alive():
-                    proc.start()
+            restart_dead(procs)  # a worker that killed itself after a commit
             victim = rng.choice(procs)
             victim.kill()
             kills += 1
             victim.start()
+        # A worker holds a claim for a fraction of its time (a paced window is
+        # mostly the pause before the next claim), so random kills may all miss
+        # one. Then one aimed kill of a worker seen holding a claim, so every
+        # run of the drill abandons work in flight.
+        deadline = time.monotonic() + scale(60, 300)
+        while pending(pg_url) and not aimed and time.monotonic() < deadline:
+            time.sleep(0.02)
+            restart_dead(procs)
+            holding = [proc for proc in procs if claims_held(pg_url, proc.pid)]
+            if holding:
+                victim = rng.choice(holding)
+                victim.kill()
+                aimed += 1
+                victim.start()
         chaos = time.monotonic() - started
-        print(f"chaos: {kills} kills in {chaos:.1f}s; state {job_states(pg_url)}")
+        print(
+            f"chaos: {kills} random kills and {aimed} aimed in {chaos:.1f}s;"
+            f" state {job_states(pg_url)}"
+        )
         assert kills >= KILLS, f"the work ran out after {kills} kills: make the drill bigger"
+        assert aimed, "no worker was seen holding a claim to kill it there"
 
         def settled() -> bool:
-            for proc in procs:
-                if not proc.alive():
-                    proc.start()
+            restart_dead(procs)
             # A worker killed right after the last commit leaves the run to the
             # rescuer's sweep of a surviving worker.
             return pending(pg_url) == 0 and runs_open(pg_url) == 0
@@ -132,10 +165,12 @@ def test_random_worker_kills_lose_nothing_and_apply_nothing_twice(
             + " and j.state = 'completed'",
             keys if mysql else (keys,),
         ).fetchone()
-    print(f"kills: {kills} by the chaos loop, {len(lines)} after a commit; rescued {rescued}")
+    print(
+        f"kills: {kills + aimed} by the chaos loop, {len(lines)} after a commit; rescued {rescued}"
+    )
     assert len(lines) >= 1, "no worker died between commit and bookkeeping"
     assert committed and committed[0] == len(after_commit)
-    assert rescued and rescued[0] >= 1, "no claim was abandoned mid-work"
+    assert rescued and rescued[0] >= 1, "no abandoned claim was rescued"
 
 
 def test_a_run_whose_last_window_lost_its_bookkeeping_still_finishes(
