@@ -325,13 +325,17 @@ class Worker:
             if self.until_idle:
                 if self.acks is not None:
                     self.acks.flush()  # jobs awaiting their ack are not idle yet
-                if self._idle(self.queues):
+                busy = self._busy(self.queues)
+                if busy is not None and not busy:
                     self.stopping.set()
                     return []
-                # Due jobs that this claim could not take: another claim in flight
-                # holds them locked. It may give some back (fair share, a release):
-                # claim again after the short wait, not a poll later.
-                locked_out = set(queues) >= set(self.queues) or not self._idle(queues)
+                # Jobs of this loop's queues that this claim could not take: another
+                # claim in flight holds them locked, or another worker runs them. It
+                # may give some back (fair share, a release) or finish them: claim
+                # again after the short wait, not a poll later. One reading a queue:
+                # read twice, a queue could look busy to the first test and idle to
+                # the second, and the loop then rested a poll with the work all done.
+                locked_out = busy is None or not busy.isdisjoint(queues)
             if hints is not None and not locked_out:
                 loop.empty.update({q: (now, hints) for q in queues})
             self._wait(min(self.poll, opens_in or self.poll))
@@ -461,12 +465,13 @@ class Worker:
             previous_grouped = grouped
         return groups
 
-    def _idle(self, queues: tuple[str, ...]) -> bool:
-        """No job of ``queues`` is due (an unreadable count is not idle)."""
+    def _busy(self, queues: tuple[str, ...]) -> set[str] | None:
+        """The queues of ``queues`` with a job running or due, each read once;
+        None when a count could not be read (not idle)."""
         try:
-            return all(self.queue.pending(q, due_only=True) == 0 for q in queues)
+            return {q for q in queues if self.queue.pending(q, due_only=True)}
         except Exception:
-            return False
+            return None
 
     def _give_back(self, jobs: list[Job], why: str = "on shutdown") -> None:
         for job in jobs:

@@ -130,6 +130,53 @@ def test_until_idle_claims_again_soon_when_another_claim_held_the_due_jobs(
         app.close()
 
 
+def test_until_idle_exits_soon_when_another_workers_last_job_ends_while_a_loop_reads(
+    app: App,
+) -> None:
+    """A loop whose claim came back empty reads which queues still have jobs
+    running or due. Another worker's last job can end during that reading (its
+    batched ack lands): the loop decides on one reading a queue. Read twice, the
+    queue looked busy to the idle test and idle to the next, the loop rested a
+    whole poll (here 2 s) with all the work done, and so did every other loop.
+    (Only PostgreSQL's loops rest between hints; the others poll.)"""
+
+    @app.handler("quick")
+    def quick(job: Job, tx: Any) -> None:
+        pass
+
+    app.queue.enqueue_many([new_job("quick", {}, None, "elsewhere")])
+    theirs = app.queue.claim(1, 60, owner="another worker")
+    assert [job.key for job in theirs] == ["elsewhere"]
+    worker = make_worker(app, poll=2.0)
+    others = {f"{q}-{i}" for q, n in worker.pools.items() for i in range(n)}
+    read_by: set[str] = set()
+    real = app.queue.pending
+    ended = threading.Event()
+
+    def pending(queue: str | None = None, *, due_only: bool = False) -> int:
+        """The real count; the job loop's first reading of the busy queue is
+        where the other worker's job ends, once every other loop has read it."""
+        n = real(queue, due_only=due_only)
+        me = threading.current_thread().name
+        if queue == "default" and n:
+            read_by.add(me)
+            if me.startswith("job-") and not ended.is_set():
+                wait_for(lambda: others <= read_by, timeout=5)
+                app.queue.complete(theirs[0])
+                ended.set()
+        return n
+
+    app.queue.pending = pending  # type: ignore[method-assign]
+    started = time.monotonic()
+    assert worker.run() == 0
+    took = time.monotonic() - started
+
+    assert ended.is_set(), "the job loop never read the busy queue"
+    job = app.queue.get("elsewhere")
+    assert job is not None and job.state is JobState.COMPLETED
+    assert took < 1.0, f"the worker ran {took:.2f}s after the last job ended at once"
+
+
 def test_a_batch_of_mixed_jobs_on_one_pinned_connection_gets_each_its_own_outcome(
     app: App,
 ) -> None:
