@@ -34,23 +34,23 @@ _chance_before = float(os.environ.get("DRILL_KILL_BEFORE_WINDOW", "0") or 0)
 _marks_before = os.environ.get("DRILL_MARKS_BEFORE")
 
 
-def _maybe_die_then_window(job: Job, *args: Any) -> Any:
-    if random.random() < _chance_before:
-        if _marks_before:
-            with open(_marks_before, "a") as out:
+def _maybe_die(chance: float, marks: str | None, job: Job) -> None:
+    """SIGKILL this worker with probability ``chance``, noting the job in ``marks``."""
+    if chance and random.random() < chance:
+        if marks:
+            with open(marks, "a") as out:
                 out.write(f"{os.getpid()} {job.key}\n")
         sys.stderr.flush()
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _maybe_die_then_window(job: Job, *args: Any) -> Any:
+    _maybe_die(_chance_before, _marks_before, job)
     return _window.fn(job, *args)
 
 
 def _after_then_maybe_die(job: Job, result: Any, seconds: float) -> None:
-    if _chance and random.random() < _chance:
-        if _marks:
-            with open(_marks, "a") as out:
-                out.write(f"{os.getpid()} {job.key}\n")
-        sys.stderr.flush()
-        os.kill(os.getpid(), signal.SIGKILL)
+    _maybe_die(_chance, _marks, job)
     assert _window.after is not None
     _window.after(job, result, seconds)
 

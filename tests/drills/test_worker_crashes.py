@@ -148,7 +148,7 @@ def test_random_worker_kills_lose_nothing_and_apply_nothing_twice(
     assert len(lines) >= 1, "no worker died between commit and bookkeeping"
     assert committed and committed[0] == len(after_commit)
     assert len(holding) >= 1, "no worker died holding a claim"
-    # Every window a worker died holding came back by its lease's expiry.
+    # A window a worker died holding came back by its lease's expiry.
     assert rescued and rescued[0] >= 1, "no abandoned claim was rescued"
 
 
