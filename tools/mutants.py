@@ -47,6 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SAFETY = "tests/cleanup/test_safety_mutants.py"
 RETRY = "tests/queue/test_retry_schedule.py"
 TIMESTAMPS = "tests/cleanup/test_timestamps.py"
+TURNS = "tests/cleanup/test_run_turns.py"
 
 UNBOOKED = (
     'UNBOOKED = WINDOW + " and not exists (select 1 from {ledger} where {ledger_key} = {p_key})"'
@@ -387,6 +388,25 @@ MUTANTS = [
             f"{TIMESTAMPS}::test_the_sample_check_stops_a_run_whose_predicate_takes_live_rows[sqlite]",
         ),
         "the run's sample check reads the candidates but never stops the run",
+    ),
+    Mutant(
+        "turns-wait-for-any-run",
+        "src/expiry/cleanup.py",
+        "ahead = [t for t in turns if t.started and t.pending and (t.cutoff, t.id) < order]",
+        "ahead = [t for t in turns if t.started and t.pending and t.id != rid]",
+        (
+            f"{TURNS}::test_a_run_with_an_earlier_cutoff_never_waits_for_a_later_one[sqlite]",
+            f"{TURNS}::test_runs_opened_worked_and_abandoned_in_any_order_all_end_and_clean[postgres]",
+        ),
+        "a run waits for every other run of its policy, later ones too: two runs wait for ever",
+    ),
+    Mutant(
+        "turns-no-coalescing",
+        "src/expiry/cleanup.py",
+        "if newest and newest[0].id != rid and not mine.started:",
+        "if False:",
+        (f"{TURNS}::test_two_runs_opened_before_any_worker_finish_in_one_pass[mysql]",),
+        "runs queued behind one are not coalesced into the newest: each plans in turn",
     ),
 ]
 

@@ -304,10 +304,15 @@ class Cleanup:
         return len(finished)
 
     def _after_finish(self, run_ids: list[str]) -> None:
-        """A run just finished: queue its table's VACUUM (ANALYZE) when the policy
-        asks (vacuum_after), in the policy's queue, under its throttle."""
+        """A run just finished: the newest run of its policy waiting for its turn
+        plans now, not at its next look; the table's VACUUM (ANALYZE) is queued
+        when the policy asks (vacuum_after), in the policy's queue, under its
+        throttle."""
         for rid in run_ids:
             name = rid.split(":", 1)[0]
+            waiting = [t for t in self.engine.run_turns(name) if not t.started]
+            if waiting:
+                self.engine.job_wake(f"{waiting[-1].id}:plan")
             try:
                 policy = self.policy(name)
             except Exception:  # a policy removed from the config since
@@ -452,9 +457,8 @@ class Cleanup:
         the run compares in that domain). Whole expired partitions are queued
         first, with the windows' first page after them; returns None then, else
         the payload that plans the windows now."""
-        pending = self.engine.run_pending_elsewhere(policy.name, p["run_id"], conn=tx)
-        if pending:
-            raise Snooze(OVERLAP_WAIT_SECONDS, f"{pending} jobs of an earlier run are pending")
+        if not self._take_turn(policy, p["run_id"], tx):
+            return None
         storage = target.detect(tx)
         p = {**p, "storage": storage.token}
         parts = target.expired_partitions(tx, cutoff, storage)
@@ -475,6 +479,53 @@ class Cleanup:
         if self.engine.run_add_windows(p["run_id"], len(parts), done=False, conn=tx):
             self.engine.job_insert_many(jobs, tx)
         return None
+
+    def _take_turn(self, policy: Policy, rid: str, tx: Any) -> bool:
+        """Whether run ``rid`` (about to start) plans now. The policy's runs go in
+        turn, by cutoff then id, and a run waits only for an earlier one: no two
+        ever wait for each other. Runs not yet started coalesce into the newest:
+        a run that a later one covers gives way to it (superseded: finished,
+        audited; the later cutoff deletes every row it would have), so N runs
+        queued behind one become one. False: this run gave way, or was
+        cancelled meanwhile. Raises Snooze, with the run it waits for, while an
+        earlier run that started has jobs pending."""
+        turns = self.engine.run_turns(policy.name, conn=tx)
+        mine = next((t for t in turns if t.id == rid), None)
+        if mine is None:  # cancelled or superseded since its job was queued
+            return False
+        newest = [t for t in turns if not t.started][-1:]
+        if newest and newest[0].id != rid and not mine.started:
+            self._supersede(policy, rid, newest[0].id, tx)
+            self.engine.job_wake(f"{newest[0].id}:plan", conn=tx)  # its turn, now
+            return False
+        order = (mine.cutoff, mine.id)
+        ahead = [t for t in turns if t.started and t.pending and (t.cutoff, t.id) < order]
+        if ahead:
+            raise Snooze(
+                OVERLAP_WAIT_SECONDS,
+                f"waiting for run {ahead[-1].id}: {ahead[-1].pending} of its jobs are pending",
+            )
+        for earlier in turns:
+            if not earlier.started and earlier.id != rid:
+                self._supersede(policy, earlier.id, rid, tx)
+        return True
+
+    def _supersede(self, policy: Policy, rid: str, by: str, tx: Any) -> None:
+        """Run ``rid`` gives way to the later run ``by``: its waiting jobs are
+        cancelled and it finishes (now, or after its job running now), audited."""
+        cancelled = self.engine.run_cancel(rid, "expiry", superseded_by=by, conn=tx)
+        if cancelled is None:  # finished or cancelled meanwhile
+            return
+        self.engine.run_finish(rid, conn=tx)
+        self.engine.audit_append(
+            tx,
+            AuditAction.RUN_SUPERSEDED,
+            actor="expiry",
+            policy=policy.name,
+            run_id=rid,
+            detail={"superseded_by": by, "jobs_cancelled": len(cancelled)},
+        )
+        log.info("run superseded by %s", by, extra={"policy": policy.name, "run": rid})
 
     def _begin_windows(
         self, policy: Policy, target: Target, p: dict[str, Any], cutoff: datetime, tx: Any

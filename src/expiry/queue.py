@@ -162,9 +162,10 @@ class Queue:
             job, error, kind or ("transient" if transient else "permanent"), delay
         )
 
-    def release(self, job: Job, delay: float = 0.0) -> bool:
-        """Give a job back unrun, without spending an attempt."""
-        return self.engine.job_release(job, delay)
+    def release(self, job: Job, delay: float = 0.0, *, reason: str | None = None) -> bool:
+        """Give a job back unrun, without spending an attempt; ``reason``: why it
+        waits (a snooze), shown with how long it has waited."""
+        return self.engine.job_release(job, delay, reason=reason)
 
     def rescue(self) -> int:
         """Make jobs whose lease expired available again (or dead if exhausted)."""

@@ -137,8 +137,21 @@ class Runs:
         ``timed_out`` true in the last case (the run goes on without the
         waiter). Raises LookupError for an unknown run."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        followed: list[str] = []
         while True:
             summary = self._summary_of(run_id)
+            if summary["superseded_by"]:
+                # A later run of the policy took this one's place: its rows are
+                # that run's to delete, so the wait goes on with it.
+                log.info(
+                    "run superseded: waiting for %s",
+                    summary["superseded_by"],
+                    extra={"run": run_id},
+                )
+                followed.append(run_id)
+                run_id = summary["superseded_by"]
+                continue
+            summary = {**summary, **_supersedes(followed)}
             if progress is not None:
                 progress(summary["jobs_done"] + summary["jobs_dead"], summary["jobs_total"])
             if summary["state"] == "finished":
@@ -150,7 +163,7 @@ class Runs:
                 # job died (workers finish a run only after a success), or its
                 # planning job did. Finish it if it was planned; either way, stop.
                 self.finish(run_id)
-                return self.summary(run_id) or summary
+                return {**(self.summary(run_id) or summary), **_supersedes(followed)}
             self.engine.wait_for_runs(poll)
 
     def _summary_of(self, run_id: str) -> dict[str, Any]:
@@ -186,6 +199,8 @@ def summarize(run: Run, jobs: list[RunJobs], ledger: RunTotals, duplicates: int)
         "outcome": _outcome(run, by_state.get(JobState.DEAD, 0)),
         "cancelled_at": _time(run.cancelled_at),
         "cancelled_by": run.cancelled_by,
+        "superseded_by": run.superseded_by,
+        "stalled_at": _time(run.stalled_at),
         # Deliveries beyond one per job and its recorded failures: the same window
         # delivered again (after a lost lease or acknowledgement).
         "redelivered": sum(
@@ -201,11 +216,18 @@ def _outcome(run: Run, dead: int) -> str:
     """The run's state as on-call reads it: a finished run with dead windows is
     not a clean one ("finished with 29 dead"); a cancelled one says so
     ("cancelling" while its running jobs end)."""
+    if run.superseded_by is not None:
+        return f"superseded by {run.superseded_by}"
     if run.cancelled_at is not None:
         return "cancelled" if run.state == "finished" else "cancelling"
     if run.state == "finished" and dead:
         return f"finished with {dead} dead"
     return run.state
+
+
+def _supersedes(followed: list[str]) -> dict[str, Any]:
+    """The runs a wait followed to their successor, as the summary shows them."""
+    return {"supersedes": followed} if followed else {}
 
 
 def _time(value: datetime | None) -> str | None:

@@ -60,6 +60,11 @@ class Job:
     created_at: datetime | None = None
     attempted_at: datetime | None = None
     finished_at: datetime | None = None
+    wait_reason: str | None = None
+    """Why a snoozed job waits (a run ahead of it, a quarantine, a rate limit)."""
+    waiting_since: datetime | None = None
+    """When its wait began: kept across snoozes, cleared when it is released
+    for another cause."""
 
 
 @dataclass(frozen=True)
@@ -129,6 +134,24 @@ class Run:
     """Set when an operator cancelled it: its waiting jobs were cancelled and
     planning stopped; it finishes once its running jobs end."""
     cancelled_by: str | None = None
+    superseded_by: str | None = None
+    """The later run of the policy that took its place before it started: its
+    cutoff deletes every row this run would have."""
+    stalled_at: datetime | None = None
+    """When the run was found open past its policy's stall_after (audited once)."""
+
+
+@dataclass(frozen=True)
+class RunTurn:
+    """An open run of a policy, as its turn is decided: runs go in cutoff order,
+    and one not yet started gives way to a later one."""
+
+    id: str
+    cutoff: datetime
+    started: bool
+    """It queued more than its first planning job, or was planned."""
+    pending: int
+    """Its jobs not yet completed, dead or cancelled."""
 
 
 @dataclass(frozen=True)
@@ -290,6 +313,15 @@ class AuditAction(enum.StrEnum):
 
     RUN_OPENED = "run.opened"
     RUN_CANCELLED = "run.cancelled"
+    RUN_SUPERSEDED = "run.superseded"
+    """A run not yet started gave way to a later run of its policy, whose cutoff
+    covers it (coalesced: one run plans, not each)."""
+    RUN_STALLED = "run.stalled"
+    """A run open for longer than its policy's stall_after (once per run)."""
+    POLICY_QUARANTINED = "policy.quarantined"
+    """A policy's table or column went missing (or stopped fitting) mid-run:
+    its jobs wait, no attempt spent, until it fits again."""
+    POLICY_REPAIRED = "policy.repaired"
     WINDOW_DUPLICATE = "window.duplicate"
     """A window delivered again after its ledger row committed: nothing changed
     (also written by PostgreSQL's expiry.window_apply, and counted per run)."""

@@ -656,7 +656,7 @@ class Worker:
             self._complete_duplicate(job)
             return
         except Snooze as snooze:
-            self.queue.release(job, snooze.delay)
+            self.queue.release(job, snooze.delay, reason=str(snooze))
             log.info("job snoozed: %s", snooze, extra={**fields, "delay": snooze.delay})
             return
         except LeaseLost:

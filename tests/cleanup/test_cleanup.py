@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import logging
 import math
 import subprocess
 import threading
@@ -20,7 +19,7 @@ import pytest
 import expiry.cleanup
 from expiry.app import App
 from expiry.errors import TransientError
-from expiry.types import Job, JobState
+from expiry.types import Job
 
 from .support import (
     LIVE,
@@ -525,51 +524,6 @@ def test_a_finished_run_wakes_whoever_waits_for_it(db: Db, apps: Apps) -> None:
         assert waited < 1.0
     else:
         assert waited >= 2.0
-
-
-def test_overlapping_run_waits_for_the_earlier_one(
-    db: Db, apps: Apps, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    monkeypatch.setattr(expiry.cleanup, "OVERLAP_WAIT_SECONDS", 0.3)
-    caplog.set_level(logging.INFO, logger="expiry")
-    db.create_sessions()
-    old = [(i, -7200.0, False) for i in range(1, 301)]  # expired for both runs
-    newer = [(i, -1800.0, False) for i in range(301, 501)]  # expired for the second only
-    live = [(i, LIVE, False) for i in range(501, 601)]
-    db.insert_sessions(old + newer + live)
-    app = apps(db.url)
-    assert app.cleanup is not None
-
-    now = app.engine.now().replace(microsecond=0)
-    first = app.cleanup.open_run(POLICY, now - timedelta(hours=1))
-    claim_plan(app)
-    assert len(db.windows(first.run_id)) == 3
-    second = app.cleanup.open_run(POLICY, now)
-
-    # The second run's planning job comes up while the first run's windows wait.
-    jobs = app.queue.claim(100, 60, owner="test", queues=app.worked_queues())
-    plan = next(j for j in jobs if j.payload["run_id"] == second.run_id)
-    worker = app.worker()
-    worker.process(plan)
-    snoozed = app.queue.get(plan.key)
-    assert snoozed is not None
-    assert snoozed.state is JobState.SCHEDULED and snoozed.attempt == 0
-    assert db.windows(second.run_id) == []
-    assert db.run_state(second.run_id) == "planning"
-    assert any("jobs of an earlier run are pending" in r.getMessage() for r in caplog.records)
-
-    for job in jobs:
-        if job.key != plan.key:
-            worker.process(job)
-    drain(app)
-
-    assert db.ids() == {i for i, _, _ in live}
-    for opened in (first, second):
-        assert_run_clean(db, opened.run_id)
-    assert sum(row["rows"] for row in db.ledger(first.run_id)) == len(old)
-    assert sum(row["rows"] for row in db.ledger(second.run_id)) == len(newer)
-    finished = app.queue.get(plan.key)
-    assert finished is not None and finished.attempt == 1  # the wait spent no attempt
 
 
 def test_a_window_that_fails_for_good_ends_dead_and_the_run_still_finishes(

@@ -236,19 +236,87 @@ def test_run_duplicates_counts_the_runs_duplicate_deliveries_only(engine: Engine
     assert engine.run_duplicates("p:1") == 2
 
 
-def test_run_pending_elsewhere_counts_pending_jobs_of_the_policys_other_runs(
+def test_run_turns_lists_open_runs_in_cutoff_order_with_started_and_pending(
     engine: Engine,
 ) -> None:
+    later, earlier = CUTOFF + timedelta(hours=1), CUTOFF
+    engine.run_insert("p:b", "p", later, "trigger")  # opened first, cut off later
+    engine.run_insert("p:a", "p", earlier, "trigger")
+    engine.run_insert("p:c", "p", later, "trigger")  # same cutoff as p:b: id decides
+    engine.run_insert("q:1", "q", earlier, "trigger")
+    enqueue(engine, "p:b:plan", "p:b", "expiry.plan")  # only its first planning job
+    enqueue(engine, "p:a:plan", "p:a", "expiry.plan")
+    claim(engine, "p:a:plan")  # running is pending too
+    enqueue(engine, "p:a:0", "p:a")  # a window: p:a has started
+    complete(engine, "p:a:100", "p:a")  # completed is not pending
+    enqueue(engine, "q:1:plan", "q:1", "expiry.plan")
+
+    turns = engine.run_turns("p")
+    assert [(t.id, t.started, t.pending) for t in turns] == [
+        ("p:a", True, 2),
+        ("p:b", False, 1),
+        ("p:c", False, 0),
+    ]
+    assert turns[0].cutoff == earlier and is_utc(turns[0].cutoff)
+    assert engine.run_turns("r") == []
+
+
+def test_run_turns_leaves_out_finished_and_cancelled_runs_and_counts_planned_as_started(
+    engine: Engine,
+) -> None:
+    for rid in ("p:1", "p:2", "p:3"):
+        engine.run_insert(rid, "p", CUTOFF, "trigger")
+    engine.run_add_windows("p:1", 0, done=True)  # planned, nothing queued: started
+    engine.run_cancel("p:2", "operator")
+    engine.run_add_windows("p:3", 0, done=True)
+    engine.run_finish("p:3")
+
+    assert [(t.id, t.started) for t in engine.run_turns("p")] == [("p:1", True)]
+
+
+def test_run_cancel_superseded_by_records_the_later_run_and_finishes_like_a_cancel(
+    engine: Engine,
+) -> None:
+    engine.run_insert("p:1", "p", CUTOFF, "trigger")
+    enqueue(engine, "p:1:plan", "p:1", "expiry.plan")
+
+    assert engine.run_cancel("p:1", "expiry", superseded_by="p:2") == ["p:1:plan"]
+    assert engine.run_finish("p:1")
+    run = engine.run_get("p:1")
+    assert run is not None
+    assert (run.superseded_by, run.cancelled_by, run.state) == ("p:2", "expiry", "finished")
+    assert engine.run_cancel("p:1", "expiry", superseded_by="p:3") is None
+    run = engine.run_get("p:1")
+    assert run is not None and run.superseded_by == "p:2"
+
+
+def test_run_mark_stalled_marks_each_open_run_past_the_bound_once(engine: Engine) -> None:
+    for rid in ("p:1", "p:2", "p:3", "q:1"):
+        engine.run_insert(rid, rid[0], CUTOFF, "trigger")
+    old = engine.now() - timedelta(hours=2)
+    for rid in ("p:1", "p:3", "q:1"):
+        set_time(engine, "runs", "opened_at", old, "id", rid)
+    engine.run_add_windows("p:3", 0, done=True)
+    engine.run_finish("p:3")  # finished: never stalled
+
+    marked = engine.run_mark_stalled("p", 3600)
+    assert [(rid, is_utc(at)) for rid, at in marked] == [("p:1", True)]
+    assert engine.run_mark_stalled("p", 3600) == []  # once
+    run = engine.run_get("p:1")
+    assert run is not None and run.stalled_at is not None and is_utc(run.stalled_at)
+    fresh = engine.run_get("p:2")
+    assert fresh is not None and fresh.stalled_at is None
+
+
+def test_run_open_oldest_gives_each_policys_oldest_open_run(engine: Engine) -> None:
     for rid in ("p:1", "p:2", "q:1"):
         engine.run_insert(rid, rid[0], CUTOFF, "trigger")
-    enqueue(engine, "p:1:0", "p:1")
-    enqueue(engine, "p:1:100", "p:1")
-    claim(engine, "p:1:100")  # running is pending too
-    complete(engine, "p:1:200", "p:1")  # finished is not
-    enqueue(engine, "p:2:0", "p:2")
-    enqueue(engine, "q:1:0", "q:1")
+    old = engine.now() - timedelta(hours=2)
+    set_time(engine, "runs", "opened_at", old, "id", "p:2")
+    set_time(engine, "runs", "opened_at", old - timedelta(hours=1), "id", "q:1")
+    engine.run_add_windows("q:1", 0, done=True)
+    engine.run_finish("q:1")
 
-    assert engine.run_pending_elsewhere("p", "p:2") == 2
-    assert engine.run_pending_elsewhere("p", "p:1") == 1
-    assert engine.run_pending_elsewhere("q", "q:1") == 0
-    assert engine.run_pending_elsewhere("r", "r:1") == 0
+    oldest = engine.run_open_oldest()
+    assert set(oldest) == {"p"}
+    assert abs((oldest["p"] - old).total_seconds()) < 0.01 and is_utc(oldest["p"])

@@ -63,6 +63,7 @@ from ..types import (
     Run,
     RunJobs,
     RunTotals,
+    RunTurn,
     Schedule,
     VacuumStats,
     WindowApply,
@@ -256,6 +257,8 @@ class Engine(abc.ABC):
             created_at=self._maybe_time(row["created_at"]),
             attempted_at=self._maybe_time(row["attempted_at"]),
             finished_at=self._maybe_time(row["finished_at"]),
+            wait_reason=row.get("wait_reason"),
+            waiting_since=self._maybe_time(row.get("waiting_since")),
         )
 
     @abc.abstractmethod
@@ -634,9 +637,18 @@ class Engine(abc.ABC):
         row = self._one(None, "job_fail", params)
         return JobState(row["state"]) if row else None
 
-    def job_release(self, job: Job, delay: float = 0.0, conn: Any | None = None) -> bool:
-        params = {"id": job.id, "token": job.lease_token, "delay": delay}
+    def job_release(
+        self, job: Job, delay: float = 0.0, conn: Any | None = None, *, reason: str | None = None
+    ) -> bool:
+        """Give a claimed job back, its attempt unspent, due in ``delay`` seconds.
+        ``reason``: why it waits (a snooze), kept with the time its wait began;
+        None (a shutdown, a pause) clears both."""
+        params = {"id": job.id, "token": job.lease_token, "delay": delay, "reason": reason}
         return self._one(conn, "job_release", params) is not None
+
+    def job_wake(self, key: str, *, conn: Any | None = None) -> bool:
+        """Make the snoozed job ``key`` due now; False when it was not snoozed."""
+        return bool(self._tx_rows(conn, "job_wake", {"key": key}))
 
     def job_rescue(self) -> list[Row]:
         with self.maintenance_transaction() as conn:
@@ -854,6 +866,8 @@ class Engine(abc.ABC):
             finished_at=self._maybe_time(row["finished_at"]),
             cancelled_at=self._maybe_time(row["cancelled_at"]),
             cancelled_by=row["cancelled_by"],
+            superseded_by=row.get("superseded_by"),
+            stalled_at=self._maybe_time(row.get("stalled_at")),
         )
 
     def run_add_windows(
@@ -866,12 +880,22 @@ class Engine(abc.ABC):
         params = {"id": run_id, "windows": windows, "done": done}
         return bool(self._tx_rows(conn, "run_add_windows", params))
 
-    def run_cancel(self, run_id: str, actor: str, *, conn: Any | None = None) -> list[str] | None:
+    def run_cancel(
+        self,
+        run_id: str,
+        actor: str,
+        *,
+        superseded_by: str | None = None,
+        conn: Any | None = None,
+    ) -> list[str] | None:
         """Cancel a run not yet finished: its planning stops and its waiting jobs
         are cancelled (their keys returned); jobs running now finish, and the
-        run finishes after them. None: no such run, or it finished already."""
+        run finishes after them. ``superseded_by``: the later run of the policy
+        that takes its place. None: no such run, or it finished or was
+        cancelled already."""
+        params = {"id": run_id, "actor": actor, "superseded_by": superseded_by}
         with self.transaction_or(conn) as tx:
-            if not self._rows(tx, "run_cancel", {"id": run_id, "actor": actor}):
+            if not self._rows(tx, "run_cancel", params):
                 return None
             return [row["key"] for row in self._rows(tx, "run_cancel_jobs", {"id": run_id})]
 
@@ -909,10 +933,32 @@ class Engine(abc.ABC):
         row = self._one(conn, "run_duplicates", {"id": run_id})
         return int(row["n"]) if row else 0
 
-    def run_pending_elsewhere(self, policy: str, run_id: str, *, conn: Any | None = None) -> int:
-        """Jobs still pending in the policy's runs other than ``run_id``."""
-        row = self._one(conn, "run_pending_elsewhere", {"policy": policy, "id": run_id})
-        return int(row["n"]) if row else 0
+    def run_turns(self, policy: str, *, conn: Any | None = None) -> list[RunTurn]:
+        """The policy's open runs (not finished, not cancelled) in their turn:
+        by cutoff, then id."""
+        return [
+            RunTurn(
+                id=row["id"],
+                cutoff=self._time(row["cutoff"]),
+                started=bool(row["started"]),
+                pending=int(row["pending"]),
+            )
+            for row in self._tx_rows(conn, "run_turns", {"policy": policy})
+        ]
+
+    def run_mark_stalled(
+        self, policy: str, seconds: float, *, conn: Any | None = None
+    ) -> list[tuple[str, datetime]]:
+        """Mark the policy's runs open longer than ``seconds`` as stalled, each
+        once: (id, opened_at) of those marked now."""
+        params = {"policy": policy, "seconds": seconds}
+        rows = self._tx_rows(conn, "run_mark_stalled", params)
+        return [(row["id"], self._time(row["opened_at"])) for row in rows]
+
+    def run_open_oldest(self, *, conn: Any | None = None) -> dict[str, datetime]:
+        """Per policy with a run not yet finished: when the oldest was opened."""
+        rows = self._tx_rows(conn, "run_open_oldest")
+        return {row["policy"]: self._time(row["opened_at"]) for row in rows}
 
     def policy_totals(self, *, conn: Any | None = None) -> list[PolicyTotals]:
         """Windows and rows applied per policy, over the whole ledger."""

@@ -128,15 +128,25 @@ where id = %(id)s and lease_token = %(token)s and state = 'running'
 select state from expiry_jobs where id = %(id)s and row_count() > 0;
 
 -- name: job_release
--- Give a claimed job back without spending an attempt (shutdown, snooze).
+-- Give a claimed job back without spending an attempt (shutdown, snooze), with
+-- the snooze's reason (postgres/queries.sql says how the wait is kept).
 update expiry_jobs
 set state = case when %(delay)s > 0 then 'scheduled' else 'available' end,
     attempt = greatest(attempt - 1, 0),
     run_at = $now + interval round(%(delay)s * 1000000) microsecond,
+    waiting_since = case when %(reason)s is null then null else coalesce(waiting_since, $now) end,
+    wait_reason = %(reason)s,
     lease_owner = null, lease_token = null, lease_expires_at = null,
     updated_at = $now
 where id = %(id)s and lease_token = %(token)s and state = 'running';
 select %(id)s as id from dual where row_count() > 0;
+
+-- name: job_wake
+-- Make a snoozed job due now (a run that an earlier one just handed its turn).
+update expiry_jobs
+set state = 'available', run_at = $now, updated_at = $now
+where `key` = %(key)s and state = 'scheduled';
+select queue from expiry_jobs where `key` = %(key)s and row_count() > 0;
 
 -- name: job_rescue
 -- Return claims whose lease expired to the queue, or to the dead-letter queue
@@ -289,9 +299,10 @@ select %(id)s as id from dual where row_count() > 0;
 
 -- name: run_cancel
 -- Cancel a run not yet finished: planning is over (a planning run moves on to
--- running, to finish once nothing of it is pending).
+-- running, to finish once nothing of it is pending). With superseded_by, a
+-- later run of the policy took its place.
 update expiry_runs
-set cancelled_at = $now, cancelled_by = %(actor)s,
+set cancelled_at = $now, cancelled_by = %(actor)s, superseded_by = %(superseded_by)s,
     planned_at = coalesce(planned_at, $now),
     state = case when state = 'planning' then 'running' else state end
 where id = %(id)s and state <> 'finished' and cancelled_at is null;
@@ -360,12 +371,37 @@ from expiry_ledger where run_id = %(id)s;
 select count(*) as n from expiry_audit
 where run_id = %(id)s and action = 'window.duplicate';
 
--- name: run_pending_elsewhere
--- Jobs still pending in other runs of the same policy (a new run waits for them).
-select count(*) as n
-from expiry_jobs j join expiry_runs r on r.id = j.run_id
-where r.policy = %(policy)s and r.id <> %(id)s
-  and j.state in ('scheduled', 'available', 'retryable', 'running');
+-- name: run_turns
+-- The policy's open runs in their turn, whether each started, its pending jobs
+-- (postgres/queries.sql says what each means).
+select r.id, r.cutoff,
+       (r.state <> 'planning' or exists (
+           select 1 from expiry_jobs j
+           where j.run_id = r.id and j.`key` <> concat(r.id, ':plan'))) as started,
+       (select count(*) from expiry_jobs j
+        where j.run_id = r.id
+          and j.state in ('scheduled', 'available', 'retryable', 'running')) as pending
+from expiry_runs r
+where r.policy = %(policy)s and r.state <> 'finished' and r.cancelled_at is null
+order by r.cutoff, r.id;
+
+-- name: run_mark_stalled
+-- Mark the policy's runs open for longer than %(seconds)s as stalled, each once.
+set @expiry_ids = (select coalesce(json_arrayagg(id), '[]') from (
+    select id from expiry_runs
+    where policy = %(policy)s and state <> 'finished' and stalled_at is null
+      and opened_at < $now - interval round(%(seconds)s * 1000000) microsecond
+    for update) as stalled);
+update expiry_runs
+set stalled_at = $now
+where id in (select v from json_table(@expiry_ids, '$[*]' columns (v varchar(700) path '$')) as l);
+select id, opened_at from expiry_runs
+where id in (select v from json_table(@expiry_ids, '$[*]' columns (v varchar(700) path '$')) as l);
+
+-- name: run_open_oldest
+-- Per policy with an open run: when its oldest open run was opened.
+select policy, min(opened_at) as opened_at
+from expiry_runs where state <> 'finished' group by policy;
 
 -- name: policy_totals
 -- Rows and windows applied per policy, over the whole ledger.

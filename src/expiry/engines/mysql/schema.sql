@@ -82,6 +82,8 @@ CREATE TABLE `expiry_jobs` (
   `finished_at` datetime(6) DEFAULT NULL,
   `updated_at` datetime(6) NOT NULL,
   `due_queue` varchar(255) GENERATED ALWAYS AS (case when `state` in ('scheduled','available','retryable') then `queue` end) STORED,
+  `wait_reason` text DEFAULT NULL,
+  `waiting_since` datetime(6) DEFAULT NULL,
   PRIMARY KEY (`id`),
   UNIQUE KEY `expiry_jobs_key` (`key`),
   KEY `expiry_jobs_due` (`due_queue`,`priority`,`run_at`,`id`),
@@ -120,8 +122,11 @@ CREATE TABLE `expiry_runs` (
   `finished_at` datetime(6) DEFAULT NULL,
   `cancelled_at` datetime(6) DEFAULT NULL,
   `cancelled_by` varchar(255) DEFAULT NULL,
+  `superseded_by` varchar(700) DEFAULT NULL,
+  `stalled_at` datetime(6) DEFAULT NULL,
   PRIMARY KEY (`id`),
   KEY `expiry_runs_policy` (`policy`,`opened_at`),
+  KEY `expiry_runs_open` (`state`,`policy`,`opened_at`),
   CONSTRAINT `expiry_runs_state` CHECK (`state` in ('planning','running','finished'))
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 

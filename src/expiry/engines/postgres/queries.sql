@@ -158,15 +158,31 @@ where id = %(id)s and lease_token = %(token)s and state = 'running'
 returning state;
 
 -- name: job_release
--- Give a claimed job back without spending an attempt (shutdown, snooze).
+-- Give a claimed job back without spending an attempt (shutdown, snooze). A
+-- snooze says why it waits, and the wait's start is kept across snoozes; a
+-- release without a reason (shutdown) clears both.
 update expiry.jobs
 set state = case when %(delay)s > 0 then 'scheduled' else 'available' end,
     attempt = greatest(attempt - 1, 0),
     run_at = now() + make_interval(secs => %(delay)s),
+    wait_reason = %(reason)s,
+    waiting_since = case when %(reason)s::text is null then null
+                         else coalesce(waiting_since, now()) end,
     lease_owner = null, lease_token = null, lease_expires_at = null,
     updated_at = now()
 where id = %(id)s and lease_token = %(token)s and state = 'running'
 returning id;
+
+-- name: job_wake
+-- Make a snoozed job due now (a run that an earlier one just handed its turn),
+-- and hint the idle workers of its queue.
+with woken as (
+    update expiry.jobs
+    set state = 'available', run_at = now(), updated_at = now()
+    where id = (select job_id from expiry.job_keys where key = %(key)s) and state = 'scheduled'
+    returning queue
+)
+select w.queue from woken w cross join lateral (select pg_notify('expiry_jobs', w.queue)) as hint;
 
 -- name: job_rescue
 -- Return claims whose lease expired to the queue, or to the dead-letter queue
@@ -313,9 +329,10 @@ returning id;
 
 -- name: run_cancel
 -- Cancel a run not yet finished: planning is over (a planning run moves on to
--- running, to finish once nothing of it is pending).
+-- running, to finish once nothing of it is pending). With superseded_by, a later
+-- run of the policy took its place.
 update expiry.runs
-set cancelled_at = now(), cancelled_by = %(actor)s,
+set cancelled_at = now(), cancelled_by = %(actor)s, superseded_by = %(superseded_by)s,
     state = case when state = 'planning' then 'running' else state end,
     planned_at = coalesce(planned_at, now())
 where id = %(id)s and state <> 'finished' and cancelled_at is null
@@ -377,12 +394,35 @@ from expiry.ledger where run_id = %(id)s;
 select count(*) as n from expiry.audit
 where run_id = %(id)s and action = 'window.duplicate';
 
--- name: run_pending_elsewhere
--- Jobs still pending in other runs of the same policy (a new run waits for them).
-select count(*) as n
-from expiry.jobs j join expiry.runs r on r.id = j.run_id
-where r.policy = %(policy)s and r.id <> %(id)s
-  and j.state in ('scheduled', 'available', 'retryable', 'running');
+-- name: run_turns
+-- The policy's open runs (not finished, not cancelled) in their turn: by cutoff,
+-- then id. A run has started once it queued anything beyond its first planning
+-- job (windows, partitions, the next page) or was planned; pending: its jobs not
+-- yet completed, dead or cancelled.
+select r.id, r.cutoff,
+       (r.state <> 'planning' or exists (
+           select 1 from expiry.jobs j
+           where j.run_id = r.id and j.key <> r.id || ':plan')) as started,
+       (select count(*) from expiry.jobs j
+        where j.run_id = r.id
+          and j.state in ('scheduled', 'available', 'retryable', 'running')) as pending
+from expiry.runs r
+where r.policy = %(policy)s and r.state <> 'finished' and r.cancelled_at is null
+order by r.cutoff, r.id;
+
+-- name: run_mark_stalled
+-- Mark the policy's runs open for longer than %(seconds)s as stalled, each once:
+-- the runs marked now (the caller audits them).
+update expiry.runs
+set stalled_at = now()
+where policy = %(policy)s and state <> 'finished' and stalled_at is null
+  and opened_at < now() - make_interval(secs => %(seconds)s)
+returning id, opened_at;
+
+-- name: run_open_oldest
+-- Per policy with an open run: when its oldest open run was opened.
+select policy, min(opened_at) as opened_at
+from expiry.runs where state <> 'finished' group by policy;
 
 -- name: policy_totals
 -- Rows and windows applied per policy, over the whole ledger.

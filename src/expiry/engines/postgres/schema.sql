@@ -184,6 +184,8 @@ CREATE TABLE expiry.jobs (
     attempted_at timestamp with time zone,
     finished_at timestamp with time zone,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    wait_reason text,
+    waiting_since timestamp with time zone,
     CONSTRAINT jobs_max_attempts_check CHECK ((max_attempts > 0)),
     CONSTRAINT jobs_state_check CHECK ((state = ANY (ARRAY['scheduled'::text, 'available'::text, 'running'::text, 'retryable'::text, 'completed'::text, 'dead'::text, 'cancelled'::text])))
 )
@@ -224,6 +226,8 @@ CREATE TABLE expiry.runs (
     finished_at timestamp with time zone,
     cancelled_at timestamp with time zone,
     cancelled_by text,
+    superseded_by text,
+    stalled_at timestamp with time zone,
     CONSTRAINT runs_state_check CHECK ((state = ANY (ARRAY['planning'::text, 'running'::text, 'finished'::text])))
 );
 
@@ -306,6 +310,8 @@ CREATE INDEX jobs_run ON expiry.jobs USING btree (run_id, state) WHERE (run_id I
 CREATE INDEX jobs_running ON expiry.jobs USING btree (lease_expires_at) WHERE (state = 'running'::text);
 
 CREATE INDEX ledger_run ON expiry.ledger USING btree (run_id) WHERE (run_id IS NOT NULL);
+
+CREATE INDEX runs_open ON expiry.runs USING btree (policy, opened_at) WHERE (state <> 'finished'::text);
 
 CREATE INDEX runs_policy ON expiry.runs USING btree (policy, opened_at DESC);
 

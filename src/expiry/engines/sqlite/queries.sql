@@ -99,15 +99,25 @@ where id = :id and lease_token = :token and state = 'running'
 returning state;
 
 -- name: job_release
--- Give a claimed job back without spending an attempt (shutdown, snooze).
+-- Give a claimed job back without spending an attempt (shutdown, snooze), with
+-- the snooze's reason (postgres/queries.sql says how the wait is kept).
 update expiry_jobs
 set state = case when :delay > 0 then 'scheduled' else 'available' end,
     attempt = max(attempt - 1, 0),
     run_at = $now + :delay,
+    wait_reason = :reason,
+    waiting_since = case when :reason is null then null else coalesce(waiting_since, $now) end,
     lease_owner = null, lease_token = null, lease_expires_at = null,
     updated_at = $now
 where id = :id and lease_token = :token and state = 'running'
 returning id;
+
+-- name: job_wake
+-- Make a snoozed job due now (a run that an earlier one just handed its turn).
+update expiry_jobs
+set state = 'available', run_at = $now, updated_at = $now
+where key = :key and state = 'scheduled'
+returning queue;
 
 -- name: job_rescue
 -- Return claims whose lease expired to the queue, or to the dead-letter queue
@@ -246,9 +256,10 @@ where id = :id and cancelled_at is null
 returning id;
 
 -- name: run_cancel
--- Cancel a run not yet finished: planning is over.
+-- Cancel a run not yet finished: planning is over. With superseded_by, a later
+-- run of the policy took its place.
 update expiry_runs
-set cancelled_at = $now, cancelled_by = :actor,
+set cancelled_at = $now, cancelled_by = :actor, superseded_by = :superseded_by,
     state = case when state = 'planning' then 'running' else state end,
     planned_at = coalesce(planned_at, $now)
 where id = :id and state <> 'finished' and cancelled_at is null
@@ -302,12 +313,32 @@ from expiry_ledger where run_id = :id;
 select count(*) as n from expiry_audit
 where run_id = :id and action = 'window.duplicate';
 
--- name: run_pending_elsewhere
--- Jobs still pending in other runs of the same policy (a new run waits for them).
-select count(*) as n
-from expiry_jobs j join expiry_runs r on r.id = j.run_id
-where r.policy = :policy and r.id <> :id
-  and j.state in ('scheduled', 'available', 'retryable', 'running');
+-- name: run_turns
+-- The policy's open runs in their turn, whether each started, its pending jobs
+-- (postgres/queries.sql says what each means).
+select r.id, r.cutoff,
+       (r.state <> 'planning' or exists (
+           select 1 from expiry_jobs j
+           where j.run_id = r.id and j.key <> r.id || ':plan')) as started,
+       (select count(*) from expiry_jobs j
+        where j.run_id = r.id
+          and j.state in ('scheduled', 'available', 'retryable', 'running')) as pending
+from expiry_runs r
+where r.policy = :policy and r.state <> 'finished' and r.cancelled_at is null
+order by r.cutoff, r.id;
+
+-- name: run_mark_stalled
+-- Mark the policy's runs open for longer than :seconds as stalled, each once.
+update expiry_runs
+set stalled_at = $now
+where policy = :policy and state <> 'finished' and stalled_at is null
+  and opened_at < $now - :seconds
+returning id, opened_at;
+
+-- name: run_open_oldest
+-- Per policy with an open run: when its oldest open run was opened.
+select policy, min(opened_at) as opened_at
+from expiry_runs where state <> 'finished' group by policy;
 
 -- name: policy_totals
 -- Rows and windows applied per policy, over the whole ledger.

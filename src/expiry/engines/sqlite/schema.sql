@@ -17,6 +17,8 @@ CREATE INDEX expiry_jobs_running on expiry_jobs (lease_expires_at) where state =
 
 CREATE INDEX expiry_ledger_run on expiry_ledger (run_id) where run_id is not null;
 
+CREATE INDEX expiry_runs_open on expiry_runs (policy, opened_at) where state <> 'finished';
+
 CREATE INDEX expiry_runs_policy on expiry_runs (policy, opened_at desc);
 
 CREATE TABLE expiry_api_keys (
@@ -95,7 +97,7 @@ CREATE TABLE expiry_jobs (
     attempted_at     real,
     finished_at      real,
     updated_at       real    not null
-);
+, wait_reason text, waiting_since real);
 
 CREATE TABLE expiry_ledger (
     key           text    primary key,
@@ -120,7 +122,7 @@ CREATE TABLE expiry_runs (
     opened_at       real    not null,
     planned_at      real,
     finished_at     real
-, cancelled_at real, cancelled_by text);
+, cancelled_at real, cancelled_by text, superseded_by text, stalled_at real);
 
 CREATE TABLE expiry_schedules (
     policy       text    primary key,
