@@ -48,6 +48,8 @@ SAFETY = "tests/cleanup/test_safety_mutants.py"
 RETRY = "tests/queue/test_retry_schedule.py"
 TIMESTAMPS = "tests/cleanup/test_timestamps.py"
 TURNS = "tests/cleanup/test_run_turns.py"
+QUARANTINE = "tests/cleanup/test_quarantine.py"
+STALLED = "tests/cleanup/test_stalled.py"
 
 UNBOOKED = (
     'UNBOOKED = WINDOW + " and not exists (select 1 from {ledger} where {ledger_key} = {p_key})"'
@@ -407,6 +409,25 @@ MUTANTS = [
         "if False:",
         (f"{TURNS}::test_two_runs_opened_before_any_worker_finish_in_one_pass[mysql]",),
         "runs queued behind one are not coalesced into the newest: each plans in turn",
+    ),
+    Mutant(
+        "drift-dead-letters",
+        "src/expiry/cleanup.py",
+        "            if not self.engine.schema_drift(exc):\n                raise\n",
+        "            if True:\n                raise\n",
+        (
+            f"{QUARANTINE}::test_a_table_renamed_mid_run_quarantines_the_policy_and_its_return"
+            "_resumes_the_run[postgres]",
+        ),
+        "a table renamed under a running worker dead-letters its windows instead of waiting",
+    ),
+    Mutant(
+        "stall-never-said",
+        "src/expiry/worker.py",
+        "return 1 if stalled else 0",
+        "return 0",
+        (f"{STALLED}::test_an_idle_worker_exits_1_while_a_run_it_serves_is_stalled[sqlite]",),
+        "an idle --until-idle worker exits 0 with a run stalled: nobody hears of it",
     ),
 ]
 

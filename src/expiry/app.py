@@ -229,7 +229,8 @@ class App:
             gates=lambda: merge_gates(cleanup.gates(), health.gates()),
             monitor=health.check,
             report=health.snapshot,
-            sweep=cleanup.finish_idle_runs,
+            sweep=cleanup.sweep,
+            stalled=cleanup.stalled,
             dead=lambda job: cleanup.finish_runs(
                 {job.payload["run_id"]} if job.payload.get("run_id") else set()
             ),

@@ -21,8 +21,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -140,6 +140,7 @@ class Cleanup:
         self._lock = threading.Lock()
         self.observer: Callable[[str, float], None] | None = None
         """Told (policy, seconds) after each window (the throttle's rate)."""
+        self._watermarks: dict[str, float] = {}
         self.broken: dict[str, str] = {}
         """Quarantined policies: name -> why its check failed. Each is checked
         again on its next use (a repaired table, a reloaded config): the others
@@ -176,9 +177,7 @@ class Cleanup:
                 raise
             for warning in warnings:
                 log.warning(warning)
-            with self._lock:
-                self._targets[name] = target
-                self.broken.pop(name, None)
+            self._repaired(name, target)
         return target
 
     def usable(self, name: str, conn: Any | None = None) -> None:
@@ -191,11 +190,41 @@ class Cleanup:
             raise Snooze(QUARANTINE_WAIT_SECONDS, f"policy quarantined: {exc}") from exc
 
     def _quarantine(self, name: str, exc: SchemaError, *, quiet: bool = False) -> None:
+        """Mark the policy broken: its table is checked again at its next use
+        (the check that passed before no longer holds)."""
         with self._lock:
             new = self.broken.get(name) != str(exc)
             self.broken[name] = str(exc)
+            self._targets.pop(name, None)
         if new and not quiet:  # one line per change, not per use
             log.error("policy quarantined: %s", exc, extra={"policy": name})
+
+    def _repaired(self, name: str, target: Target) -> None:
+        """The policy's check passed: it is usable again (said once, if it was not)."""
+        with self._lock:
+            self._targets[name] = target
+            was = self.broken.pop(name, None)
+        if was is not None:
+            log.info("policy repaired: its jobs run again", extra={"policy": name})
+
+    @contextmanager
+    def _drift(self, name: str, *, job: bool = True) -> Iterator[None]:
+        """Around statements on the policy's table: a table or column that went
+        missing under a running process (renamed, dropped, altered) quarantines
+        the policy. A job then waits (Snooze: no attempt spent, nothing
+        dead-lettered) until the table fits again; a reader (``job=False``)
+        gets the SchemaError."""
+        try:
+            yield
+        except Exception as exc:
+            if not self.engine.schema_drift(exc):
+                raise
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            broken = SchemaError(f"policy {name!r}: its table changed under expiry: {first}")
+            self._quarantine(name, broken)
+            if not job:
+                raise broken from exc
+            raise Snooze(QUARANTINE_WAIT_SECONDS, f"policy quarantined: {broken}") from exc
 
     def forget_targets(self) -> None:
         """After a config reload: check each policy's table again on next use."""
@@ -227,9 +256,7 @@ class Cleanup:
             except SchemaError as exc:
                 self._quarantine(policy.name, exc, quiet=quiet)
                 continue
-            with self._lock:
-                self._targets[policy.name] = target
-                self.broken.pop(policy.name, None)
+            self._repaired(policy.name, target)
         with self._lock:
             return warnings, dict(self.broken)
 
@@ -303,6 +330,61 @@ class Cleanup:
         self._after_finish(finished)
         return len(finished)
 
+    def open_run_ages(self) -> dict[str, float]:
+        """Per policy with a run not yet finished: the age in seconds of its
+        oldest, by the database's clock."""
+        with self.engine.transaction() as conn:
+            now = self.engine.now(conn)
+            oldest = self.engine.run_open_oldest(conn=conn)
+        return {name: (now - opened).total_seconds() for name, opened in oldest.items()}
+
+    def stalled(self) -> dict[str, float]:
+        """The policies whose oldest open run is older than its stall_after,
+        with that age in seconds (a policy no longer in the config is left out)."""
+        bounds = {p.name: p.stall_seconds for p in self.policies}
+        return {
+            name: age
+            for name, age in self.open_run_ages().items()
+            if name in bounds and age > bounds[name]
+        }
+
+    def mark_stalled(self) -> list[str]:
+        """Mark each policy's runs open past its stall_after as stalled, once
+        each, with an audit event and an error line naming what they wait for;
+        the ids marked now (the rescuer's and the scheduler's sweep)."""
+        marked: list[str] = []
+        for policy in self.policies:
+            with self.engine.transaction() as tx:
+                for rid, opened in self.engine.run_mark_stalled(
+                    policy.name, policy.stall_seconds, conn=tx
+                ):
+                    waits = self.runs.waits(rid, conn=tx)
+                    self.engine.audit_append(
+                        tx,
+                        AuditAction.RUN_STALLED,
+                        actor="expiry",
+                        policy=policy.name,
+                        run_id=rid,
+                        detail={
+                            "opened_at": format_time(opened),
+                            "stall_after": format_duration(policy.stall_seconds),
+                            "waiting": waits,
+                        },
+                    )
+                    marked.append(rid)
+                    log.error(
+                        "run stalled: open for more than %s; %s",
+                        format_duration(policy.stall_seconds),
+                        "; ".join(w["why"] for w in waits) or "nothing of it is pending",
+                        extra={"policy": policy.name, "run": rid},
+                    )
+        return marked
+
+    def sweep(self) -> None:
+        """The rescuer's sweep: finish runs left open, mark stalled ones."""
+        self.finish_idle_runs()
+        self.mark_stalled()
+
     def _after_finish(self, run_ids: list[str]) -> None:
         """A run just finished: the newest run of its policy waiting for its turn
         plans now, not at its next look; the table's VACUUM (ANALYZE) is queued
@@ -347,6 +429,10 @@ class Cleanup:
         A run's first planning job reads the column's storage and queues the
         expired partitions (if any, ahead of the windows); the windows' first
         page then chooses the run's windows and checks a sample."""
+        with self._drift(job.payload["policy"]):
+            return self._plan_page(job, tx)
+
+    def _plan_page(self, job: Job, tx: Any) -> int:
         p = job.payload
         self.usable(p["policy"], tx)
         policy, target = self.policy(p["policy"]), self.target(p["policy"], tx)
@@ -599,6 +685,10 @@ class Cleanup:
         same transaction, opened for the two. The ledger row is the window's
         record (range, rows, worker, time); only a duplicate delivery is audited.
         A window a foreign key refuses is split (_blocked)."""
+        with self._drift(job.payload["policy"]):
+            return self._apply_window(job, tx)
+
+    def _apply_window(self, job: Job, tx: Any) -> WindowResult:
         p = job.payload
         policy, target = self.policy(p["policy"]), self.target(p["policy"], tx)
         cutoff, storage, span = parse_time(p["cutoff"]), _storage(p, target), Span.of(p)
@@ -705,6 +795,10 @@ class Cleanup:
         the same transaction, under the policy's lock_timeout. The partition is
         read again from the catalog first: one no longer attached, or whose range
         no longer ends by the cutoff, is booked with nothing taken."""
+        with self._drift(job.payload["policy"]):
+            return self._apply_partition(job, tx)
+
+    def _apply_partition(self, job: Job, tx: Any) -> WindowResult:
         p = job.payload
         self.usable(p["policy"], tx)
         policy, target = self.policy(p["policy"]), self.target(p["policy"], tx)
@@ -830,12 +924,23 @@ class Cleanup:
     # -- reading ------------------------------------------------------------------
 
     def watermark(self, name: str) -> float:
-        """Seconds since the oldest expired row still present became expired (0: none)."""
+        """Seconds since the oldest expired row still present became expired (0:
+        none). Raises SchemaError for a quarantined policy, quarantining one
+        whose table changed since its check (last_watermark then says what was
+        last read)."""
         policy, target = self.policy(name), self.target(name)
-        with self.engine.transaction() as conn:
+        with self._drift(name, job=False), self.engine.transaction() as conn:
             cutoff = self.engine.now(conn) - timedelta(seconds=policy.retain)
             oldest = target.oldest(conn, cutoff)
-        return max(0.0, (cutoff - oldest).total_seconds()) if oldest else 0.0
+        seconds = max(0.0, (cutoff - oldest).total_seconds()) if oldest else 0.0
+        with self._lock:
+            self._watermarks[name] = seconds
+        return seconds
+
+    def last_watermark(self, name: str) -> float | None:
+        """The policy's watermark as this process last read it (None: never)."""
+        with self._lock:
+            return self._watermarks.get(name)
 
     def preview(self, name: str, cutoff: datetime | None = None, *, limit: int = 10) -> PlanPreview:
         """Dry-run: what a run would do, by the same statements; mutates nothing."""

@@ -55,7 +55,12 @@ def print_json(data: Any) -> None:
 
 def print_run(summary: dict[str, Any]) -> None:
     for key, value in summary.items():
-        out.print(f"{key:>20}: {value}")
+        if key != "waiting":
+            out.print(f"{key:>20}: {value}")
+    if summary.get("stalled"):
+        out.print(f"{'':>20}  STALLED: open since {summary['opened_at']}")
+    for wait in summary.get("waiting") or []:
+        out.print(f"{'waiting':>20}: {wait['why']} (since {wait['since']})")
 
 
 def print_runs(found: list[dict[str, Any]]) -> None:
@@ -170,6 +175,11 @@ def print_status(data: dict[str, Any]) -> None:
     for p in data["policies"]:
         if p["broken"]:
             out.print(f"quarantined: {p['broken']}")
+        if p["stalled"]:
+            out.print(
+                f"STALLED: {p['name']}: a run has been open {p['oldest_open_run_seconds']:.0f}s"
+                f" (stall_after {p['stall_after']}): `expiry runs show RUN` says why it waits"
+            )
         if line := _throttle_line(p):
             out.print(line)
     q = data["queue"]

@@ -26,7 +26,7 @@ from pydantic import (
 )
 
 from . import defaults
-from .cron import check_expression
+from .cron import check_expression, period
 from .durations import parse_duration
 from .errors import ConfigError
 
@@ -265,6 +265,20 @@ class Policy(HealthSettings):
     priority: int = Field(0, ge=-100, le=100)
     watermark_warn: Duration | None = None
     watermark_alert: Duration | None = None
+    stall_after: Duration | None = None
+    """A run open longer than this is stalled: red in status and the dashboard,
+    expiry_run_stalled in /metrics, audited once. Default: stall_seconds."""
+
+    @property
+    def stall_seconds(self) -> float:
+        """stall_after, or three periods of the schedule (at least ten minutes),
+        or an hour for a policy without a schedule."""
+        if self.stall_after is not None:
+            return self.stall_after
+        if self.schedule is None:
+            return defaults.STALL_UNSCHEDULED_SECONDS
+        every = period(self.schedule, self.timezone)
+        return max(defaults.STALL_MIN_SECONDS, defaults.STALL_PERIODS * every)
 
     @field_validator("table", "archive_table")
     @classmethod
@@ -302,6 +316,13 @@ class Policy(HealthSettings):
                 "0 turns the limit off in PostgreSQL (a window could wait on a lock, or "
                 'run, without end): write a positive duration such as "2s" or "30s"'
             )
+        return value
+
+    @field_validator("stall_after")
+    @classmethod
+    def _stall_after(cls, value: float | None) -> float | None:
+        if value is not None and value < 1:
+            raise ValueError('write how long a run may stay open before it is stalled, e.g. "1h"')
         return value
 
     @field_validator("where")

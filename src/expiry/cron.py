@@ -7,6 +7,7 @@ Standard 5-field cron plus the aliases @hourly, @daily (@midnight), @weekly,
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from typing import Protocol
 from zoneinfo import ZoneInfo
 
@@ -121,6 +122,18 @@ def next_fire(policy: Rule, after: datetime) -> datetime:
     assert policy.schedule is not None
     zone = ZoneInfo(policy.timezone)
     return next(CronSim(expand(policy.schedule), after.astimezone(zone))).astimezone(UTC)
+
+
+@lru_cache(maxsize=256)
+def period(schedule: str, timezone: str) -> float:
+    """The schedule's usual gap between fires, in seconds: the median of its
+    first 25 gaps from a fixed Monday (the same every call). The median, not
+    the longest: a weekday schedule's period is a day, not its weekend."""
+    zone = ZoneInfo(timezone)
+    fires = CronSim(expand(schedule), datetime(2026, 1, 5, tzinfo=zone))
+    times = [next(fires).astimezone(UTC) for _ in range(26)]
+    gaps = sorted((b - a).total_seconds() for a, b in zip(times, times[1:], strict=False))
+    return gaps[len(gaps) // 2]
 
 
 def choose(

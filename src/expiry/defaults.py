@@ -95,3 +95,19 @@ ACK_DELAY_SECONDS = 0.1
 """A batched acknowledgement (``batched_ack=True``) commits at most this long
 after the first job of its batch finished, or sooner once a claim's worth of
 jobs (``claim_batch``) wait for it: pgqueuer's figure."""
+
+STALL_PERIODS = 3
+"""A run of a scheduled policy is stalled once it has been open for this many of
+its schedule's periods: two fires have come and gone and it is still not done."""
+
+STALL_MIN_SECONDS = 600.0
+"""...but never before ten minutes: a per-minute schedule's first run over a
+backlog is not an incident."""
+
+STALL_UNSCHEDULED_SECONDS = 3600.0
+"""A run of a policy without a schedule (triggered runs only) is stalled after an hour."""
+
+OUTAGE_BUDGET_SECONDS = 3600.0
+"""How long a database outage (connection lost, shutdown, read-only after a
+failover, disk full) may fail a job without spending its attempts: an hour.
+Past it, each failure spends an attempt again, as any transient error does."""

@@ -6,6 +6,7 @@ running jobs (job duration, rows per window) are histograms of this process."""
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
@@ -48,6 +49,8 @@ class Watermarks(Protocol):
     @property
     def policies(self) -> list[Policy]: ...
     def watermark(self, name: str) -> float: ...
+    def last_watermark(self, name: str) -> float | None: ...
+    def open_run_ages(self) -> dict[str, float]: ...
 
     broken: dict[str, str]
 
@@ -89,6 +92,7 @@ class ExpiryCollector(Collector):
         if self.cleanup is not None:
             yield self._watermarks(self.cleanup)
             yield self._quarantined(self.cleanup)
+            yield from self._open_runs(self.cleanup)
             yield from self._throttles()
             yield from self._vacuum(self.cleanup)
 
@@ -222,8 +226,32 @@ class ExpiryCollector(Collector):
             try:
                 mark.add_metric([policy.name], cleanup.watermark(policy.name))
             except Exception as exc:  # one broken policy must not hide the others
+                # The series stays: the value last read, NaN if none was (an
+                # alert on the watermark keeps its series; quarantine has its own).
+                last = cleanup.last_watermark(policy.name)
+                mark.add_metric([policy.name], math.nan if last is None else last)
                 log.warning("watermark of %s failed: %s", policy.name, exc)
         return mark
+
+    @staticmethod
+    def _open_runs(cleanup: Watermarks) -> Iterator[GaugeMetricFamily]:
+        """Each policy's oldest open run's age, and whether it is past stall_after."""
+        age = GaugeMetricFamily(
+            "expiry_oldest_open_run_age_seconds",
+            "Age of the policy's oldest run not yet finished (0: none open)",
+            labels=["policy"],
+        )
+        stalled = GaugeMetricFamily(
+            "expiry_run_stalled",
+            "1 while a run of the policy has been open longer than its stall_after, else 0",
+            labels=["policy"],
+        )
+        ages = cleanup.open_run_ages()
+        for policy in cleanup.policies:
+            seconds = ages.get(policy.name, 0.0)
+            age.add_metric([policy.name], seconds)
+            stalled.add_metric([policy.name], 1.0 if seconds > policy.stall_seconds else 0.0)
+        yield from (age, stalled)
 
     @staticmethod
     def _quarantined(cleanup: Watermarks) -> GaugeMetricFamily:

@@ -21,7 +21,7 @@ from typing import Any
 from .engines.base import Engine
 from .errors import ConfigError
 from .times import format_time
-from .types import AuditAction, JobState, Run, RunJobs, RunTotals
+from .types import AuditAction, JobState, Run, RunJobs, RunTotals, RunWait
 
 log = logging.getLogger("expiry.runs")
 
@@ -65,7 +65,24 @@ class Runs:
             jobs = engine.run_jobs(run_id, conn=conn)
             ledger = engine.run_ledger(run_id, conn=conn)
             duplicates = engine.run_duplicates(run_id, conn=conn)
-        return summarize(run, jobs, ledger, duplicates)
+            waits = [] if run.state == "finished" else self.waits(run_id, conn=conn)
+        return {**summarize(run, jobs, ledger, duplicates), "waiting": waits}
+
+    def waits(self, run_id: str, *, conn: Any | None = None) -> list[dict[str, Any]]:
+        """What the run's pending jobs wait for, one entry a state and reason,
+        each with a line that says it (``why``), longest wait first."""
+        found = self.engine.run_waits(run_id, conn=conn)
+        return [
+            {
+                "state": w.state,
+                "jobs": w.n,
+                "reason": w.reason,
+                "why": _why(w),
+                "since": format_time(w.since),
+                "next_at": format_time(w.next_at),
+            }
+            for w in sorted(found, key=lambda w: w.since)
+        ]
 
     def recent(self, policy: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
         """The summaries of the newest ``limit`` runs (of one policy when given)."""
@@ -200,6 +217,7 @@ def summarize(run: Run, jobs: list[RunJobs], ledger: RunTotals, duplicates: int)
         "cancelled_at": _time(run.cancelled_at),
         "cancelled_by": run.cancelled_by,
         "superseded_by": run.superseded_by,
+        "stalled": run.stalled_at is not None and run.state != "finished",
         "stalled_at": _time(run.stalled_at),
         # Deliveries beyond one per job and its recorded failures: the same window
         # delivered again (after a lost lease or acknowledgement).
@@ -223,6 +241,21 @@ def _outcome(run: Run, dead: int) -> str:
     if run.state == "finished" and dead:
         return f"finished with {dead} dead"
     return run.state
+
+
+def _why(wait: RunWait) -> str:
+    """A run's waiting jobs in words: "2 retrying after lock_timeout (...)"."""
+    jobs = f"{wait.n} job{'s' if wait.n != 1 else ''}"
+    if wait.state == JobState.SCHEDULED:
+        return f"{jobs} waiting: {wait.reason or 'snoozed'}"
+    if wait.state == JobState.RETRYABLE:
+        error = (wait.error or "").strip().splitlines()[0][:200] if wait.error else ""
+        return f"{jobs} retrying after {wait.reason or 'an error'}" + (
+            f": {error}" if error else ""
+        )
+    if wait.state == JobState.RUNNING:
+        return f"{jobs} running"
+    return f"{jobs} due, waiting for a worker"
 
 
 def _supersedes(followed: list[str]) -> dict[str, Any]:

@@ -116,6 +116,12 @@ class Scheduler:
                     # until the table is repaired; the other policies fire.
                     continue
         fired += self._fire_crons(now)
+        if self.cleanup is not None:
+            # Workers sweep too; with every worker down, this one still says it.
+            try:
+                self.cleanup.mark_stalled()
+            except Exception as exc:  # never at the cost of the fires
+                log.warning("could not check for stalled runs: %s", exc)
         return fired
 
     def _fire_crons(self, now: datetime) -> list[Fire]:

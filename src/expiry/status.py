@@ -21,6 +21,7 @@ from .types import JobState
 
 if TYPE_CHECKING:
     from .app import App
+    from .cleanup import Cleanup
 
 
 def run_summary(app: App, run_id: str) -> dict[str, Any] | None:
@@ -32,22 +33,21 @@ def runs(app: App, policy: str | None = None, limit: int = 20) -> list[dict[str,
 
 
 def policies(app: App) -> list[dict[str, Any]]:
-    """Every policy of the config with its schedule, watermark and last run."""
+    """Every policy of the config with its schedule, watermark, last run and
+    open runs. A policy that cannot be read (its table gone, a query failing)
+    is shown broken with the reason; the others are read as usual."""
     cleanup = app.cleanup
     if cleanup is None:
         return []
-    recent = app.runs.recent
     schedules = {s.policy: s for s in app.engine.schedule_list()}
     now = app.engine.now()
     throttles = throttle_by_policy(app)
+    ages = cleanup.open_run_ages()
     out = []
     for policy in cleanup.policies:
-        last = recent(policy.name, 1)
-        broken = None
-        try:
-            watermark = cleanup.watermark(policy.name)
-        except SchemaError as exc:  # quarantined: shown with its reason, the others go on
-            broken, watermark = str(exc), 0.0
+        broken, watermark = _watermark(cleanup, policy.name)
+        last = app.runs.recent(policy.name, 1)
+        age = ages.get(policy.name)
         out.append(
             {
                 "name": policy.name,
@@ -58,15 +58,30 @@ def policies(app: App) -> list[dict[str, Any]]:
                 "timezone": policy.timezone,
                 "paused": policy.name in schedules and schedules[policy.name].paused,
                 "next_fire": format_time(next_fire(policy, now)) if policy.schedule else None,
-                "watermark_seconds": round(watermark, 3),
-                "watermark": format_duration(round(watermark)),
+                "watermark_seconds": None if watermark is None else round(watermark, 3),
+                "watermark": "unknown" if watermark is None else format_duration(round(watermark)),
                 "last_run": last[0] if last else None,
+                "oldest_open_run_seconds": None if age is None else round(age, 3),
+                "stall_after": format_duration(policy.stall_seconds),
+                "stalled": age is not None and age > policy.stall_seconds,
                 "broken": broken,
                 "throttle": throttles.get(policy.name),
                 "vacuum": None if broken else vacuum(app, policy.table),
             }
         )
     return out
+
+
+def _watermark(cleanup: Cleanup, name: str) -> tuple[str | None, float | None]:
+    """(why the policy is broken, or None; its watermark). A broken policy's
+    watermark is the one last read in this process, None if none was."""
+    try:
+        return None, cleanup.watermark(name)
+    except SchemaError as exc:  # quarantined: shown with its reason, the others go on
+        return str(exc), cleanup.last_watermark(name)
+    except Exception as exc:  # the database failing this policy's reading alone
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return f"{type(exc).__name__}: {first}", cleanup.last_watermark(name)
 
 
 def throttle_by_policy(app: App) -> dict[str, dict[str, Any]]:

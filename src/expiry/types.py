@@ -155,6 +155,22 @@ class RunTurn:
 
 
 @dataclass(frozen=True)
+class RunWait:
+    """A run's pending jobs in one state, waiting for one reason."""
+
+    state: str
+    reason: str | None
+    """scheduled: the snooze's reason; retryable: the last error's kind."""
+    n: int
+    error: str | None
+    """One of their last errors (retryable ones)."""
+    since: datetime
+    """When the oldest of them began waiting (or last changed state)."""
+    next_at: datetime
+    """When the first of them is due."""
+
+
+@dataclass(frozen=True)
 class RunJobs:
     """A run's jobs of one handler in one state."""
 
@@ -318,10 +334,6 @@ class AuditAction(enum.StrEnum):
     covers it (coalesced: one run plans, not each)."""
     RUN_STALLED = "run.stalled"
     """A run open for longer than its policy's stall_after (once per run)."""
-    POLICY_QUARANTINED = "policy.quarantined"
-    """A policy's table or column went missing (or stopped fitting) mid-run:
-    its jobs wait, no attempt spent, until it fits again."""
-    POLICY_REPAIRED = "policy.repaired"
     WINDOW_DUPLICATE = "window.duplicate"
     """A window delivered again after its ledger row committed: nothing changed
     (also written by PostgreSQL's expiry.window_apply, and counted per run)."""

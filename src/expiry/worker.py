@@ -39,7 +39,7 @@ from .engines import Engine
 from .errors import AlreadyApplied, LeaseLost, Snooze
 from .handlers import Handler
 from .metrics import JOB_SECONDS
-from .queue import Queue
+from .queue import Queue, policy_queue
 from .types import AuditAction, Gates, Job, JobState
 
 log = logging.getLogger("expiry.worker")
@@ -80,6 +80,9 @@ class Hooks:
     thread of its own; returns the seconds until the next reading."""
     report: Callable[[], dict[str, Any]] | None = None
     """The policies' throttles as the roll call tells them."""
+    stalled: Callable[[], dict[str, float]] | None = None
+    """The policies with a stalled run (and its age): an --until-idle worker
+    that finds nothing to do while one is stalled exits 1, not 0."""
 
 
 @dataclass
@@ -224,7 +227,27 @@ class Worker:
         except Exception as exc:  # the roll forgets it within a day anyway
             log.warning("could not leave the workers' roll: %s", exc)
         log.info("worker stopped", extra={"worker": self.name})
-        return 0
+        return self._idle_exit_code()
+
+    def _idle_exit_code(self) -> int:
+        """0, or 1 for an --until-idle worker that found nothing to do while a
+        run stays open past its bound: idle is not done then, and the caller
+        (a cron job, a CI step) must hear of it."""
+        if not self.until_idle or self.hooks.stalled is None:
+            return 0
+        try:
+            mine = set(self.queues)
+            stalled = {p: age for p, age in self.hooks.stalled().items() if policy_queue(p) in mine}
+        except Exception as exc:
+            log.warning("could not read the open runs: %s", exc)
+            return 0
+        for policy, age in sorted(stalled.items()):
+            log.error(
+                "idle, but a run of this policy has been open for %.0fs: stalled",
+                age,
+                extra={"policy": policy},
+            )
+        return 1 if stalled else 0
 
     def stop(self) -> None:
         self.stopping.set()

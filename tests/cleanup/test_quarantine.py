@@ -97,3 +97,56 @@ def test_the_scheduler_fires_the_good_policy_past_a_broken_one(db: Db, apps: App
     fired = scheduler.tick()
     assert [f.policy for f in fired] == ["good"]
     assert "broken" in (app.cleanup.broken if app.cleanup else {})
+
+
+def _rename(db: Db, old: str, new: str) -> None:
+    db.execute(f"alter table {old} rename to {new}")
+
+
+def test_a_table_renamed_mid_run_quarantines_the_policy_and_its_return_resumes_the_run(
+    db: Db, apps: Apps
+) -> None:
+    """A table renamed under running processes: the planned windows wait (no
+    attempt spent, none dead), status and /metrics say why without failing
+    (the watermark keeps its series), and once the table is back the same
+    jobs finish the run, with no redrive."""
+    db.create_sessions()
+    rows = standard_rows(300)
+    db.insert_sessions(rows)
+    app = apps(db.url, GOOD)
+    assert app.cleanup is not None
+    before = app.cleanup.watermark("good")  # a reading to keep
+    opened = app.cleanup.open_run("good")
+    jobs = app.queue.claim(1, 60, owner="test", queues=app.worked_queues())
+    app.worker().process(jobs[0])  # the plan: its windows wait
+    windows = [w["key"] for w in db.windows(opened.run_id)]
+    assert windows
+
+    _rename(db, "sessions", "sessions_moved")
+    worker = app.worker()
+    for job in app.queue.claim(100, 60, owner=worker.name, queues=app.worked_queues()):
+        worker.process(job)
+
+    waiting = [app.queue.get(key) for key in windows]
+    assert all(j is not None and j.state.value == "scheduled" for j in waiting), waiting
+    assert all(j is not None and j.attempt == 0 for j in waiting)
+    assert all(
+        j is not None and j.wait_reason and "policy quarantined" in j.wait_reason for j in waiting
+    )
+    assert db.scalar("select count(*) from expiry.jobs where state = 'dead'") == 0
+    views = {p["name"]: p for p in status.policies(app)}  # no exception: shown broken
+    assert views["good"]["broken"] and "sessions" in views["good"]["broken"]
+    assert views["good"]["watermark_seconds"] == pytest.approx(before, abs=5)
+    text = render(app)[0].decode()
+    assert 'expiry_policy_quarantined{policy="good"} 1.0' in text
+    assert 'expiry_watermark_seconds{policy="good"}' in text
+
+    _rename(db, "sessions_moved", "sessions")
+    db.execute("update expiry.jobs set run_at = {now} where state = 'scheduled'")
+    drain(app)
+
+    assert db.ids() == {i for i, off, _ in rows if off > 0}
+    assert db.run_state(opened.run_id) == "finished"
+    assert {w["state"] for w in db.windows(opened.run_id)} == {"completed"}
+    views = {p["name"]: p for p in status.policies(app)}
+    assert views["good"]["broken"] is None and views["good"]["watermark_seconds"] == 0

@@ -64,6 +64,7 @@ from ..types import (
     RunJobs,
     RunTotals,
     RunTurn,
+    RunWait,
     Schedule,
     VacuumStats,
     WindowApply,
@@ -293,6 +294,10 @@ class Engine(abc.ABC):
         """(transient, kind) for an error raised while running a job. Unknown
         errors count as transient: they retry with backoff until the budget ends."""
         return classify_exception(exc) or (True, type(exc).__name__)
+
+    def schema_drift(self, exc: BaseException) -> bool:
+        """Whether ``exc`` says a table or column is missing (SCHEMA_DRIFT_KINDS)."""
+        return self.classify(exc)[1] in SCHEMA_DRIFT_KINDS
 
     @contextmanager
     def maintenance_transaction(self) -> Iterator[Any]:
@@ -946,6 +951,20 @@ class Engine(abc.ABC):
             for row in self._tx_rows(conn, "run_turns", {"policy": policy})
         ]
 
+    def run_waits(self, run_id: str, *, conn: Any | None = None) -> list[RunWait]:
+        """What the run's pending jobs wait for, by state and reason."""
+        return [
+            RunWait(
+                state=row["state"],
+                reason=row["reason"],
+                n=int(row["n"]),
+                error=row["error"],
+                since=self._time(row["since"]),
+                next_at=self._time(row["next_at"]),
+            )
+            for row in self._tx_rows(conn, "run_waits", {"id": run_id})
+        ]
+
     def run_mark_stalled(
         self, policy: str, seconds: float, *, conn: Any | None = None
     ) -> list[tuple[str, datetime]]:
@@ -1260,6 +1279,27 @@ class Engine(abc.ABC):
     def idempotency_forget(self, api_key: str, key: str, *, conn: Any | None = None) -> None:
         """Drop the record of (api_key, key), and every record over 24 hours old."""
         self._one(conn, "idempotency_forget", {"api_key": api_key, "key": key})
+
+
+SCHEMA_DRIFT_KINDS = frozenset({"undefined_table", "undefined_column"})
+"""Error kinds that say a table or column is missing: a policy's table renamed,
+dropped or altered under a running process. The policy is quarantined (its
+jobs wait, no attempt spent) rather than its jobs dead-lettered."""
+
+OUTAGE_KINDS = frozenset(
+    {
+        "connection_lost",
+        "admin_shutdown",
+        "crash_shutdown",
+        "cannot_connect_now",
+        "too_many_connections",
+        "read_only",
+        "disk_full",
+    }
+)
+"""Error kinds that say the database, not the job, is failing: down, restarting,
+failed over (read-only), full. A job they fail spends no attempt while the
+outage budget lasts (worker.py)."""
 
 
 def classify_exception(exc: BaseException) -> tuple[bool, str] | None:

@@ -64,6 +64,8 @@ TRANSIENT_ERRORS = {
     1836: "read_only",
     1792: "read_only",
     1040: "too_many_connections",
+    1021: "disk_full",
+    1114: "disk_full",
     1053: "admin_shutdown",
     1927: "connection_lost",
     2002: "connection_lost",

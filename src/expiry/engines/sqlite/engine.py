@@ -194,7 +194,7 @@ class SQLiteEngine(SQLiteTables):
             if "disk" in text and ("full" in text or "i/o" in text):
                 return True, "disk_full"
             if "no such table" in text or "no such column" in text:
-                return False, "undefined_object"
+                return False, "undefined_table" if "table" in text else "undefined_column"
             if isinstance(exc, sqlite3.OperationalError):
                 return True, "operational_error"
             return False, type(exc).__name__.lower()

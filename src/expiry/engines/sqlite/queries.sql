@@ -327,6 +327,22 @@ from expiry_runs r
 where r.policy = :policy and r.state <> 'finished' and r.cancelled_at is null
 order by r.cutoff, r.id;
 
+-- name: run_waits
+-- What a run's pending jobs wait for: by state and reason (a snooze's reason,
+-- a retry's last error kind), how many, one of their errors, since when, and
+-- when the first is due.
+select state, reason, count(*) as n, max(last_error) as error,
+       min(since) as since, min(run_at) as next_at
+from (select state, run_at, last_error,
+             case when state = 'scheduled' then wait_reason
+                  when state = 'retryable' then last_error_kind end as reason,
+             case when state = 'scheduled' then coalesce(waiting_since, updated_at)
+                  else updated_at end as since
+      from expiry_jobs
+      where run_id = :id
+        and state in ('scheduled', 'available', 'retryable', 'running')) as pending
+group by state, reason;
+
 -- name: run_mark_stalled
 -- Mark the policy's runs open for longer than :seconds as stalled, each once.
 update expiry_runs
