@@ -50,6 +50,7 @@ TIMESTAMPS = "tests/cleanup/test_timestamps.py"
 TURNS = "tests/cleanup/test_run_turns.py"
 QUARANTINE = "tests/cleanup/test_quarantine.py"
 STALLED = "tests/cleanup/test_stalled.py"
+OUTAGE = "tests/cleanup/test_outage.py"
 
 UNBOOKED = (
     'UNBOOKED = WINDOW + " and not exists (select 1 from {ledger} where {ledger_key} = {p_key})"'
@@ -428,6 +429,17 @@ MUTANTS = [
         "return 0",
         (f"{STALLED}::test_an_idle_worker_exits_1_while_a_run_it_serves_is_stalled[sqlite]",),
         "an idle --until-idle worker exits 0 with a run stalled: nobody hears of it",
+    ),
+    Mutant(
+        "outage-spends-attempts",
+        "src/expiry/worker.py",
+        "outage_budget=self.outage_budget)",
+        "outage_budget=None)",
+        (
+            f"{OUTAGE}::test_a_full_disk_fails_a_window_many_times_and_spends_no_attempt[sqlite]",
+            f"{OUTAGE}::test_a_full_disk_fails_a_window_many_times_and_spends_no_attempt[mysql]",
+        ),
+        "a full disk or a restart spends a window's attempts: a long outage dead-letters it",
     ),
 ]
 

@@ -261,6 +261,8 @@ class App:
         options["queues"] = self.worked_queues(options.get("queues") or ())
         threads = self.config.worker.cron_threads if self.config else defaults.CRON_THREADS
         options.setdefault("pools", {CRON_QUEUE: threads})
+        if self.config is not None:
+            options.setdefault("outage_budget", self.config.worker.outage_budget)
         return Worker(self.engine, self.queue, self.handlers, self.hooks, **options)
 
     def scheduler(self, **options: Any) -> Scheduler:

@@ -228,6 +228,8 @@ class WorkerConfig(HealthSettings):
     ack_delay: Duration = defaults.ACK_DELAY_SECONDS
     """How long a batched acknowledgement (``batched_ack=True`` handlers) may wait
     for more jobs before it commits."""
+    outage_budget: Duration = defaults.OUTAGE_BUDGET_SECONDS
+    """How long a database outage may fail a job without spending its attempts."""
 
 
 class Policy(HealthSettings):

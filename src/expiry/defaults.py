@@ -111,3 +111,7 @@ OUTAGE_BUDGET_SECONDS = 3600.0
 """How long a database outage (connection lost, shutdown, read-only after a
 failover, disk full) may fail a job without spending its attempts: an hour.
 Past it, each failure spends an attempt again, as any transient error does."""
+
+OUTAGE_RETRY_CAP_SECONDS = 60.0
+"""A job an outage failed retries at least once a minute: it resumes within a
+minute of the database, not up to BACKOFF_CAP_SECONDS later."""

@@ -15,7 +15,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 import pytest
-from _support import age_finished, execute, expire_leases, make_due, sql
+from _support import age_finished, execute, expire_leases, make_due, seconds, sql
 
 from expiry import retry
 from expiry.engines import Engine, open_engine
@@ -406,6 +406,52 @@ def test_wake_makes_a_snoozed_job_due_now_and_nothing_else(queue: Queue, engine:
     assert not engine.job_wake("snoozed")  # due already
     assert not engine.job_wake("missing")
     assert [j.key for j in queue.claim(5) if j.key == "snoozed"] == ["snoozed"]
+
+
+def _claim_due(queue: Queue, engine: Engine, key: str) -> Job:
+    make_due(engine, [key])
+    [job] = queue.claim(1)
+    return job
+
+
+def test_an_outage_spends_no_attempt_within_its_budget(queue: Queue, engine: Engine) -> None:
+    """A database that is down, read-only or full is not the job's fault: its
+    failures give their attempt back while the outage is younger than the
+    budget; any other failure spends one as before and ends the outage."""
+    queue.enqueue("noop", {}, None, "k", max_attempts=2)
+    for kind in ["connection_lost", "disk_full", "read_only", "admin_shutdown"] * 2:
+        job = _claim_due(queue, engine, "k")
+        state = engine.job_fail(job, f"{kind}!", kind, 0.0, outage_budget=3600)
+        assert state is JobState.RETRYABLE, kind
+        assert queue.get("k") is not None and queue.get("k").attempt == 0
+    job = _claim_due(queue, engine, "k")
+    assert engine.job_fail(job, "boom", "lock_timeout", 0.0, outage_budget=3600) is (
+        JobState.RETRYABLE
+    )
+    back = engine.job_get("k")
+    assert back is not None and back.attempt == 1 and len(back.errors) == 9
+    job = _claim_due(queue, engine, "k")  # the last attempt: an outage keeps it alive
+    assert engine.job_fail(job, "down", "connection_lost", 0.0, outage_budget=3600) is (
+        JobState.RETRYABLE
+    )
+
+
+def test_an_outage_past_its_budget_spends_attempts_again(queue: Queue, engine: Engine) -> None:
+    queue.enqueue("noop", {}, None, "k", max_attempts=2)
+    job = _claim_due(queue, engine, "k")
+    assert engine.job_fail(job, "full", "disk_full", 0.0, outage_budget=60) is JobState.RETRYABLE
+    execute(
+        engine, f"update expiry.jobs set outage_since = outage_since - {seconds(engine, '120')}"
+    )
+    job = _claim_due(queue, engine, "k")
+    assert engine.job_fail(job, "full", "disk_full", 0.0, outage_budget=60) is JobState.RETRYABLE
+    assert queue.get("k") is not None and queue.get("k").attempt == 1
+    job = _claim_due(queue, engine, "k")
+    assert engine.job_fail(job, "full", "disk_full", 0.0, outage_budget=60) is JobState.DEAD
+    # Without a budget (the HTTP API's nack), an outage's kind spends as any error.
+    queue.enqueue("noop", {}, None, "n", max_attempts=1)
+    job = _claim_due(queue, engine, "n")
+    assert engine.job_fail(job, "down", "connection_lost", 0.0) is JobState.DEAD
 
 
 # -- dead-letter review --------------------------------------------------------------

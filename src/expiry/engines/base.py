@@ -29,6 +29,7 @@ from typing import Any
 from ..defaults import MAX_PAYLOAD_BYTES
 from ..errors import (
     AlreadyApplied,
+    DatabaseUnavailable,
     LeaseLost,
     MigrationError,
     PayloadTooLarge,
@@ -72,6 +73,27 @@ from ..types import (
 )
 
 Row = dict[str, Any]
+
+SCHEMA_DRIFT_KINDS = frozenset({"undefined_table", "undefined_column"})
+"""Error kinds that say a table or column is missing: a policy's table renamed,
+dropped or altered under a running process. The policy is quarantined (its
+jobs wait, no attempt spent) rather than its jobs dead-lettered."""
+
+OUTAGE_KINDS = frozenset(
+    {
+        "connection_lost",
+        "admin_shutdown",
+        "crash_shutdown",
+        "cannot_connect_now",
+        "too_many_connections",
+        "read_only",
+        "disk_full",
+    }
+)
+"""Error kinds that say the database, not the job, is failing: down, restarting,
+failed over (read-only), full. A job they fail spends no attempt while the
+outage budget lasts (worker.py)."""
+
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
 
@@ -627,10 +649,19 @@ class Engine(abc.ABC):
         }
 
     def job_fail(
-        self, job: Job, error: str, kind: str, retry_delay: float | None
+        self,
+        job: Job,
+        error: str,
+        kind: str,
+        retry_delay: float | None,
+        *,
+        outage_budget: float | None = None,
     ) -> JobState | None:
-        """Record a failure. ``retry_delay`` None means permanent. Returns the new
-        state, or None when the caller no longer held the lease."""
+        """Record a failure. ``retry_delay`` None means permanent. A transient
+        failure of an OUTAGE_KINDS kind gives its attempt back while the outage
+        (its failures in a row) is younger than ``outage_budget`` seconds (None:
+        every failure spends one). Returns the new state, or None when the
+        caller no longer held the lease."""
         params = {
             "id": job.id,
             "token": job.lease_token,
@@ -638,6 +669,10 @@ class Engine(abc.ABC):
             "delay": retry_delay or 0.0,
             "error": error[:4000],
             "kind": kind,
+            "outage": retry_delay is not None
+            and outage_budget is not None
+            and kind in OUTAGE_KINDS,
+            "budget": outage_budget or 0.0,
         }
         row = self._one(None, "job_fail", params)
         return JobState(row["state"]) if row else None
@@ -1281,31 +1316,12 @@ class Engine(abc.ABC):
         self._one(conn, "idempotency_forget", {"api_key": api_key, "key": key})
 
 
-SCHEMA_DRIFT_KINDS = frozenset({"undefined_table", "undefined_column"})
-"""Error kinds that say a table or column is missing: a policy's table renamed,
-dropped or altered under a running process. The policy is quarantined (its
-jobs wait, no attempt spent) rather than its jobs dead-lettered."""
-
-OUTAGE_KINDS = frozenset(
-    {
-        "connection_lost",
-        "admin_shutdown",
-        "crash_shutdown",
-        "cannot_connect_now",
-        "too_many_connections",
-        "read_only",
-        "disk_full",
-    }
-)
-"""Error kinds that say the database, not the job, is failing: down, restarting,
-failed over (read-only), full. A job they fail spends no attempt while the
-outage budget lasts (worker.py)."""
-
-
 def classify_exception(exc: BaseException) -> tuple[bool, str] | None:
     """Errors every engine classifies the same way: (transient, kind)."""
     if isinstance(exc, PermanentError):
         return False, type(exc).__name__
     if isinstance(exc, TransientError):
         return True, type(exc).__name__
+    if isinstance(exc, DatabaseUnavailable):
+        return True, "connection_lost"
     return None
