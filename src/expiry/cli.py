@@ -60,6 +60,7 @@ from .config import check_listen, config_path
 from .demo import run_demo
 from .durations import parse_duration
 from .errors import ConfigError, ExpiryError, MigrationError, SchemaError
+from .queue import policy_queue
 from .times import format_time, parse_time
 
 if TYPE_CHECKING:
@@ -244,14 +245,21 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def idle_exit(app: App, queues: Sequence[str]) -> int:
     """`worker --until-idle` stops when nothing is due; it exits 3, not 0, when
-    jobs still wait for a retry, so that a cron line notices the work is not done."""
+    jobs still wait for a retry, or a policy's jobs wait snoozed (a run waiting
+    for an earlier one, a quarantined policy), so that a cron line notices the
+    work is not done."""
     by_state = app.queue.stats().by_state
-    waiting = sum(by_state.get(q, {}).get("retryable", 0) for q in queues)
-    if waiting:
+    retrying = sum(by_state.get(q, {}).get("retryable", 0) for q in queues)
+    snoozed = sum(
+        by_state.get(q, {}).get("scheduled", 0) for q in queues if q.startswith(policy_queue(""))
+    )
+    if retrying or snoozed:
         logger.warning(
-            "idle, but %d jobs wait for a retry: exit 3 (run the worker again later, "
-            "or without --until-idle)",
-            waiting,
+            "idle, but %d jobs wait for a retry and %d of the policies' jobs are snoozed: "
+            "exit 3 (run the worker again later, or without --until-idle; `expiry status` "
+            "says why they wait)",
+            retrying,
+            snoozed,
         )
         return 3
     return 0
