@@ -175,6 +175,12 @@ class Engine(abc.ABC):
     queries: dict[str, str]
     migrations: list[tuple[int, str]]
 
+    window_timeouts: frozenset[str] = frozenset({"statement_timeout", "lock_timeout"})
+    """The kinds of error (``classify``) that say a window's delete ran out of
+    time: past the policy's statement_timeout, or waiting past its
+    lock_timeout for a row that live traffic holds. A window whose attempts
+    end in one is retried smaller, down to one row (cleanup.py)."""
+
     concurrent_writers: bool = True
     """Two connections can write at once. A worker claims its next batch while
     it runs one only where they can: on SQLite (one writer at a time) that
