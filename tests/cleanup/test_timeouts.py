@@ -231,9 +231,7 @@ def test_a_window_that_times_out_at_its_last_attempt_is_split_not_dead(
 def test_time_windows_shrink_by_rows_around_a_held_row(pg_db: Db, apps: Apps) -> None:
     db = pg_db
     doomed = seed(db)
-    app = apps(
-        db.url, {"where": None, "window": ROWS, "windows": "time", "lock_timeout": "100ms"}
-    )
+    app = apps(db.url, {"where": None, "window": ROWS, "windows": "time", "lock_timeout": "100ms"})
     assert app.cleanup is not None
     with row_held(db, HELD):
         opened = app.cleanup.open_run(POLICY)
