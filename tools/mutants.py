@@ -64,6 +64,7 @@ LEDGER_INSERT_LAX = (
     "        on conflict on constraint ledger_pkey do nothing;\n"
 )
 ORACLE = "tests/cleanup/test_oracle.py"
+TIMEOUTS = "tests/cleanup/test_timeouts.py"
 
 
 @dataclass(frozen=True)
@@ -440,6 +441,29 @@ MUTANTS = [
             f"{OUTAGE}::test_a_full_disk_fails_a_window_many_times_and_spends_no_attempt[mysql]",
         ),
         "a full disk or a restart spends a window's attempts: a long outage dead-letters it",
+    ),
+    Mutant(
+        "timeout-no-shrink",
+        "src/expiry/cleanup.py",
+        "rows = max(1, -(-n // 2 ** min(halvings, 62)))",
+        "rows = max(1, n)",
+        (
+            f"{TIMEOUTS}::test_a_window_behind_a_held_row_shrinks_until_only_that_row_is_kept"
+            "[postgres]",
+        ),
+        "a window retried after a timeout tries its whole span again: it shrinks only by the "
+        "split at each job's last attempt, max_attempts timeouts a halving",
+    ),
+    Mutant(
+        "timeout-last-attempt-dies",
+        "src/expiry/cleanup.py",
+        "if not alone and job.attempt < job.max_attempts:",
+        "if not alone:",
+        (
+            f"{TIMEOUTS}::test_a_window_that_times_out_at_its_last_attempt_is_split_not_dead"
+            "[postgres-1]",
+        ),
+        "a window that times out at its last attempt is dead-lettered, its run never finishes",
     ),
 ]
 

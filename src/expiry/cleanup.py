@@ -6,10 +6,13 @@
     batch     ── after a worker's claimed batch: finish the runs with nothing pending
 
 A window job may apply only part of its range when the previous transactions
-of its policy ran long: it then enqueues the rest as a continuation job keyed
-by its new lower bound, in the same transaction. Every ledger row therefore
-covers a disjoint key range of its run, and a redelivered job finds its ledger
-row and does nothing.
+of its policy ran long, or when its own last attempts timed out (half of its
+candidates after one timeout, a quarter after two, down to one row): it then
+enqueues the rest as a continuation job keyed by its new lower bound, in the
+same transaction. Every ledger row therefore covers a disjoint key range of
+its run, and a redelivered job finds its ledger row and does nothing. A row
+that still times out alone, or a window at its last attempt, is never left to
+die: the row is kept and booked as blocked, the window split (_blocked).
 
 Overlap: a run whose policy still has pending jobs from an earlier run waits
 (its planning job snoozes) until they finish; the later cutoff then covers
@@ -88,6 +91,9 @@ class WindowResult:
 
     policy: str
     taken: int | None
+    timed_out: bool = False
+    """Its delete timed out and the window was split, or its row kept, instead
+    (the policy's keys per transaction were halved then)."""
 
     @property
     def rows(self) -> int:
@@ -114,6 +120,17 @@ class PlanPreview:
     partitions: list[dict[str, Any]] = field(default_factory=list)
     """Whole partitions a run would drop or detach now, with their row estimates
     (their rows are counted among the candidates and windows too)."""
+
+
+@dataclass(frozen=True)
+class _Part:
+    """The part of a window job's span that this attempt takes, the rest that
+    it queues as a continuation (None: all of it), and the candidates the part
+    held when it was cut (None: not counted)."""
+
+    span: Span
+    rest: Span | None = None
+    rows: int | None = None
 
 
 @dataclass
@@ -681,10 +698,12 @@ class Cleanup:
     def apply_window(self, job: Job, tx: Any) -> WindowResult:
         """Delete or archive, booked in the ledger with its rows, and complete the
         job: on PostgreSQL one statement, its own transaction (the worker's
-        statement mode). A window cut short by pacing enqueues its rest in the
-        same transaction, opened for the two. The ledger row is the window's
-        record (range, rows, worker, time); only a duplicate delivery is audited.
-        A window a foreign key refuses is split (_blocked)."""
+        statement mode). A window cut short by pacing, or after its attempts
+        timed out (_paced), enqueues its rest in the same transaction, opened
+        for the two. The ledger row is the window's record (range, rows, worker,
+        time); only a duplicate delivery is audited. A window a foreign key
+        refuses is split (_blocked); so is one that times out at its last
+        chance (_timed_out)."""
         with self._drift(job.payload["policy"]):
             return self._apply_window(job, tx)
 
@@ -693,42 +712,117 @@ class Cleanup:
         policy, target = self.policy(p["policy"]), self.target(p["policy"], tx)
         cutoff, storage, span = parse_time(p["cutoff"]), _storage(p, target), Span.of(p)
         try:
-            now, rest = self._paced(target, span, cutoff, tx, storage)
-            with self.engine.atomic(tx) if rest is not None else nullcontext():
-                taken = target.apply(
-                    tx,
-                    cutoff,
-                    now,
-                    key=job.key,
-                    run_id=p["run_id"],
-                    worker=job.lease_owner,
-                    job=job,  # completed in the same statement (PostgreSQL) or transaction
-                    storage=storage,
+            halvings = self._halvings(job)
+            part = self._paced(target, span, cutoff, tx, storage, halvings)
+            try:
+                taken = self._take(job, tx, part, cutoff, storage)
+            except Exception as exc:
+                reason = self._timed_out(job, part, halvings, exc)
+                if reason is None:
+                    raise  # not a timeout, or one a later, smaller attempt may pass
+                return self._blocked(
+                    job, tx, part.span, cutoff, storage, reason, rest=part.rest, timed_out=True
                 )
-                # The delivery that booked the window's first part enqueues the rest.
-                if rest is not None and taken is not None:
-                    self.engine.job_insert_many([_span_job(policy, p, rest, rest.job_key)], tx)
         except ForeignKeyBlocked as exc:
-            return self._blocked(job, tx, span, cutoff, storage, exc)
+            return self._blocked(job, tx, span, cutoff, storage, str(exc).splitlines()[0])
         except SchemaError as exc:
             raise PermanentError(str(exc)) from exc
         return WindowResult(policy.name, taken)
 
+    def _take(
+        self, job: Job, tx: Any, part: _Part, cutoff: datetime, storage: Storage
+    ) -> int | None:
+        """Apply ``part`` of the window under the job's key, completing the job,
+        and queue its rest: the rows taken, or None for a duplicate delivery."""
+        p = job.payload
+        policy, target = self.policy(p["policy"]), self.target(p["policy"], tx)
+        with self.engine.atomic(tx) if part.rest is not None else nullcontext():
+            taken = target.apply(
+                tx,
+                cutoff,
+                part.span,
+                key=job.key,
+                run_id=p["run_id"],
+                worker=job.lease_owner,
+                job=job,  # completed in the same statement (PostgreSQL) or transaction
+                storage=storage,
+            )
+            # The delivery that booked the window's first part enqueues the rest.
+            if part.rest is not None and taken is not None:
+                self.engine.job_insert_many(
+                    [_span_job(policy, p, part.rest, part.rest.job_key)], tx
+                )
+        return taken
+
+    def _halvings(self, job: Job) -> int:
+        """How many of the window's last attempts, one after another, ended in a
+        timeout of its statement (statement_timeout, lock_timeout: the engine's
+        window_timeouts)."""
+        count = 0
+        for error in reversed(job.errors):
+            if error.get("kind") not in self.engine.window_timeouts:
+                break
+            count += 1
+        return count
+
+    def _timed_out(self, job: Job, part: _Part, halvings: int, exc: Exception) -> str | None:
+        """After the window's delete failed with ``exc``: None to let the worker
+        retry it (any other error; a timeout that the next, smaller attempt may
+        pass), else why its rows are to be split or kept now, in the database's
+        words: the part was one row already, or this was the job's last
+        attempt. A timeout also halves the policy's keys per transaction, so
+        the following windows start smaller."""
+        kind = self.engine.classify(exc)[1]
+        if kind not in self.engine.window_timeouts:
+            return None
+        policy = self.policy(job.payload["policy"])
+        pace = self._pace(policy)
+        with pace.lock:
+            pace.chunk = max(MIN_CHUNK, min(pace.chunk, policy.window) // 2)
+        alone = halvings > 0 and part.rows is not None and part.rows <= 1
+        if not alone and job.attempt < job.max_attempts:
+            return None
+        limit = policy.lock_timeout if kind == "lock_timeout" else policy.statement_timeout
+        return f"{_database_words(exc)} ({kind} {format_duration(limit)})"
+
     def _paced(
-        self, target: Target, span: Span, cutoff: datetime, tx: Any, storage: Storage
-    ) -> tuple[Span, Span | None]:
-        """The part of ``span`` this transaction takes, and the rest (None: all),
-        by the policy's current keys (or rows) per transaction."""
+        self,
+        target: Target,
+        span: Span,
+        cutoff: datetime,
+        tx: Any,
+        storage: Storage,
+        halvings: int = 0,
+    ) -> _Part:
+        """The part of ``span`` this transaction takes, and the rest: by the
+        policy's current keys (or rows) per transaction; after ``halvings``
+        timeouts of the window in a row, the first 1/2**halvings of its
+        candidates (at least one)."""
+        if halvings:
+            return self._shrunk(target, span, cutoff, tx, storage, halvings)
         chunk = self._pace(target.policy).chunk
         if chunk >= target.policy.window:
-            return span, None
+            return _Part(span)
         if span.strategy == KEY:
             upto = min(span.hi, span.lo + chunk)
-            return (span, None) if upto >= span.hi else span.split(upto)
+            return _Part(span) if upto >= span.hi else _Part(*span.split(upto))
         middle = target.nth(tx, cutoff, span, chunk - 1, storage)
         if middle is None or middle == span.hi:
-            return span, None
-        return span.split(middle)
+            return _Part(span)
+        return _Part(*span.split(middle))
+
+    @staticmethod
+    def _shrunk(
+        target: Target, span: Span, cutoff: datetime, tx: Any, storage: Storage, halvings: int
+    ) -> _Part:
+        """The first 1/2**halvings of ``span``'s candidates (rounded up), and the rest."""
+        n = target.count_span(tx, cutoff, span, storage)
+        rows = max(1, -(-n // 2 ** min(halvings, 62)))
+        upto = target.nth(tx, cutoff, span, rows - 1, storage) if rows < n else None
+        if upto is None or upto == span.hi:
+            return _Part(span, None, n)
+        part, rest = span.split(upto)
+        return _Part(part, rest, rows)
 
     def _blocked(
         self,
@@ -737,56 +831,86 @@ class Cleanup:
         span: Span,
         cutoff: datetime,
         storage: Storage,
-        exc: ForeignKeyBlocked,
+        reason: str,
+        *,
+        rest: Span | None = None,
+        timed_out: bool = False,
     ) -> WindowResult:
-        """A foreign key refused the window's delete, which took nothing. Its
-        good rows are not thrown away: the window is split in two halves of its
-        candidates, queued in the same transaction as its booking and its
-        job's completion, until a referenced row stands alone; that row is then
-        kept and booked as blocked, with the reason."""
-        p = job.payload
-        policy, target, engine = self.policy(p["policy"]), self.target(p["policy"]), self.engine
-        reason = str(exc).splitlines()[0]
+        """A foreign key refused the window's delete, or it timed out one last
+        time (_timed_out); nothing was taken. Its good rows are not thrown
+        away: ``span`` is split in two halves of its candidates, queued (with
+        ``rest``, a paced window's continuation) in the same transaction as its
+        booking and its job's completion, each with attempts of its own, until
+        the row at fault stands alone; that row is then kept and booked as
+        blocked, with the reason (a later run tries it again)."""
+        p, engine = job.payload, self.engine
+        policy, target = self.policy(p["policy"]), self.target(p["policy"])
         with engine.atomic(tx):
             n = target.count_span(tx, cutoff, span, storage)
             middle = target.nth(tx, cutoff, span, (n + 1) // 2 - 1, storage) if n > 1 else None
             halves = span.split(middle) if middle is not None and middle != span.hi else None
-            common = {"policy": policy.name, "run_id": p["run_id"], "worker": job.lease_owner}
             if halves is not None:
-                booked = engine.ledger_insert(
-                    tx, job.key, action="split", bounds=span.describe(), **common
-                )
-                if booked and engine.run_add_windows(p["run_id"], 1, done=False, conn=tx):
-                    jobs = [_span_job(policy, p, half, half.part_key) for half in halves]
-                    engine.job_insert_many(jobs, tx)
+                booked = self._book_split(job, tx, span, halves)
             else:
-                row = target.nth(tx, cutoff, span, 0, storage) if n else None
-                if span.strategy == KEY:
-                    shown = f"{policy.key} {row}"
-                elif span.strategy == BLOCKS and row is not None:
-                    shown = f"row at {address(row)}"
-                else:
-                    shown = f"row at {row}"
-                booked = engine.ledger_insert(
-                    tx,
-                    job.key,
-                    action=policy.action,
-                    bounds=span.describe(),
-                    blocked=f"{shown}: {reason}",
-                    **common,
-                )
+                booked = self._book_kept(job, tx, span, cutoff, storage, reason if n else None)
+            if booked and rest is not None:
+                engine.job_insert_many([_span_job(policy, p, rest, rest.job_key)], tx)
             engine.job_complete(job, tx)
-        log.warning(
-            "window split around a referenced row" if halves else "referenced row kept",
-            extra={
-                "policy": policy.name,
-                "run": p["run_id"],
-                "job": job.key,
-                "attempt": job.attempt,
-                "reason": reason,
-            },
+        _log_blocked(job, reason, split=halves is not None, timed_out=timed_out)
+        return WindowResult(policy.name, 0 if booked else None, timed_out)
+
+    def _book_split(self, job: Job, tx: Any, span: Span, halves: tuple[Span, Span]) -> bool:
+        """Book the window as split and queue its halves (unless its run was
+        cancelled); False when its key was booked before."""
+        p, engine = job.payload, self.engine
+        policy = self.policy(p["policy"])
+        booked = engine.ledger_insert(
+            tx,
+            job.key,
+            policy=policy.name,
+            run_id=p["run_id"],
+            worker=job.lease_owner,
+            action="split",
+            bounds=span.describe(),
         )
-        return WindowResult(policy.name, 0 if booked else None)
+        if booked and engine.run_add_windows(p["run_id"], 1, done=False, conn=tx):
+            jobs = [_span_job(policy, p, half, half.part_key) for half in halves]
+            engine.job_insert_many(jobs, tx)
+        return booked
+
+    def _book_kept(
+        self,
+        job: Job,
+        tx: Any,
+        span: Span,
+        cutoff: datetime,
+        storage: Storage,
+        reason: str | None,
+    ) -> bool:
+        """Book the window, whose one candidate is kept (``reason`` None: it holds
+        none now), with nothing taken; False when its key was booked before."""
+        p = job.payload
+        policy, target = self.policy(p["policy"]), self.target(p["policy"])
+        blocked = None
+        if reason is not None:
+            row = target.nth(tx, cutoff, span, 0, storage)
+            if span.strategy == KEY:
+                shown = f"{policy.key} {row}"
+            elif span.strategy == BLOCKS and row is not None:
+                shown = f"row at {address(row)}"
+            else:
+                shown = f"row at {row}"
+            blocked = f"{shown}: {reason}"
+        return self.engine.ledger_insert(
+            tx,
+            job.key,
+            policy=policy.name,
+            run_id=p["run_id"],
+            worker=job.lease_owner,
+            action=policy.action,
+            bounds=span.describe(),
+            blocked=blocked,
+        )
 
     # -- the partition job ----------------------------------------------------------
 
@@ -887,7 +1011,9 @@ class Cleanup:
             self.observer(policy.name, seconds)
         pace = self._pace(policy)
         with pace.lock:
-            if result.rows and seconds > policy.target_transaction * 1.5:
+            if result.timed_out:
+                pass  # halved when it timed out (_timed_out): its time says nothing more
+            elif result.rows and seconds > policy.target_transaction * 1.5:
                 pace.chunk = max(MIN_CHUNK, pace.chunk // 2)
             elif seconds < policy.target_transaction / 2:
                 pace.chunk = min(policy.window, pace.chunk * 2)
@@ -902,9 +1028,11 @@ class Cleanup:
                 )
                 pace.not_before = max(pace.not_before, pace.rate_until)
         log.info(
-            "window applied"
-            if not result.duplicate
-            else "window already applied: duplicate skipped",
+            "window already applied: duplicate skipped"
+            if result.duplicate
+            else "window booked after a timeout"
+            if result.timed_out
+            else "window applied",
             extra={
                 "policy": policy.name,
                 "run": job.payload["run_id"],
@@ -1074,6 +1202,33 @@ def _storage(payload: dict[str, Any], target: Target) -> Storage:
     runs carried it use the storage of the process's check)."""
     token = payload.get("storage")
     return Storage.from_token(token) if token else target.storage
+
+
+def _database_words(exc: BaseException) -> str:
+    """An error's message as the database wrote it: its first line (PyMySQL's
+    errors carry (errno, message) as their arguments)."""
+    args = exc.args
+    if len(args) == 2 and isinstance(args[0], int) and isinstance(args[1], str):
+        return args[1]
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def _log_blocked(job: Job, reason: str, *, split: bool, timed_out: bool) -> None:
+    """One line for a window split or a row kept, by a foreign key or a timeout."""
+    if timed_out:
+        message = "window timed out: split" if split else "window timed out on one row: row kept"
+    else:
+        message = "window split around a referenced row" if split else "referenced row kept"
+    log.warning(
+        message,
+        extra={
+            "policy": job.payload["policy"],
+            "run": job.payload["run_id"],
+            "job": job.key,
+            "attempt": job.attempt,
+            "reason": reason,
+        },
+    )
 
 
 def handlers(cleanup: Callable[[], Cleanup]) -> list[Handler]:

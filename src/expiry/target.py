@@ -26,7 +26,7 @@ from .config import Policy
 from .engines.base import Engine
 from .errors import SchemaError
 from .timestamps import UTC_ZONES, Storage, instant, numeric_format
-from .types import Column, Index, Job, Partition, Relation, WindowApply
+from .types import Column, Index, Job, Partition, Reference, Relation, WindowApply
 from .windows import (
     BLOCKS,
     BLOCKS_CORRELATION,
@@ -761,7 +761,8 @@ class Target:
     def _references(self, conn: Any, warnings: list[str]) -> list[str]:
         """Tables whose foreign keys reference this one: RESTRICT and NO ACTION
         ones are warnings with the where that avoids them; CASCADE and SET
-        NULL ones are notes."""
+        NULL ones are notes, and warnings too when no index of the referencing
+        table leads with its columns (_unindexed)."""
         p, notes = self.policy, []
         for ref in self.engine.table_references(conn, p.table):
             cols, refd = ", ".join(ref.columns), ", ".join(ref.referenced)
@@ -777,13 +778,29 @@ class Target:
                     f'skip such rows: where = "not exists (select 1 from {ref.table} r where '
                     f'{match})")'
                 )
-            elif ref.on_delete == "cascade":
+                continue
+            if not ref.indexed:
+                warnings.append(self._unindexed(ref, named))
+            if ref.on_delete == "cascade":
                 notes.append(f"{named}: its rows that reference a deleted row are deleted too")
             else:
                 notes.append(
                     f"{named}: its references to a deleted row are set to {ref.on_delete[4:]}"
                 )
         return notes
+
+    def _unindexed(self, ref: Reference, named: str) -> str:
+        """The warning for a CASCADE, SET NULL or SET DEFAULT reference that no
+        index serves: each row a window deletes makes the database scan the
+        referencing table for its references, so a window's delete runs long
+        (a timeout then halves the window down to one row, cleanup.py)."""
+        create = self.engine.index_statement(ref.table, ref.columns)
+        return (
+            f"policy {self.policy.name!r}: {named}, and no index of {ref.table} leads with "
+            f"({', '.join(ref.columns)}): every row a window deletes scans {ref.table} "
+            f"for its references, so windows run long and may hit statement_timeout "
+            f"(fix: {create})"
+        )
 
     def _check_relation(self, conn: Any, table: str, field: str) -> Relation:
         """The table exists, is one expiry may delete from (or insert into), and is

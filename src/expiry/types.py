@@ -444,6 +444,10 @@ class Reference:
     """The policy table's columns they reference."""
     on_delete: str
     """"cascade", "set null", "set default", "restrict" or "no action"."""
+    indexed: bool = True
+    """Some index of the referencing table leads with the referencing columns
+    (in any order): the database finds a deleted row's references by it.
+    Without one, every row a window deletes scans the referencing table."""
 
 
 @dataclass(frozen=True)

@@ -5,13 +5,14 @@ timestamp column without an index is a warning."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from expiry.app import App
 from expiry.errors import SchemaError
 
-from .support import Db, doomed, run_worker, standard_rows
+from .support import Db, cli, doomed, run_worker, standard_rows, write_config
 
 Apps = Callable[..., App]
 
@@ -151,6 +152,54 @@ def test_timestamp_without_index_is_a_warning(db: Db, apps: Apps) -> None:
     assert "no index leads with timestamp column 'expires_at'" in warnings[0]
     assert "create index on sessions (expires_at)" in warnings[0]
     db.execute("create index sessions_expires_at on sessions (expires_at)")
+    assert app.cleanup.check() == []
+
+
+def test_an_unindexed_cascade_or_set_null_reference_is_a_warning_with_its_index(
+    db: Db, apps: Apps, tmp_path: Path
+) -> None:
+    """A child table whose ON DELETE CASCADE (or SET NULL) reference no index
+    serves makes every deleted row scan it: `expiry check` says so, with the
+    CREATE INDEX to copy, quoted; once that index exists the warning goes. InnoDB
+    indexes every foreign key itself (and will not drop that index), so on
+    MariaDB the warning never fires."""
+    db.create_sessions()
+    db.execute(
+        f"create table {db.quote('order')} (id integer primary key, session_id bigint"
+        " references sessions (id) on delete cascade)"
+    )
+    db.execute(
+        "create table visits (id integer primary key, session_id bigint"
+        " references sessions (id) on delete set null)"
+    )
+    app = apps(db.url)
+    assert app.cleanup is not None
+    warnings = app.cleanup.check()
+    if db.dialect == "mysql":
+        assert warnings == []
+        return
+    q = db.quote
+    concurrently = " concurrently" if db.dialect == "postgres" else ""
+    order_index = (
+        f"create index{concurrently} {q('order_session_id_idx')} on {q('order')} "
+        f"({q('session_id')})"
+    )
+    assert len(warnings) == 2, warnings
+    cascade, set_null = sorted(warnings)
+    assert cascade.startswith(
+        "policy 'expired-sessions': order (session_id) references sessions (id) on delete "
+        "cascade, and no index of order leads with (session_id): every row a window "
+        "deletes scans order"
+    ), cascade
+    assert cascade.endswith(f"(fix: {order_index})"), cascade
+    assert "visits (session_id) references sessions (id) on delete set null" in set_null
+    config = write_config(tmp_path / "expiry.toml", db.url)
+    shown = cli("--config", str(config), "check", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert order_index in " ".join(shown.stdout.split())  # folded to the terminal's width
+
+    db.execute(order_index)  # as the warning writes it
+    db.execute(set_null.rsplit("(fix: ", 1)[1].removesuffix(")"))
     assert app.cleanup.check() == []
 
 

@@ -273,11 +273,54 @@ def test_table_references_lists_foreign_keys_with_their_on_delete(engine: Engine
         none = engine.table_references(conn, "orders")
     # MySQL's default for a foreign key is RESTRICT; PostgreSQL's and SQLite's NO ACTION.
     default = "restrict" if engine.dialect == "mysql" else "no action"
+    innodb = engine.dialect == "mysql"  # InnoDB indexes every foreign key itself
     assert found == [
-        Reference("orders", ("sid",), ("id",), default),
-        Reference("visits", ("sid",), ("id",), "cascade"),
+        Reference("orders", ("sid",), ("id",), default, indexed=innodb),
+        Reference("visits", ("sid",), ("id",), "cascade", indexed=innodb),
     ]
     assert none == []
+
+
+def test_table_references_say_whether_an_index_leads_with_their_columns(engine: Engine) -> None:
+    """A reference is indexed when some index of the referencing table leads
+    with its columns, in any order; an index where they follow another column,
+    or (PostgreSQL, SQLite) a partial one, does not count. On SQLite an INTEGER
+    PRIMARY KEY is the table's own index. InnoDB indexes every foreign key."""
+    execute(engine, "create table pairs (a bigint, b bigint, primary key (a, b))")
+    refs = {
+        "plain": "sid bigint references pairs_one (id) on delete cascade",
+        "led": "x bigint, y bigint, foreign key (x, y) references pairs (a, b) on delete set null",
+        "behind": "z bigint, sid bigint references pairs_one (id) on delete cascade",
+        "part": "sid bigint references pairs_one (id) on delete cascade",
+    }
+    execute(engine, "create table pairs_one (id bigint primary key)")
+    for name, columns in refs.items():
+        execute(engine, f"create table {name} (id bigint primary key, {columns})")
+    execute(engine, "create index led_yx on led (y, x, id)")
+    execute(engine, "create index behind_z_sid on behind (z, sid)")
+    if engine.dialect != "mysql":
+        execute(engine, "create index part_sid on part (sid) where sid > 0")
+    if engine.dialect == "sqlite":
+        execute(engine, "create table own (id integer primary key references pairs_one (id))")
+    with engine.transaction() as conn:
+        found = {r.table: r.indexed for r in engine.table_references(conn, "pairs_one")}
+        found |= {r.table: r.indexed for r in engine.table_references(conn, "pairs")}
+    innodb = engine.dialect == "mysql"
+    expected = {"plain": innodb, "led": True, "behind": innodb, "part": innodb}
+    if engine.dialect == "sqlite":
+        expected["own"] = True
+    assert found == expected
+    statement = engine.index_statement("plain", ("sid",))
+    quoted = "`" if engine.dialect == "mysql" else '"'
+    concurrently = " concurrently" if engine.dialect == "postgres" else ""
+    assert statement == (
+        f"create index{concurrently} {quoted}plain_sid_idx{quoted} on {quoted}plain{quoted}"
+        f" ({quoted}sid{quoted})"
+    )
+    execute(engine, statement.replace(" concurrently", ""))  # it runs as written
+    with engine.transaction() as conn:
+        [plain] = [r for r in engine.table_references(conn, "pairs_one") if r.table == "plain"]
+    assert plain.indexed
 
 
 def test_table_partitions_with_their_ranges_and_partition_remove(engine: Engine) -> None:

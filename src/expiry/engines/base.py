@@ -168,6 +168,23 @@ def enqueue_results(jobs: Sequence[NewJob], inserted: set[str]) -> list[EnqueueR
     return results
 
 
+MAX_INDEX_NAME = 60
+"""index_statement's names are cut to this (PostgreSQL truncates past 63
+bytes, MySQL refuses past 64 characters)."""
+
+
+def index_leads(indexes: Sequence[Index], columns: Sequence[str]) -> bool:
+    """Some index of ``indexes`` leads with ``columns``, in any order (a lookup
+    by all of them can seek it). Column names compared without case (SQLite's
+    and MySQL's are case-insensitive)."""
+    wanted = {c.lower() for c in columns}
+    return any(
+        len(index.columns) >= len(wanted)
+        and {c.lower() for c in index.columns[: len(wanted)]} == wanted
+        for index in indexes
+    )
+
+
 def ledger_params(key: str, **fields: Any) -> dict[str, Any]:
     """The ledger_insert query's parameters: ``key`` and whichever fields are known."""
     named = ("policy", "run_id", "lo", "hi", "bounds", "blocked", "action", "worker")
@@ -181,6 +198,12 @@ class Engine(abc.ABC):
     url: str
     queries: dict[str, str]
     migrations: list[tuple[int, str]]
+
+    window_timeouts: frozenset[str] = frozenset({"statement_timeout", "lock_timeout"})
+    """The kinds of error (``classify``) that say a window's delete ran out of
+    time: past the policy's statement_timeout, or waiting past its
+    lock_timeout for a row that live traffic holds. A window whose attempts
+    end in one is retried smaller, down to one row (cleanup.py)."""
 
     concurrent_writers: bool = True
     """Two connections can write at once. A worker claims its next batch while
@@ -470,7 +493,17 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def table_references(self, conn: Any, table: str) -> list[Reference]:
-        """The foreign keys of other tables (or of ``table`` itself) that reference ``table``."""
+        """The foreign keys of other tables (or of ``table`` itself) that reference
+        ``table``, each with whether an index of the referencing table leads
+        with its columns."""
+
+    def index_statement(self, table: str, columns: Sequence[str]) -> str:
+        """The CREATE INDEX that lets the database find the rows of ``table``
+        by ``columns`` (a foreign key's), identifiers quoted, to copy and run."""
+        name = re.sub(r"\W", "_", "_".join([table.split(".")[-1], *columns, "idx"]))
+        name = name[:MAX_INDEX_NAME]
+        listed = ", ".join(self.quote(c) for c in columns)
+        return f"create index {self.quote(name)} on {self.quote(table)} ({listed})"
 
     @abc.abstractmethod
     def table_partitions(self, conn: Any, table: str) -> list[Partition]:

@@ -34,7 +34,7 @@ from ...types import (
     VacuumStats,
     WindowApply,
 )
-from ..base import Engine
+from ..base import Engine, index_leads
 
 _COLUMNS = """
 select c.column_name as name, c.column_type as type,
@@ -181,15 +181,22 @@ class MySQLTables(Engine):
         for row in conn.execute(_REFERENCES, _split(table)).fetchall():
             groups.setdefault((row["schema"], row["name"], row["constraint_name"]), []).append(row)
         current = conn.execute("select database() as db").fetchone()["db"]
-        return [
-            Reference(
-                table=name if schema == current else f"{schema}.{name}",
-                columns=tuple(r["column_name"] for r in rows),
-                referenced=tuple(r["referenced"] for r in rows),
-                on_delete=str(rows[0]["on_delete"]).lower(),
+        found = []
+        for (schema, name, _), rows in groups.items():
+            table = name if schema == current else f"{schema}.{name}"
+            columns = tuple(r["column_name"] for r in rows)
+            found.append(
+                Reference(
+                    table=table,
+                    columns=columns,
+                    referenced=tuple(r["referenced"] for r in rows),
+                    on_delete=str(rows[0]["on_delete"]).lower(),
+                    # InnoDB creates an index for a foreign key that has none (and
+                    # refuses to drop it): always true there, read all the same.
+                    indexed=index_leads(self.table_indexes(conn, table), columns),
+                )
             )
-            for (schema, name, _), rows in groups.items()
-        ]
+        return found
 
     def table_partitions(self, conn: Any, table: str) -> list[Partition]:
         return []  # partitions are cleaned by windows like any table (no drop yet)

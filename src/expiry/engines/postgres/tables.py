@@ -11,6 +11,7 @@ statement mode) the call is its own transaction: one round trip.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -80,6 +81,9 @@ where i.indrelid = to_regclass(%s) and i.indpred is null
 order by ic.relname
 """
 
+# Foreign keys to a table; ``indexed``: a valid, non-partial index of the
+# referencing table leads with the key's columns, in any order (the
+# referential action's lookup of a deleted row's references can seek it).
 _REFERENCES = """
 select n.nspname as schema, r.relname as name, c.confdeltype as action,
        array(select a.attname from unnest(c.conkey) with ordinality as k(attnum, i)
@@ -87,7 +91,12 @@ select n.nspname as schema, r.relname as name, c.confdeltype as action,
              order by k.i) as columns,
        array(select a.attname from unnest(c.confkey) with ordinality as k(attnum, i)
              join pg_attribute a on a.attrelid = c.confrelid and a.attnum = k.attnum
-             order by k.i) as referenced
+             order by k.i) as referenced,
+       exists (select 1 from pg_index i
+               where i.indrelid = c.conrelid and i.indpred is null and i.indisvalid
+                 and i.indnkeyatts >= cardinality(c.conkey)
+                 and (i.indkey::int2[])[0:cardinality(c.conkey) - 1] @> c.conkey
+                 and c.conkey @> (i.indkey::int2[])[0:cardinality(c.conkey) - 1]) as indexed
 from pg_constraint c
 join pg_class r on r.oid = c.conrelid join pg_namespace n on n.oid = r.relnamespace
 where c.contype = 'f' and c.confrelid = to_regclass(%s) and c.conparentid = 0
@@ -294,9 +303,18 @@ class PostgresTables(Engine):
                 columns=tuple(row["columns"]),
                 referenced=tuple(row["referenced"]),
                 on_delete=_ON_DELETE.get(row["action"], row["action"]),
+                indexed=bool(row["indexed"]),
             )
             for row in rows
         ]
+
+    def index_statement(self, table: str, columns: Sequence[str]) -> str:
+        # Concurrently: a plain CREATE INDEX blocks the table's writes while it builds.
+        return (
+            super()
+            .index_statement(table, columns)
+            .replace("create index", "create index concurrently", 1)
+        )
 
     def table_partitions(self, conn: Any, table: str) -> list[Partition]:
         rows = conn.execute(_PARTITIONS, {"table": self.quote(table)}).fetchall()

@@ -29,7 +29,7 @@ from ...types import (
     VacuumStats,
     WindowApply,
 )
-from ..base import Engine
+from ..base import Engine, index_leads
 
 
 def quote(identifier: str) -> str:
@@ -162,15 +162,25 @@ class SQLiteTables(Engine):
             for parts in keys.values():
                 parts.sort(key=lambda fk: fk["seq"])
                 referenced = [fk["to"] for fk in parts]
+                columns = tuple(fk["from"] for fk in parts)
                 found.append(
                     Reference(
                         table=other["name"],
-                        columns=tuple(fk["from"] for fk in parts),
+                        columns=columns,
                         referenced=tuple(primary if None in referenced else referenced),
                         on_delete=parts[0]["on_delete"].lower(),
+                        indexed=self._indexed(conn, other["name"], columns),
                     )
                 )
         return found
+
+    def _indexed(self, conn: Any, table: str, columns: tuple[str, ...]) -> bool:
+        """An index of ``table`` leads with ``columns``, or they are its rowid
+        (an INTEGER PRIMARY KEY, which no index lists: the table is its index)."""
+        rowid = _rowid(conn, table)
+        if len(columns) == 1 and rowid is not None and columns[0].lower() == rowid.lower():
+            return True
+        return index_leads(self.table_indexes(conn, table), columns)
 
     def table_partitions(self, conn: Any, table: str) -> list[Partition]:
         return []  # SQLite has no partitions

@@ -1,0 +1,262 @@
+"""A window whose delete times out is retried smaller, never at the same size
+until it dies: each attempt after a timeout takes the first half of what the
+last one tried (the rest queued as a continuation with attempts of its own),
+down to one row; that row, still timing out alone, is kept and booked as
+blocked with the database's words, and the run finishes. A window at its last
+attempt is split instead of dead-lettered.
+
+On PostgreSQL and MariaDB, with real timeouts: a row held by another
+connection's SELECT ... FOR UPDATE past lock_timeout, and a row whose delete
+(a trigger that sleeps, as a cascade to a big unindexed child would) outlasts
+statement_timeout. SQLite has neither: its "database is locked" is the one
+writer's lock on the whole database, met at BEGIN IMMEDIATE before a window's
+first statement, which no smaller window would avoid (engine.window_timeouts).
+
+The oracle is plain SQL: every expired row but the held one is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+import pytest
+
+from expiry.app import App
+from expiry.cleanup import MIN_CHUNK
+
+from .support import Db, MySQLConn
+
+Apps = Callable[..., App]
+POLICY = "expired-sessions"
+ROWS = 64
+HELD = 37
+"""The row that cannot be deleted: held by a lock, or slow to delete."""
+WORDS = {
+    ("postgres", "lock_timeout"): "canceling statement due to lock timeout",
+    ("mysql", "lock_timeout"): "Lock wait timeout exceeded",
+    ("postgres", "statement_timeout"): "canceling statement due to statement timeout",
+    ("mysql", "statement_timeout"): "Query execution was interrupted (max_statement_time exceeded)",
+}
+
+
+@pytest.fixture(params=["postgres", "mysql"])
+def server_db(request: pytest.FixtureRequest) -> Iterator[Db]:
+    """A test database on each engine that has statement and lock timeouts."""
+    url = request.getfixturevalue("pg_url" if request.param == "postgres" else "mysql_url")
+    db = Db(url)
+    yield db
+    db.close()
+
+
+def seed(db: Db, ids: range = range(1, ROWS + 1)) -> set[int]:
+    """``ids``, all expired an hour ago: the ids a run must delete."""
+    db.create_sessions()
+    db.insert_sessions([(i, -3600.0, False) for i in ids])
+    return set(ids)
+
+
+@contextmanager
+def row_held(db: Db, row: int) -> Iterator[None]:
+    """Another connection holds ``row``'s lock (SELECT ... FOR UPDATE, its
+    transaction open) for the block."""
+    if db.dialect == "postgres":
+        with psycopg.connect(db.url) as conn:
+            conn.execute("select id from sessions where id = %s for update", (row,))
+            yield
+            conn.rollback()
+        return
+    other = MySQLConn(db.url)
+    try:
+        other.execute("begin")
+        other.execute("select id from sessions where id = %s for update", (row,)).fetchall()
+        yield
+        other.execute("rollback")
+    finally:
+        other.close()
+
+
+def make_row_slow(db: Db, row: int) -> None:
+    """Deleting ``row`` takes a second, as a row with a big unindexed child
+    under ON DELETE CASCADE would: every other row deletes at once."""
+    if db.dialect == "postgres":
+        db.execute(
+            "create function slow_delete() returns trigger language plpgsql as $$"
+            f" begin if old.id = {row} then perform pg_sleep(1); end if; return old; end $$"
+        )
+        db.execute(
+            "create trigger slow_delete before delete on sessions"
+            " for each row execute function slow_delete()"
+        )
+    else:
+        db.execute(
+            "create trigger slow_delete before delete on sessions for each row"
+            f" begin if old.id = {row} then do sleep(1); end if; end"
+        )
+
+
+def drive(app: App, db: Db, run_id: str, rounds: int = 80) -> None:
+    """Run a worker until it is idle, make the retries due at once (their
+    backoff skipped), and again, until the run finished or nothing waits."""
+    for _ in range(rounds):
+        app.worker(until_idle=True, concurrency=1, poll=0.05, rescue_every=0.2).run()
+        if db.run_state(run_id) == "finished":
+            return
+        waiting = db.execute(
+            "update expiry.jobs set run_at = {now} where state in ('retryable', 'scheduled')"
+        )
+        if not waiting:
+            return
+
+
+def timeouts(db: Db) -> list[str]:
+    """The kind of every failed attempt of the windows, in job order."""
+    kinds: list[str] = []
+    for (errors,) in db.rows("select errors from expiry.jobs order by id"):
+        listed: list[dict[str, Any]] = errors if isinstance(errors, list) else json.loads(errors)
+        kinds += [e["kind"] for e in listed]
+    return kinds
+
+
+def assert_only_the_held_row_remains(
+    db: Db,
+    app: App,
+    run_id: str,
+    doomed: set[int],
+    kind: str,
+    max_attempts: int,
+    kept: set[int] = frozenset({HELD}),
+) -> None:
+    """The oracle, plain SQL on the table: of the rows seeded expired, only
+    ``kept`` are left, each in a one-key window booked as blocked with the
+    database's words; every job completed within its attempts; the run finished."""
+    assert db.ids() == doomed & kept
+    jobs = db.jobs(run_id=run_id)
+    assert {j["state"] for j in jobs} == {"completed"}, [(j["key"], j["state"]) for j in jobs]
+    assert max(j["attempt"] for j in jobs) <= max_attempts
+    assert db.run_state(run_id) == "finished"
+    blocked = db.rows(
+        "select bounds, blocked from expiry.ledger where blocked is not null order by bounds"
+    )
+    assert [bounds for bounds, _ in blocked] == [f"keys ({k - 1}, {k}]" for k in sorted(kept)]
+    for (_, text), k in zip(blocked, sorted(kept), strict=True):
+        assert text.startswith(f"id {k}: {WORDS[db.dialect, kind]}"), text
+        assert f"({kind} " in text, text
+    summary = app.runs.summary(run_id)
+    assert summary is not None
+    taken = len(doomed) - len(kept)
+    assert (summary["rows_affected"], summary["rows_blocked"]) == (taken, len(kept))
+    assert set(timeouts(db)) <= {kind}
+
+
+def test_a_window_behind_a_held_row_shrinks_until_only_that_row_is_kept(
+    server_db: Db, apps: Apps
+) -> None:
+    """Each attempt after a lock timeout takes half of what the last one
+    tried; the rest of the window is deleted, the held row booked as blocked
+    with the database's words, and the run finishes, no job dead-lettered. A
+    redelivered window then changes nothing."""
+    db = server_db
+    # InnoDB counts lock waits in whole seconds: fewer rows there, fewer waits.
+    mariadb = db.dialect == "mysql"
+    doomed = seed(db, range(HELD - 12, HELD + 4) if mariadb else range(1, ROWS + 1))
+    lock_timeout = "1s" if mariadb else "100ms"
+    app = apps(db.url, {"where": None, "window": ROWS, "lock_timeout": lock_timeout})
+    assert app.cleanup is not None
+    # InnoDB's range scan (MariaDB) also locks the first row past a window's
+    # range: the one-key window of the row just below the held one waits on
+    # it too, and that row is kept as well.
+    kept = {HELD - 1, HELD} if mariadb else {HELD}
+    with row_held(db, HELD):
+        opened = app.cleanup.open_run(POLICY)
+        drive(app, db, opened.run_id)
+        assert_only_the_held_row_remains(db, app, opened.run_id, doomed, "lock_timeout", 8, kept)
+        # Halving: n rows isolate one in about 2 log2(n) timeouts, never max_attempts
+        # of them at one size.
+        print(f"{len(timeouts(db))} timeouts to isolate the held row among {len(doomed)}")
+        assert len(timeouts(db)) <= 3 * math.log2(len(doomed)) + 2, timeouts(db)
+
+    ledger = db.rows("select key, rows_affected, blocked from expiry.ledger order by key")
+    for (key,) in db.rows("select key from expiry.jobs where handler = 'expiry.window'"):
+        db.redeliver(key)
+    drive(app, db, opened.run_id)
+    assert db.ids() == kept  # the lock is gone, but this run booked the row: a later run's
+    assert db.rows("select key, rows_affected, blocked from expiry.ledger order by key") == ledger
+
+
+def test_a_row_slower_than_statement_timeout_is_kept_and_the_rest_deleted(
+    server_db: Db, apps: Apps
+) -> None:
+    db = server_db
+    doomed = seed(db)
+    make_row_slow(db, HELD)
+    app = apps(db.url, {"where": None, "window": ROWS, "statement_timeout": "200ms"})
+    assert app.cleanup is not None
+    opened = app.cleanup.open_run(POLICY)
+    drive(app, db, opened.run_id)
+    assert_only_the_held_row_remains(db, app, opened.run_id, doomed, "statement_timeout", 8)
+
+
+@pytest.mark.parametrize("max_attempts", [1, 2])
+def test_a_window_that_times_out_at_its_last_attempt_is_split_not_dead(
+    server_db: Db, apps: Apps, max_attempts: int
+) -> None:
+    """max_attempts bounds each job, not the window: a timeout at a job's last
+    attempt splits what it tried into two jobs with attempts of their own."""
+    db = server_db
+    doomed = seed(db)
+    make_row_slow(db, HELD)
+    app = apps(
+        db.url,
+        {
+            "where": None,
+            "window": ROWS,
+            "statement_timeout": "200ms",
+            "max_attempts": max_attempts,
+        },
+    )
+    assert app.cleanup is not None
+    opened = app.cleanup.open_run(POLICY)
+    drive(app, db, opened.run_id)
+    assert_only_the_held_row_remains(
+        db, app, opened.run_id, doomed, "statement_timeout", max_attempts
+    )
+    assert db.scalar("select count(*) from expiry.ledger where action = 'split'") >= 1
+
+
+def test_time_windows_shrink_by_rows_around_a_held_row(pg_db: Db, apps: Apps) -> None:
+    db = pg_db
+    doomed = seed(db)
+    app = apps(db.url, {"where": None, "window": ROWS, "windows": "time", "lock_timeout": "100ms"})
+    assert app.cleanup is not None
+    with row_held(db, HELD):
+        opened = app.cleanup.open_run(POLICY)
+        drive(app, db, opened.run_id)
+    assert db.ids() == doomed & {HELD}
+    assert db.run_state(opened.run_id) == "finished"
+    [(blocked,)] = db.rows("select blocked from expiry.ledger where blocked is not null")
+    assert blocked.startswith("row at (") and WORDS["postgres", "lock_timeout"] in blocked
+
+
+def test_a_timeout_halves_the_policys_keys_per_transaction(pg_db: Db, apps: Apps) -> None:
+    """The following windows start smaller: a timeout halves the policy's keys
+    per transaction (never under MIN_CHUNK), as a slow window does."""
+    db = pg_db
+    db.create_sessions()
+    db.insert_sessions([(i, -3600.0, False) for i in range(1, 801)])
+    app = apps(db.url, {"where": None, "window": 800, "lock_timeout": "100ms"})
+    assert app.cleanup is not None
+    pace = app.cleanup._pace(app.cleanup.policy(POLICY))
+    with row_held(db, 5):
+        opened = app.cleanup.open_run(POLICY)
+        app.worker(until_idle=True, concurrency=1, poll=0.05).run()  # one timeout, then a retry
+        assert [j["kind"] for j in db.windows(opened.run_id)] == ["lock_timeout"]
+        assert pace.chunk == 400
+        db.execute("update expiry.jobs set run_at = {now} where state = 'retryable'")
+        app.worker(until_idle=True, concurrency=1, poll=0.05).run()
+        assert pace.chunk == 200
+    assert pace.chunk >= MIN_CHUNK
