@@ -95,3 +95,11 @@ ACK_DELAY_SECONDS = 0.1
 """A batched acknowledgement (``batched_ack=True``) commits at most this long
 after the first job of its batch finished, or sooner once a claim's worth of
 jobs (``claim_batch``) wait for it: pgqueuer's figure."""
+
+STOP_GRACE_SECONDS = 30.0
+"""After a SIGTERM or SIGINT, a worker, scheduler or server that has not
+finished its work in hand within this long exits at once (as does a second
+signal): a window commits whole or not at all and its lease returns it to the
+queue, so waiting longer only delays a deploy. Kubernetes' default
+terminationGracePeriodSeconds is 30 s: keep ``--stop-grace`` below the time
+your supervisor gives before its SIGKILL, so that the exit is expiry's, logged."""
