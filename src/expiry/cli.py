@@ -69,10 +69,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("expiry.cli")
 
-SERVE_JOIN_SECONDS = 10.0
-"""`expiry serve` waits this long for each of its scheduler and worker threads
-once the server has stopped (the grace period bounds the whole stop anyway)."""
-
 Command = Callable[[argparse.Namespace], int]
 Arguments = Callable[[argparse.ArgumentParser], None]
 
@@ -302,7 +298,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         scheduler.stopping.set()
         worker.stop()
         for thread in threads:
-            thread.join(SERVE_JOIN_SECONDS)
+            thread.join(args.stop_grace)  # the grace period ends a stop anyway
     if not server.should_exit:  # not stopped: it failed (uvicorn logged why)
         raise ExpiryError("the HTTP server stopped by itself: see the log above")
     return 0
