@@ -60,6 +60,7 @@ LEDGER_INSERT_LAX = (
     "        on conflict on constraint ledger_pkey do nothing;\n"
 )
 ORACLE = "tests/cleanup/test_oracle.py"
+SIGNALS = "tests/cli/test_signals.py"
 
 
 @dataclass(frozen=True)
@@ -387,6 +388,22 @@ MUTANTS = [
             f"{TIMESTAMPS}::test_the_sample_check_stops_a_run_whose_predicate_takes_live_rows[sqlite]",
         ),
         "the run's sample check reads the candidates but never stops the run",
+    ),
+    Mutant(
+        "second-signal-ignored",
+        "src/expiry/signals.py",
+        '            self._exit(f"{name} while stopping", signum)\n',
+        "            return\n",
+        (f"{SIGNALS}::test_a_second_sigterm_exits_at_once[worker]",),
+        "a second SIGTERM is ignored: a worker stuck on a lock outlives its operator's patience",
+    ),
+    Mutant(
+        "stop-grace-unbounded",
+        "src/expiry/signals.py",
+        "        if self.stopping_since is None:\n            return None\n",
+        "        if True:\n            return None\n",
+        (f"{SIGNALS}::test_a_stop_that_outlasts_the_grace_exits_at_once[scheduler]",),
+        "the grace period never ends: a stop stuck on a lock waits for it for ever",
     ),
 ]
 
