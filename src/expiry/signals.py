@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 from . import defaults
 
@@ -107,8 +107,9 @@ class Listener:
             os.write(self._write, bytes([CLOSE]))
         for thread in self._threads:
             thread.join(JOIN_SECONDS)
-        os.close(self._read)
-        os.close(self._write)
+        if not any(thread.is_alive() for thread in self._threads):  # else left open
+            os.close(self._read)
+            os.close(self._write)
 
     def _note(self, signum: int, frame: FrameType | None) -> None:
         # In the main thread, between two bytecodes: an assignment and nothing
@@ -173,7 +174,7 @@ class Listener:
         for stop in stops:
             _call(stop, "stop")
 
-    def _exit(self, why: str, signum: int) -> None:
+    def _exit(self, why: str, signum: int) -> NoReturn:
         """Exit now, without waiting for any thread: a job in hand either commits
         whole or not at all, and its lease returns it to the queue."""
         words = threading.Thread(

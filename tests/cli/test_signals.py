@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from cleanup.support import (
     wait_for,
     write_config,
 )
-from expiry import defaults
+from expiry import defaults, signals
 from expiry.app import App
 
 POLICY = "expired-sessions"
@@ -336,3 +337,28 @@ def test_a_second_sigterm_exits_at_once(
     assert code == TERM_EXIT, proc.err
     assert seconds < 2, seconds
     assert "SIGTERM while stopping: exiting now (code 143)" in proc.err
+
+
+# -- the Listener in this process ---------------------------------------------------
+
+
+def test_listening_hands_each_signal_to_a_thread_and_puts_the_handlers_back() -> None:
+    """SIGHUP reaches the reload callback on the Listener's reload thread, not
+    the main thread; a stop reaches a service that registers after it; on
+    leaving, the handlers and the wakeup fd are the ones found."""
+    before = {sig: signal.getsignal(sig) for sig in (*signals.STOPS, signals.RELOAD)}
+    reloaded: list[str] = []
+    stopped = threading.Event()
+    with signals.listening(grace=60) as listener:
+        assert listener is not None
+        assert signal.getsignal(signal.SIGTERM) == listener._note  # or SIGTERM ends pytest
+        with signals.listening(reload=lambda: reloaded.append(threading.current_thread().name)):
+            os.kill(os.getpid(), signal.SIGHUP)
+            wait_for(lambda: reloaded, 5, "the reload")
+        os.kill(os.getpid(), signal.SIGTERM)
+        wait_for(lambda: listener.stopping_since is not None, 5, "the stop")
+        with signals.listening(stop=stopped.set):
+            assert stopped.is_set(), "a service that came after the stop never heard of it"
+    assert reloaded == ["reload"]
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+    assert signal.set_wakeup_fd(-1) == -1
