@@ -159,7 +159,7 @@ def test_two_sigterms_microseconds_apart_stop_every_worker_within_the_grace(
     assert not hung, f"{len(hung)} of 50 workers still ran after the grace period: {hung[0][2]}"
     assert {code for code, _, _ in outcomes} <= {0, TERM_EXIT}, outcomes
     slowest = max(seconds for _, seconds, _ in outcomes)
-    assert slowest < 5, f"the slowest worker took {slowest:.1f} s to exit"
+    assert slowest < 10, f"the slowest worker took {slowest:.1f} s to exit"
 
 
 # -- SIGHUP ------------------------------------------------------------------------
@@ -314,7 +314,7 @@ def test_a_stop_that_outlasts_the_grace_exits_at_once(
     code, seconds = proc.exit_within(10)
 
     assert code == TERM_EXIT, proc.err
-    assert 0.9 < seconds < 4, seconds
+    assert 0.9 < seconds < 5, seconds
     assert "still stopping 1 s after SIGTERM: exiting now (code 143)" in proc.err
 
 
