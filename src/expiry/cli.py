@@ -268,7 +268,7 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """The HTTP API, the scheduler and the workers, each in a thread of its
-    own; the main thread hears the signals (main), the three stop on the first
+    own; the main thread hears the signals (run_command), the three stop on the first
     SIGTERM or SIGINT, and the server's end (a signal's, or its failure) ends
     the other two. uvicorn runs off the main thread, so it installs no signal
     handlers of its own: a second signal exits at once, as in a worker."""
