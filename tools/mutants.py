@@ -65,6 +65,7 @@ LEDGER_INSERT_LAX = (
 )
 ORACLE = "tests/cleanup/test_oracle.py"
 TIMEOUTS = "tests/cleanup/test_timeouts.py"
+SIGNALS = "tests/cli/test_signals.py"
 
 
 @dataclass(frozen=True)
@@ -464,6 +465,22 @@ MUTANTS = [
             "[postgres-1]",
         ),
         "a window that times out at its last attempt is dead-lettered, its run never finishes",
+    ),
+    Mutant(
+        "second-signal-ignored",
+        "src/expiry/signals.py",
+        '            self._exit(f"{name} while stopping", signum)\n',
+        "            return\n",
+        (f"{SIGNALS}::test_a_second_sigterm_exits_at_once[worker]",),
+        "a second SIGTERM is ignored: a worker stuck on a lock outlives its operator's patience",
+    ),
+    Mutant(
+        "stop-grace-unbounded",
+        "src/expiry/signals.py",
+        "        if self.stopping_since is None:\n            return None\n",
+        "        if True:\n            return None\n",
+        (f"{SIGNALS}::test_a_stop_that_outlasts_the_grace_exits_at_once[scheduler]",),
+        "the grace period never ends: a stop stuck on a lock waits for it for ever",
     ),
 ]
 

@@ -117,15 +117,19 @@ class App:
         app.config_file = config_path(Path(path) if path else None)
         return app
 
-    def reload(self) -> None:
-        """Re-read the config file (SIGHUP); a bad file keeps the old config."""
+    def reload(self) -> bool:
+        """Re-read the config file (SIGHUP): the policies, their throttles and
+        the cron calls' limits ([database] and [worker] take a restart). A bad
+        or unreadable file keeps the old config. Whether it was reloaded."""
         if self.config_file is None:
-            return
+            log.warning("config reload: this App was not built from a config file")
+            return False
         try:
             config = load_config(self.config_file)
-        except ConfigError as exc:
+        except (ConfigError, OSError) as exc:
             log.error("config reload refused, keeping the old one: %s", exc)
-            return
+            return False
+        before = {p.name for p in self.config.policy} if self.config else set()
         self.config = config
         if self._cleanup is not None:
             self._cleanup.reload(config)
@@ -134,6 +138,22 @@ class App:
         if self._crons is not None:
             self._crons.allowed_hosts = list(config.http.allowed_hosts)
             self._crons.call_timeout = config.http.call_timeout
+        log.info("config reloaded from %s: %d policies", self.config_file, len(config.policy))
+        App._say_added(before, config)
+        return True
+
+    @staticmethod
+    def _say_added(before: set[str], config: Config) -> None:
+        """A policy new in the config has a queue that the workers built before
+        the reload do not work: say so, rather than let its windows wait unseen."""
+        for name in sorted({p.name for p in config.policy} - before):
+            log.warning(
+                "policy %s is new: workers started before this reload do not work its "
+                "queue (%s) until they restart",
+                name,
+                policy_queue(name),
+                extra={"policy": name},
+            )
 
     # -- the services, built on first use ------------------------------------------
 

@@ -17,7 +17,6 @@ import importlib
 import json
 import logging
 import os
-import signal
 import socket
 import sys
 import threading
@@ -26,7 +25,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import defaults, status
+from . import defaults, signals, status
 from . import log as logconfig
 from .app import App
 from .cleanup import Cleanup, PlanPreview
@@ -41,6 +40,7 @@ from .cli_args import (
     policy_args,
     runs_args,
     serve_args,
+    stop_args,
     trigger_args,
     worker_args,
 )
@@ -64,6 +64,8 @@ from .queue import policy_queue
 from .times import format_time, parse_time
 
 if TYPE_CHECKING:
+    import uvicorn
+
     from .queue import Queue
 
 logger = logging.getLogger("expiry.cli")
@@ -102,7 +104,7 @@ def commands() -> list[tuple[str, Command, str, Arguments]]:
         ("trigger", cmd_trigger, "start a run now (idempotent for the same cutoff)", trigger_args),
         ("plan", cmd_plan, "dry-run: cutoff, candidate rows and windows; mutates nothing", plan_args),
         ("status", cmd_status, "policies, watermarks, queue and DLQ at a glance", no_args),
-        ("scheduler", cmd_scheduler, "fire cron schedules only", no_args),
+        ("scheduler", cmd_scheduler, "fire cron schedules only", stop_args),
         ("serve", cmd_serve, "scheduler, workers and the HTTP API in one process", serve_args),
         ("pause", cmd_pause, "pause a policy's schedule", policy_args),
         ("resume", cmd_resume, "resume a policy's schedule", policy_args),
@@ -237,7 +239,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         ack_delay=settings.ack_delay if settings else defaults.ACK_DELAY_SECONDS,
         until_idle=args.until_idle,
     )
-    code = worker.run()
+    with signals.listening(reload=app.reload):
+        code = worker.run()
     if code == 0 and args.until_idle:
         return idle_exit(app, worker.queues)
     return code
@@ -272,8 +275,11 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """HTTP API in the main thread (uvicorn handles SIGTERM), scheduler and
-    workers in threads; when the server stops, they stop too."""
+    """The HTTP API, the scheduler and the workers, each in a thread of its
+    own; the main thread hears the signals (run_command), the three stop on the first
+    SIGTERM or SIGINT, and the server's end (a signal's, or its failure) ends
+    the other two. uvicorn runs off the main thread, so it installs no signal
+    handlers of its own: a second signal exits at once, as in a worker."""
     app = migrated(args, need_config=True)
     log_warnings(app)
     config = app.config
@@ -287,16 +293,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
         prune_after=config.worker.prune_after,
         ack_delay=config.worker.ack_delay,
     )
+    server = http_server(app, listen)
     threads = [threading.Thread(target=scheduler.run, name="scheduler", daemon=True)]
     if not args.no_workers:
         threads.append(threading.Thread(target=worker.run, name="worker", daemon=True))
-    for thread in threads:
-        thread.start()
-    serve_http(app, listen)
-    scheduler.stopping.set()
-    worker.stop()
-    for thread in threads:
-        thread.join(10)
+    with signals.listening(stop=lambda: setattr(server, "should_exit", True)):
+        serving = threading.Thread(target=server.run, name="http", daemon=True)
+        for thread in [serving, *threads]:
+            thread.start()
+        while serving.is_alive():
+            serving.join(0.2)
+        scheduler.stopping.set()
+        worker.stop()
+        for thread in threads:
+            thread.join(args.stop_grace)  # the grace period ends a stop anyway
+    if not server.should_exit:  # not stopped: it failed (uvicorn logged why)
+        raise ExpiryError("the HTTP server stopped by itself: see the log above")
     return 0
 
 
@@ -318,14 +330,16 @@ def checked_listen(listen: str) -> str:
     return listen
 
 
-def serve_http(app: App, listen: str) -> None:
-    """The HTTP API on ``listen`` (HOST:PORT) until SIGTERM or SIGINT."""
+def http_server(app: App, listen: str) -> uvicorn.Server:
+    """The HTTP API on ``listen`` (HOST:PORT); ``run()`` serves it until its
+    ``should_exit`` is set."""
     import uvicorn  # lazy: the HTTP stack (see the module docstring)
 
     from .http import create_app  # lazy: FastAPI
 
     host, _, port = listen.rpartition(":")
-    server = uvicorn.Server(
+    logger.info("serving on http://%s:%s", host, port)
+    return uvicorn.Server(
         uvicorn.Config(
             create_app(app),
             host=host,
@@ -335,18 +349,6 @@ def serve_http(app: App, listen: str) -> None:
             lifespan="off",
         )
     )
-    logger.info("serving on http://%s:%s", host, port)
-
-    # uvicorn handles SIGTERM/SIGINT while it serves, then re-raises the signal
-    # to the handler it found: without this one, the default, which kills the
-    # process (exit -15) before the scheduler and workers are stopped.
-    def on_stop(signum: int, frame: Any) -> None:
-        server.should_exit = True
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, on_stop)
-        signal.signal(signal.SIGINT, on_stop)
-    server.run()
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
@@ -613,8 +615,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logconfig.configure(args.log_format, args.log_level)
     try:
-        code: int = args.fn(args)
-        return code
+        return run_command(args)
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
@@ -622,6 +623,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         code = 2 if isinstance(exc, ConfigError | SchemaError | MigrationError) else 1
         report_error(args, exc, code)
+        return code
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """The command; a long-running one (with --stop-grace) hears SIGTERM,
+    SIGINT and SIGHUP from its start to its end (signals.py)."""
+    if getattr(args, "stop_grace", None) is None:
+        code: int = args.fn(args)
+        return code
+    with signals.listening(grace=args.stop_grace):
+        code = args.fn(args)
         return code
 
 

@@ -11,6 +11,9 @@ import os
 import sys
 from typing import NoReturn
 
+from . import defaults
+from .durations import parse_duration
+
 
 def env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(f"EXPIRY_{name}", default)
@@ -40,6 +43,14 @@ def whole(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} is negative")
     return value
+
+
+def duration(text: str) -> float:
+    """A duration with its unit ("30s", "2m") from an option or its EXPIRY_* variable."""
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
 
 
 def level(text: str) -> str:
@@ -131,6 +142,18 @@ def worker_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--until-idle", action="store_true", help="exit 0 once nothing is due or running"
     )
+    stop_args(parser)
+
+
+def stop_args(parser: argparse.ArgumentParser) -> None:
+    """The long-running commands: how long a stop may take (signals.py)."""
+    parser.add_argument(
+        "--stop-grace",
+        type=duration,
+        default=env("STOP_GRACE", f"{defaults.STOP_GRACE_SECONDS:g}s"),
+        help="after SIGTERM or SIGINT, exit at once if the work in hand is not done "
+        "within this long (a second signal exits at once) [EXPIRY_STOP_GRACE]",
+    )
 
 
 def trigger_args(parser: argparse.ArgumentParser) -> None:
@@ -165,6 +188,7 @@ def serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-workers", action="store_true", help="serve the API and scheduler only"
     )
+    stop_args(parser)
 
 
 def policy_args(parser: argparse.ArgumentParser) -> None:

@@ -115,3 +115,11 @@ Past it, each failure spends an attempt again, as any transient error does."""
 OUTAGE_RETRY_CAP_SECONDS = 60.0
 """A job an outage failed retries at least once a minute: it resumes within a
 minute of the database, not up to BACKOFF_CAP_SECONDS later."""
+
+STOP_GRACE_SECONDS = 30.0
+"""After a SIGTERM or SIGINT, a worker, scheduler or server that has not
+finished its work in hand within this long exits at once (as does a second
+signal): a window commits whole or not at all and its lease returns it to the
+queue, so waiting longer only delays a deploy. Kubernetes' default
+terminationGracePeriodSeconds is 30 s: keep ``--stop-grace`` below the time
+your supervisor gives before its SIGKILL, so that the exit is expiry's, logged."""

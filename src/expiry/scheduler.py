@@ -32,14 +32,13 @@ config reloads (SIGHUP).
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from types import FrameType
 from typing import Any
 
+from . import signals
 from .cleanup import Cleanup
 from .config import Policy
 from .cron import choose, cron_fires, cron_next, fires_between, next_fire
@@ -68,11 +67,11 @@ class Scheduler:
         crons: Crons,
         *,
         clock: Callable[[], datetime] | None = None,
-        reload: Callable[[], None] | None = None,
+        reload: Callable[[], bool] | None = None,
     ) -> None:
         """``cleanup`` opens the policies' runs (None: no policies, cron targets
-        only); ``reload`` re-reads the config on SIGHUP; ``clock`` replaces the
-        database's (tests)."""
+        only); ``reload`` re-reads the config on SIGHUP (False: the file was
+        refused, the old config kept); ``clock`` replaces the database's (tests)."""
         self.engine = engine
         self.cleanup = cleanup
         self.crons = crons
@@ -269,19 +268,18 @@ class Scheduler:
     # -- the loop ------------------------------------------------------------------
 
     def run(self) -> int:
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self._on_stop)
-            signal.signal(signal.SIGINT, self._on_stop)
-            signal.signal(signal.SIGHUP, self._on_reload)
+        """Fire schedules until stopped: SIGTERM or SIGINT stop it, SIGHUP has
+        the loop reload the config (signals.py; from the main thread, or in a
+        process that listens already, as `expiry serve`)."""
+        with signals.listening(stop=self.stopping.set, reload=self.reload_requested.set):
+            return self._loop()
+
+    def _loop(self) -> int:
         log.info("scheduler started: %d scheduled policies", len(self.scheduled))
         failures = 0
         while not self.stopping.is_set():
-            if self.reload_requested.is_set():
-                self.reload_requested.clear()
-                if self.reload is not None:
-                    self.reload()
-                log.info("config reloaded: %d scheduled policies", len(self.scheduled))
             try:
+                self._reload()
                 self.tick()
                 self._sleep_until_next_fire()
                 failures = 0
@@ -293,8 +291,10 @@ class Scheduler:
         log.info("scheduler stopped")
         return 0
 
-    def _on_stop(self, signum: int, frame: FrameType | None) -> None:
-        self.stopping.set()
-
-    def _on_reload(self, signum: int, frame: FrameType | None) -> None:
-        self.reload_requested.set()
+    def _reload(self) -> None:
+        """Reload the config if asked (SIGHUP); a refused file keeps the old one."""
+        if not self.reload_requested.is_set():
+            return
+        self.reload_requested.clear()
+        if self.reload is not None and self.reload():
+            log.info("config reloaded: %d scheduled policies", len(self.scheduled))

@@ -6,7 +6,8 @@ their own (``pools``: cron calls), one heartbeat loop that extends the leases
 of every job this process holds, and one rescuer that returns other workers'
 expired claims to the queue (on its own connection on PostgreSQL). On SIGTERM or
 SIGINT the loops finish the job in hand and give back claimed jobs they had
-not started, without spending their attempts.
+not started, without spending their attempts; a second signal, or a stop that
+outlasts the grace period, exits at once (signals.py).
 
 With ``claim_ahead=True``, a loop whose claim came back full of short jobs
 claims the next batch while it runs this one (on a thread of its own, where
@@ -22,7 +23,6 @@ from __future__ import annotations
 import logging
 import os
 import random
-import signal
 import socket
 import threading
 import time
@@ -30,10 +30,9 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from types import FrameType
 from typing import Any
 
-from . import defaults, retry
+from . import defaults, retry, signals
 from .acks import AckBuffer
 from .engines import Engine
 from .engines.base import OUTAGE_KINDS
@@ -165,18 +164,13 @@ class Worker:
     # -- lifecycle -------------------------------------------------------------
 
     def run(self) -> int:
-        """Run until stopped (or idle with ``until_idle``). Returns an exit code."""
-        # The handlers are put back on return, so that a worker run inside a
-        # larger program (or a test run) leaves Ctrl-C working as before.
-        previous: dict[signal.Signals, Any] = {}
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                previous[sig] = signal.signal(sig, self._on_signal)
-        try:
+        """Run until stopped (or idle with ``until_idle``). Returns an exit code.
+        SIGTERM and SIGINT stop it (signals.py: from the main thread, or in a
+        process that listens already); the handlers are put back on return, so
+        that a worker run inside a larger program (or a test) leaves Ctrl-C
+        working as before."""
+        with signals.listening(stop=self.stop):
             return self._run_loops()
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
 
     def _run_loops(self) -> int:
         log.info("worker started", extra={"worker": self.name})
@@ -256,10 +250,7 @@ class Worker:
         return 1 if stalled else 0
 
     def stop(self) -> None:
-        self.stopping.set()
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        log.info("received %s; finishing the job in hand", signal.Signals(signum).name)
+        """Finish the jobs in hand and give back the claimed jobs not started."""
         self.stopping.set()
 
     # -- loops ------------------------------------------------------------------
