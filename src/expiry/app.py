@@ -102,6 +102,8 @@ class App:
         self._keys: Keys | None = None
         self._runs: Runs | None = None
         self._health: Health | None = None
+        self._workers: list[tuple[Worker, tuple[str, ...]]] = []
+        """The workers built here, with the queues each was asked for."""
         self._register_builtins()
 
     def _register_builtins(self) -> None:
@@ -139,21 +141,11 @@ class App:
             self._crons.allowed_hosts = list(config.http.allowed_hosts)
             self._crons.call_timeout = config.http.call_timeout
         log.info("config reloaded from %s: %d policies", self.config_file, len(config.policy))
-        App._say_added(before, config)
-        return True
-
-    @staticmethod
-    def _say_added(before: set[str], config: Config) -> None:
-        """A policy new in the config has a queue that the workers built before
-        the reload do not work: say so, rather than let its windows wait unseen."""
         for name in sorted({p.name for p in config.policy} - before):
-            log.warning(
-                "policy %s is new: workers started before this reload do not work its "
-                "queue (%s) until they restart",
-                name,
-                policy_queue(name),
-                extra={"policy": name},
-            )
+            log.info("policy %s is new: its queue is worked from now on", name)
+        for worker, asked in self._workers:
+            worker.set_queues(self.worked_queues(asked))
+        return True
 
     # -- the services, built on first use ------------------------------------------
 
@@ -278,12 +270,15 @@ class App:
         """A Worker over this App's queue and handlers (options: worker.Worker's;
         its queues are worked_queues(queues); cron calls get threads of their
         own, [worker] cron_threads)."""
-        options["queues"] = self.worked_queues(options.get("queues") or ())
+        asked = tuple(options.get("queues") or ())
+        options["queues"] = self.worked_queues(asked)
         threads = self.config.worker.cron_threads if self.config else defaults.CRON_THREADS
         options.setdefault("pools", {CRON_QUEUE: threads})
         if self.config is not None:
             options.setdefault("outage_budget", self.config.worker.outage_budget)
-        return Worker(self.engine, self.queue, self.handlers, self.hooks, **options)
+        worker = Worker(self.engine, self.queue, self.handlers, self.hooks, **options)
+        self._workers.append((worker, asked))  # a reload adds or drops its policies' queues
+        return worker
 
     def scheduler(self, **options: Any) -> Scheduler:
         """A Scheduler of this App's policies and cron targets (options: its clock)."""

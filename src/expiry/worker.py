@@ -196,10 +196,9 @@ class Worker:
                     target=self._monitor_loop, args=(delay,), name="health", daemon=True
                 )
             )
-        shared = tuple(q for q in self.queues if q not in self.pools)
         loops = [
-            threading.Thread(target=self._job_loop, args=(shared,), name=f"job-{i}", daemon=True)
-            for i in range(self.concurrency if shared else 0)
+            threading.Thread(target=self._job_loop, args=(None,), name=f"job-{i}", daemon=True)
+            for i in range(self.concurrency if self._shared() else 0)
         ]
         loops += [
             threading.Thread(target=self._job_loop, args=((q,),), name=f"{q}-{i}", daemon=True)
@@ -249,6 +248,15 @@ class Worker:
             )
         return 1 if stalled else 0
 
+    def set_queues(self, queues: tuple[str, ...]) -> None:
+        """Work ``queues`` from now on (a config reload added or dropped a
+        policy): the job loops read them at their next claim."""
+        self.queues = tuple(dict.fromkeys(queues))
+
+    def _shared(self) -> tuple[str, ...]:
+        """The queues the ``concurrency`` job loops share: all but the pools'."""
+        return tuple(q for q in self.queues if q not in self.pools)
+
     def stop(self) -> None:
         """Finish the jobs in hand and give back the claimed jobs not started."""
         self.stopping.set()
@@ -284,16 +292,18 @@ class Worker:
         open_queues = tuple(q for q in mine if gates.resting.get(q, 0.0) <= now)
         return open_queues, gates.limits, min(resting, default=None)
 
-    def _job_loop(self, mine: tuple[str, ...]) -> None:
+    def _job_loop(self, mine: tuple[str, ...] | None) -> None:
+        """A job loop over ``mine``, or (None) over the shared queues as they
+        are at each claim."""
         with ThreadPoolExecutor(1, thread_name_prefix=threading.current_thread().name) as ahead:
             self._loop(mine, ahead)
 
-    def _loop(self, mine: tuple[str, ...], ahead: ThreadPoolExecutor) -> None:
+    def _loop(self, mine: tuple[str, ...] | None, ahead: ThreadPoolExecutor) -> None:
         loop = _Loop()
         next_batch: Future[list[Job]] | None = None  # claimed ahead, while the last ran
         try:
             while not self.stopping.is_set():
-                queues, limits, opens_in = self._gates(mine)
+                queues, limits, opens_in = self._gates(self._shared() if mine is None else mine)
                 jobs = self._arrived(next_batch, queues) if next_batch is not None else []
                 next_batch = None
                 if not jobs:

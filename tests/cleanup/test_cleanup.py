@@ -34,6 +34,7 @@ from .support import (
     expiry_cmd,
     run_worker,
     standard_rows,
+    wait_for,
     write_config,
 )
 
@@ -652,3 +653,27 @@ def test_postgres_timestamp_types(
     assert pg_db.ids() == set(range(2, 101, 2))
     assert app.cleanup.watermark(POLICY) == 0
     assert_run_clean(pg_db, opened.run_id)
+
+
+def test_a_policy_added_by_a_reload_is_worked_by_the_running_worker(db: Db, tmp_path: Path) -> None:
+    """A config reload (SIGHUP) that adds a policy: the worker already running
+    claims the new policy's queue at once, no restart."""
+    db.create_sessions()
+    db.create_sessions("tokens")
+    db.insert_sessions(standard_rows(100), "tokens")
+    path = write_config(tmp_path / "expiry.toml", db.url)
+    app = App.from_config(path)
+    try:
+        worker = app.worker(poll=0.05)
+        thread = threading.Thread(target=worker.run, daemon=True)
+        thread.start()
+        write_config(path, db.url, {}, {"name": "tokens", "table": "tokens"})
+        assert app.reload()
+        assert app.cleanup is not None
+        opened = app.cleanup.open_run("tokens")
+        wait_for(lambda: db.run_state(opened.run_id) == "finished", 20, "the new policy's run")
+        assert db.ids("tokens") == set(range(1, 101)) - doomed(standard_rows(100))
+        worker.stop()
+        thread.join(10)
+    finally:
+        app.close()
