@@ -722,6 +722,6 @@ def test_worker_until_idle_exits_3_while_windows_wait_for_a_retry(
         traffic.execute("select id from sessions where id = 1 for update")
         worked = pg.run("worker", "--until-idle")
     assert worked.code == 3, worked
-    assert "jobs wait for a retry: exit 3" in worked.err
+    assert "1 jobs wait for a retry and 0 of the policies' jobs are snoozed: exit 3" in worked.err
     jobs = pg.table("jobs")
     assert pg.scalar(f"select count(*) from {jobs} where state = 'retryable'") >= 1

@@ -320,3 +320,27 @@ def test_run_open_oldest_gives_each_policys_oldest_open_run(engine: Engine) -> N
     oldest = engine.run_open_oldest()
     assert set(oldest) == {"p"}
     assert abs((oldest["p"] - old).total_seconds()) < 0.01 and is_utc(oldest["p"])
+
+
+def test_run_waits_groups_pending_jobs_by_state_and_reason(engine: Engine) -> None:
+    engine.run_insert("p:1", "p", CUTOFF, "trigger")
+    for key in ("p:1:0", "p:1:100", "p:1:200", "p:1:300"):
+        enqueue(engine, key, "p:1")
+    complete(engine, "p:1:done", "p:1")  # not pending
+    snoozed = claim(engine, "p:1:0")
+    assert engine.job_release(snoozed, 60, reason="waiting for run p:0")
+    failed = claim(engine, "p:1:100")
+    assert engine.job_fail(failed, "lock timed out", "lock_timeout", 30) is not None
+    claim(engine, "p:1:200")  # running
+
+    waits = {(w.state, w.reason): w for w in engine.run_waits("p:1")}
+    assert {k: w.n for k, w in waits.items()} == {
+        ("scheduled", "waiting for run p:0"): 1,
+        ("retryable", "lock_timeout"): 1,
+        ("running", None): 1,
+        ("available", None): 1,
+    }
+    retry = waits[("retryable", "lock_timeout")]
+    assert retry.error == "lock timed out" and is_utc(retry.since) and is_utc(retry.next_at)
+    assert retry.next_at > engine.now()
+    assert engine.run_waits("p:2") == []
