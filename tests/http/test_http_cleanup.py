@@ -119,3 +119,26 @@ def test_cancel_a_run_over_http(live: Live) -> None:
     assert_error(missing, 404, "not_found")
     bad = live.client.post("/v1/runs/cancel", json={})
     assert bad.status_code == 422
+
+
+def test_a_table_renamed_under_a_running_server_is_shown_broken_never_a_500(live: Live) -> None:
+    """The server read the policy (its table checked, its watermark known); the
+    table is renamed under it: /v1/policies and /metrics keep
+    answering, the policy shown quarantined with the database's words and its
+    watermark series kept; renamed back, it is read as before."""
+    live.db.insert_sessions(expired=20, live=5)
+    assert live.client.get("/v1/policies").status_code == 200  # checked and read once
+    live.db.execute("alter table sessions rename to sessions_moved")
+
+    listed = live.client.get("/v1/policies")
+    assert listed.status_code == 200, listed.text
+    [policy] = listed.json()
+    assert policy["broken"] and "sessions" in policy["broken"]
+    assert policy["watermark_seconds"] is not None  # the last reading, kept
+    samples = metrics(live)
+    assert samples[("expiry_policy_quarantined", (("policy", POLICY),))] == 1.0
+    assert ("expiry_watermark_seconds", (("policy", POLICY),)) in samples
+
+    live.db.execute("alter table sessions_moved rename to sessions")
+    [back] = live.client.get("/v1/policies").json()
+    assert back["broken"] is None and back["watermark_seconds"] >= 3500
