@@ -66,6 +66,7 @@ LEDGER_INSERT_LAX = (
 ORACLE = "tests/cleanup/test_oracle.py"
 TIMEOUTS = "tests/cleanup/test_timeouts.py"
 SIGNALS = "tests/cli/test_signals.py"
+READ_ONLY = "tests/cli/test_read_only.py"
 
 
 @dataclass(frozen=True)
@@ -483,6 +484,22 @@ MUTANTS = [
         "        if True:\n            return None\n",
         (f"{SIGNALS}::test_a_stop_that_outlasts_the_grace_exits_at_once[scheduler]",),
         "the grace period never ends: a stop stuck on a lock waits for it for ever",
+    ),
+    Mutant(
+        "check-migrates",
+        "src/expiry/cli.py",
+        "    app = reading(args, need_config=True)\n    cleanup = app.table_reader()\n",
+        "    app = migrated(args, need_config=True)\n    cleanup = app.table_reader()\n",
+        (f"{READ_ONLY}::test_reading_commands_create_nothing_on_a_never_migrated_postgres[owner]",),
+        "`expiry check` migrates again: a validation creates expiry's schema in the database",
+    ),
+    Mutant(
+        "read-only-sqlite-migrates",
+        "src/expiry/app.py",
+        '                if engine.dialect != "sqlite" or self.read_only:\n',
+        '                if engine.dialect != "sqlite":\n',
+        (f"{READ_ONLY}::test_reading_commands_create_nothing_in_an_application_sqlite_file",),
+        "a reading command migrates the application's SQLite file on first use",
     ),
 ]
 

@@ -79,15 +79,36 @@ def merge_gates(*gates: Gates) -> Gates:
     return Gates(resting, limits)
 
 
+def schema_error(current: int, latest: int) -> MigrationError:
+    """What to do about a database whose expiry schema is not there yet, or
+    older than this expiry."""
+    where = (
+        "expiry's own tables are not in this database yet"
+        if current == 0
+        else f"the database has expiry schema version {current} and this expiry needs {latest}"
+    )
+    return MigrationError(
+        f"{where}: run `expiry migrate` (or App.migrate()) first, as a role that may create tables"
+    )
+
+
 class App:
     """The wiring: one database, its queue, its handlers and (from a config) its
     policies. Services take their collaborators explicitly; the App builds them
     on first use and is the only module that knows them all."""
 
     def __init__(
-        self, url: str | None = None, *, config: Config | None = None, pool_size: int = 8
+        self,
+        url: str | None = None,
+        *,
+        config: Config | None = None,
+        pool_size: int = 8,
+        read_only: bool = False,
     ) -> None:
         self.config = config
+        self.read_only = read_only
+        """Only reads: never migrates (not even an SQLite file of its own), and
+        its SQLite file refuses writes. The CLI's reading commands open one."""
         self.url = url or (config.database.url if config is not None else None)
         if not self.url:
             raise ConfigError("no database url: set [database] url or EXPIRY_DATABASE_URL")
@@ -152,28 +173,41 @@ class App:
     @property
     def engine(self) -> Engine:
         """The database, its schema checked on first use: an embedded SQLite
-        file is migrated then and there (it is the application's own); a server
-        database behind this expiry raises MigrationError saying to run
-        `expiry migrate`, never a driver's "no such table"."""
+        file is migrated then and there (it is the application's own), unless
+        the App is read_only; otherwise a schema not there yet, or older than
+        this expiry, raises MigrationError saying to run `expiry migrate`,
+        never a driver's "no such table"."""
         if self._engine is None:
             engine = self._open()
-            current, latest = engine.schema_version(), engine.migrations[-1][0]
+            current, latest = self.schema_versions()
             if current != latest:
-                if engine.dialect == "sqlite" or current > latest:
-                    engine.migrate()  # newer than this expiry: migrate() says so
-                else:
-                    raise MigrationError(
-                        f"the database has expiry schema version {current} and this expiry "
-                        f"needs {latest}: run `expiry migrate` (or App.migrate()) first, as a "
-                        "role that may create tables"
-                    )
+                engine.check_schema_version(current)  # newer than this expiry: says so
+                if engine.dialect != "sqlite" or self.read_only:
+                    raise schema_error(current, latest)
+                engine.migrate()
             self._engine = engine
         return self._engine
+
+    def schema_versions(self) -> tuple[int, int]:
+        """(the database's expiry schema version, the one this expiry needs);
+        0 for a database expiry's tables are not in yet. Reads, creates nothing."""
+        engine = self._open()
+        return engine.schema_version(), engine.migrations[-1][0]
+
+    def schema_problem(self) -> MigrationError | None:
+        """Why expiry's own tables cannot be used as they are (not there yet,
+        older or newer than this expiry), or None. Reads, creates nothing."""
+        current, latest = self.schema_versions()
+        try:
+            self._open().check_schema_version(current)  # newer than this expiry
+        except MigrationError as exc:
+            return exc
+        return None if current == latest else schema_error(current, latest)
 
     def _open(self) -> Engine:
         if self._opened is None:
             assert self.url is not None
-            self._opened = open_engine(self.url, pool_size=self.pool_size)
+            self._opened = open_engine(self.url, pool_size=self.pool_size, read_only=self.read_only)
         return self._opened
 
     @property
@@ -191,6 +225,18 @@ class App:
             assert health is not None
             self._cleanup.observer = health.observe  # the throttle's running rate
         return self._cleanup
+
+    def table_reader(self) -> Cleanup:
+        """The policies over the database as it is, expiry's schema not checked:
+        for what reads the application's tables and the catalog alone (the
+        schema check, a dry run), which answers before `expiry migrate`. Runs,
+        windows and the queue need expiry's tables: those go through
+        ``cleanup``."""
+        if self.config is None:
+            raise ConfigError("no policies: this command needs a config file (--config PATH)")
+        if self._cleanup is not None:
+            return self._cleanup
+        return Cleanup(self._open(), self.config)
 
     def _need_cleanup(self) -> Cleanup:
         cleanup = self.cleanup
@@ -285,7 +331,10 @@ class App:
         return Scheduler(self.engine, self.cleanup, self.crons, reload=self.reload, **options)
 
     def migrate(self) -> list[int]:
-        """Create or upgrade expiry's own tables (nothing to do: nothing created)."""
+        """Create or upgrade expiry's own tables (nothing to do: nothing created).
+        A read_only App refuses: it creates nothing."""
+        if self.read_only:
+            raise MigrationError("this App only reads (read_only=True): it migrates nothing")
         applied = self._open().migrate()
         self._engine = self._open()
         return applied

@@ -265,7 +265,7 @@ class Cleanup:
         for policy in self.policies:
             target = Target(self.engine, policy)
             try:
-                with self.engine.transaction() as conn:
+                with self.engine.read_transaction() as conn:  # a check writes nothing
                     warnings += target.check(conn)
                     if target.fixed is None:  # the data decides: as a run would now
                         latest = self.engine.now(conn) - timedelta(seconds=policy.retain)
@@ -1071,12 +1071,11 @@ class Cleanup:
             return self._watermarks.get(name)
 
     def preview(self, name: str, cutoff: datetime | None = None, *, limit: int = 10) -> PlanPreview:
-        """Dry-run: what a run would do, by the same statements; mutates nothing."""
-        policy, target = self.policy(name), self.target(name)
-        engine = self.engine
-        with engine.transaction() as conn:
-            if engine.dialect == "postgres":
-                conn.execute("set transaction read only")
+        """Dry-run: what a run would do, by the same statements, the policy's
+        check included, in a transaction the database keeps from writing."""
+        policy, engine = self.policy(name), self.engine
+        with engine.read_transaction() as conn:
+            target = self.target(name, conn)
             if cutoff is None:
                 cutoff = engine.now(conn).replace(microsecond=0) - timedelta(seconds=policy.retain)
             target.storage = storage = target.detect(conn)  # as a run would read it now

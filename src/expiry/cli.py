@@ -6,8 +6,11 @@ also reads an EXPIRY_* environment variable (see --help).
 
 One ``cmd_*`` function per command, over the services (Cleanup, Runs, Queue,
 the App's worker and scheduler); what each command accepts is in cli_args.py,
-how it prints in cli_output.py. The HTTP stack (FastAPI, uvicorn) is imported
-inside `expiry serve` only: it is most of a command's start-up time otherwise.
+how it prints in cli_output.py. A command that only reads opens the App with
+``reading`` (read_only: it creates and alters nothing, not even an SQLite
+file); one that writes opens it with ``migrated``. The HTTP stack (FastAPI,
+uvicorn) is imported inside `expiry serve` only: it is most of a command's
+start-up time otherwise.
 """
 
 from __future__ import annotations
@@ -122,22 +125,34 @@ def commands() -> list[tuple[str, Command, str, Arguments]]:
 # -- opening the App --------------------------------------------------------------
 
 
-def open_app(args: argparse.Namespace, *, need_config: bool = False) -> App:
+def open_app(
+    args: argparse.Namespace, *, need_config: bool = False, read_only: bool = False
+) -> App:
     if args.database_url:
         os.environ["EXPIRY_DATABASE_URL"] = args.database_url
     path = config_path(Path(args.config) if args.config else None)
     if path.exists():
-        return App.from_config(path)
+        return App.from_config(path, read_only=read_only)
     if need_config or not args.database_url:
         raise ConfigError(f"no config file at {path}: pass --config PATH or set EXPIRY_CONFIG")
-    return App(args.database_url)
+    return App(args.database_url, read_only=read_only)
 
 
 def migrated(args: argparse.Namespace, *, need_config: bool = False) -> App:
-    """``open_app``, with expiry's own tables created or upgraded."""
+    """``open_app`` for a command that writes: expiry's own tables created or
+    upgraded first."""
     app = open_app(args, need_config=need_config)
     app.migrate()
     return app
+
+
+def reading(args: argparse.Namespace, *, need_config: bool = False) -> App:
+    """``open_app`` for a command that only reads (check, plan, trigger
+    --dry-run, status, runs, runs show, dlq list and show, keys list): it
+    creates and alters nothing, an SQLite file included; where expiry's own
+    tables are not there yet, reading them raises MigrationError (exit 2)
+    saying to run `expiry migrate`."""
+    return open_app(args, need_config=need_config, read_only=True)
 
 
 def load_app(spec: str) -> App:
@@ -203,7 +218,12 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    cleanup = cleanup_of(migrated(args, need_config=True))
+    """The policies against the application's tables and the catalog, which
+    needs none of expiry's own; then exit 2 when those are not there yet (or
+    not at this expiry's version), saying to run `expiry migrate`."""
+    app = reading(args, need_config=True)
+    cleanup = app.table_reader()
+    current, latest = app.schema_versions()
     warnings = cleanup.check()
     names = [p.name for p in cleanup.policies]
     timestamps = {
@@ -214,14 +234,18 @@ def cmd_check(args: argparse.Namespace) -> int:
     emit(
         args,
         {
-            "ok": True,
+            "ok": current == latest,
             "policies": names,
             "warnings": warnings,
             "timestamps": timestamps,
             "notes": notes,
+            "schema": {"version": current, "needs": latest},
         },
-        lambda: print_check(warnings, timestamps, notes, len(names)),
+        lambda: print_check(warnings, timestamps, notes, len(names), (current, latest)),
     )
+    problem = app.schema_problem()
+    if problem is not None:
+        raise problem
     return 0
 
 
@@ -352,10 +376,9 @@ def http_server(app: App, listen: str) -> uvicorn.Server:
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
-    app = open_app(args)
-    app.migrate()
     if args.action == "list":
-        return keys_list(args, app)
+        return keys_list(args, reading(args))
+    app = migrated(args)
     if not args.name:
         raise ConfigError(f"usage: expiry keys {args.action} NAME")
     if args.action == "create":
@@ -435,14 +458,14 @@ def set_paused(args: argparse.Namespace, paused: bool) -> int:
 
 
 def cmd_trigger(args: argparse.Namespace) -> int:
-    app = migrated(args, need_config=True)
-    cleanup = cleanup_of(app)
     cutoff = parse_cutoff(args.cutoff)
     timeout = parse_timeout(args.timeout)
     if timeout is not None and not args.wait:
         raise ConfigError("--timeout bounds --wait: add --wait, or drop --timeout")
     if args.dry_run:
-        return show_preview(args, cleanup.preview(args.policy, cutoff))
+        return dry_run(args, reading(args, need_config=True), cutoff)
+    app = migrated(args, need_config=True)
+    cleanup = cleanup_of(app)
     opened = cleanup.open_run(
         args.policy, cutoff, opened_by="cli", actor=args.actor, force=args.force
     )
@@ -486,8 +509,18 @@ def parse_timeout(text: str | None) -> float | None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    cleanup = cleanup_of(migrated(args, need_config=True))
-    return show_preview(args, cleanup.preview(args.policy, parse_cutoff(args.cutoff)))
+    return dry_run(args, reading(args, need_config=True), parse_cutoff(args.cutoff))
+
+
+def dry_run(args: argparse.Namespace, app: App, cutoff: datetime | None) -> int:
+    """`plan` and `trigger --dry-run`: the preview reads the policy's table
+    alone, so it answers before `expiry migrate` too, and says what is left
+    to do then."""
+    code = show_preview(args, app.table_reader().preview(args.policy, cutoff))
+    problem = app.schema_problem()
+    if problem is not None:
+        logger.warning("%s (a dry run reads none of them; a run needs them)", problem)
+    return code
 
 
 def show_preview(args: argparse.Namespace, preview: PlanPreview) -> int:
@@ -510,16 +543,16 @@ def show_preview(args: argparse.Namespace, preview: PlanPreview) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    app = migrated(args)
+    app = reading(args)
     data: dict[str, Any] = {"policies": status.policies(app), "queue": status.queue(app)}
     emit(args, data, lambda: print_status(data))
     return 0
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    runs = migrated(args).runs
-    if args.args[:1] in (["show"], ["cancel"]):
-        verb = args.args[0]
+    verb = args.args[0] if args.args[:1] in (["show"], ["cancel"]) else None
+    runs = (migrated(args) if verb == "cancel" else reading(args)).runs
+    if verb is not None:
         if len(args.args) != 2:
             raise ConfigError(f"usage: expiry runs {verb} RUN_ID")
         found = (
@@ -541,7 +574,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_dlq(args: argparse.Namespace) -> int:
-    queue = migrated(args).queue
+    queue = (reading(args) if args.action in ("list", "show") else migrated(args)).queue
     if args.action == "list":
         return dlq_list(args, queue)
     if args.action == "show":

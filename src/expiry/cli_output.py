@@ -127,14 +127,27 @@ def wait_with_progress(
 
 
 def print_check(
-    warnings: list[str], timestamps: dict[str, str], notes: dict[str, list[str]], policies: int
+    warnings: list[str],
+    timestamps: dict[str, str],
+    notes: dict[str, list[str]],
+    policies: int,
+    schema: tuple[int, int],
 ) -> None:
+    """The check's findings; its last line says whether all is ready, or that
+    the policies fit while expiry's schema (version, needed) is not."""
+    current, latest = schema
+    last = (
+        f"ok: {policies} policies"
+        if current == latest
+        else f"{policies} policies fit their tables; expiry's schema is at version "
+        f"{current}, this expiry needs {latest}"
+    )
     out.print(
         "\n".join(
             [f"warning: {w}" for w in warnings]
             + [f"policy {name}: {text}" for name, text in timestamps.items()]
             + [f"policy {name}: {text}" for name, texts in notes.items() for text in texts]
-            + [f"ok: {policies} policies"]
+            + [last]
         )
     )
 

@@ -226,11 +226,13 @@ def test_check_validates_every_policy_against_the_live_schema(ws: Workspace) -> 
     assert "ok: 1 policies" in ws.ok("check").out
     checked = ws.json("check")
     notes = checked.pop("notes")
+    latest = App(ws.url).engine.migrations[-1][0]
     assert checked == {
         "ok": True,
         "policies": [POLICY],
         "warnings": [],
         "timestamps": {POLICY: "expires_at read as epoch seconds"},
+        "schema": {"version": latest, "needs": latest},
     }
     # Dense serial ids: key windows, measured from the data.
     assert notes[POLICY][0].startswith("key windows: expired keys are dense"), notes

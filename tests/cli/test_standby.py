@@ -1,7 +1,9 @@
 """Least privilege on a hot standby: `migrate` is the only command that
-writes expiry's schema; plan, status, runs and dlq list, and the dashboard's
-reading pages, answer from a streaming standby (a cluster of the test's own,
-initdb and pg_basebackup in temporary folders) where every write is refused."""
+writes expiry's schema; the reading commands (check, plan, trigger --dry-run,
+status, runs, runs show, dlq list and show, keys list), the dashboard's reading
+pages and the HTTP API's GET routes answer from a streaming standby (a cluster
+of the test's own, initdb and pg_basebackup in temporary folders) where every
+write is refused."""
 
 from __future__ import annotations
 
@@ -77,9 +79,16 @@ def test_the_reading_commands_answer_from_a_hot_standby(
         standby.sql("create table probe (id int)")  # it is a standby indeed
     config = write_config(tmp_path / "expiry.toml", standby.url, POLICY)
 
+    check = cli("--config", str(config), "check", "--json")
+    assert check.returncode == 0, check.stderr
+    assert json.loads(check.stdout)["ok"] is True
+
     plan = cli("--config", str(config), "plan", "expired-sessions", "--json")
     assert plan.returncode == 0, plan.stderr
     assert json.loads(plan.stdout)["candidates"] == 0  # the run cleaned them all
+    dry = cli("--config", str(config), "trigger", "expired-sessions", "--dry-run", "--json")
+    assert dry.returncode == 0, dry.stderr
+    assert json.loads(dry.stdout)["dry_run"] is True
 
     status = cli("--config", str(config), "status", "--json")
     assert status.returncode == 0, status.stderr
@@ -88,11 +97,22 @@ def test_the_reading_commands_answer_from_a_hot_standby(
 
     runs = cli("--config", str(config), "runs", "--json")
     assert runs.returncode == 0, runs.stderr
-    assert [r["outcome"] for r in json.loads(runs.stdout)] == ["finished"]
+    [run] = json.loads(runs.stdout)
+    assert run["outcome"] == "finished"
+    shown = cli("--config", str(config), "runs", "show", run["id"], "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["jobs_done"] == run["jobs_done"]
 
     dead = cli("--config", str(config), "dlq", "list", "--json")
     assert dead.returncode == 0, dead.stderr
     assert [j["key"] for j in json.loads(dead.stdout)] == ["poison"]
+    poison = cli("--config", str(config), "dlq", "show", "poison", "--json")
+    assert poison.returncode == 0, poison.stderr
+    assert json.loads(poison.stdout)["state"] == "dead"
+
+    keys = cli("--config", str(config), "keys", "list", "--json")
+    assert keys.returncode == 0, keys.stderr
+    assert [k["name"] for k in json.loads(keys.stdout)] == ["reader"]
 
     # migrate is the one command that writes: on a standby it says why it cannot.
     with psycopg.connect(primary.url, autocommit=True) as conn:
@@ -102,6 +122,20 @@ def test_the_reading_commands_answer_from_a_hot_standby(
     refused = cli("--config", str(config), "migrate")
     assert refused.returncode == 1
     assert "read-only" in refused.stderr and "Traceback" not in refused.stderr
+    # The reading commands migrate nothing: they say what to run (on the primary).
+    behind = f"version {latest - 1} and this expiry needs {latest}: run `expiry migrate`"
+    check = cli("--config", str(config), "check", "--json")
+    assert check.returncode == 2, check.stderr
+    assert json.loads(check.stdout)["ok"] is False and behind in check.stderr
+    plan = cli("--config", str(config), "plan", "expired-sessions", "--json")
+    assert plan.returncode == 0, plan.stderr
+    assert json.loads(plan.stdout)["candidates"] == 0 and behind in plan.stderr
+    status = cli("--config", str(config), "status")
+    assert status.returncode == 2, status.stderr
+    assert status.stderr.strip() == (
+        f"expiry: the database has expiry schema {behind} (or App.migrate()) first, "
+        "as a role that may create tables"
+    )
     with psycopg.connect(primary.url, autocommit=True) as conn:
         conn.execute("insert into expiry.schema_migrations (version) values (%s)", (latest,))
 
@@ -128,12 +162,17 @@ def test_the_dashboards_reading_pages_answer_from_a_hot_standby(
             # signs in all the same (the log says the audit row was not written).
             answer = post_login(client, key)
             assert answer.status_code == 303, answer.text
-            for path in ("/", "/runs", "/queue", "/jobs", "/dlq", "/audit", "/crons", "/workers"):
+            [run] = reader.runs.recent()
+            pages = ["/", "/runs", "/queue", "/jobs", "/dlq", "/audit", "/crons", "/workers"]
+            for path in [*pages, f"/runs/{run['id']}", "/jobs/poison", "/dlq/bulk"]:
                 page = client.get(path)
                 assert page.status_code == 200, (path, page.text[:500])
             assert "poison" in client.get("/dlq").text
-            api = client.get("/v1/runs", headers={"Authorization": f"Bearer {key}"})
-            assert api.status_code == 200, api.text
+            bearer = {"Authorization": f"Bearer {key}"}
+            routes = ["/v1/policies", "/v1/runs", f"/v1/runs/{run['id']}", "/v1/dlq"]
+            for path in [*routes, "/v1/cron", "/v1/health", "/metrics", "/v1/discovery"]:
+                api = client.get(path, headers=bearer)
+                assert api.status_code == 200, (path, api.text[:500])
     finally:
         server.should_exit = True
         thread.join(10)

@@ -9,9 +9,13 @@ from ..errors import ConfigError
 from .base import Engine
 
 
-def open_engine(url: str, *, pool_size: int = 4) -> Engine:
+def open_engine(url: str, *, pool_size: int = 4, read_only: bool = False) -> Engine:
     """Open the engine for a database URL: postgresql://..., mysql://... (or
-    mariadb://...) or sqlite:///path."""
+    mariadb://...) or sqlite:///path. ``read_only``: for the commands that only
+    read. An SQLite file is then taken as it is (a missing one is refused, not
+    created) and refuses writes; a server's sessions are left as they are (a
+    session setting would outlive the session behind a transaction pooler):
+    there the reads use read_transaction() where it matters."""
     if url.startswith(("postgresql://", "postgres://")):
         from .postgres import PostgresEngine
 
@@ -28,7 +32,7 @@ def open_engine(url: str, *, pool_size: int = 4) -> Engine:
     if url.startswith("sqlite:///"):
         from .sqlite import SQLiteEngine
 
-        return SQLiteEngine(url)
+        return SQLiteEngine(url, read_only=read_only)
     raise ConfigError(
         f"database url {url!r} is not supported: use postgresql://host/db, mysql://user@host/db or sqlite:///path/to/file.db"
     )

@@ -247,6 +247,14 @@ class Engine(abc.ABC):
         BEGIN or COMMIT (PostgreSQL's autocommit); work of several statements
         goes in ``atomic(conn)``. Others give an ordinary transaction."""
 
+    @abc.abstractmethod
+    @contextmanager
+    def read_transaction(self) -> Iterator[Any]:
+        """A transaction that may only read, for the checks and dry runs: the
+        database itself refuses a write in it (PostgreSQL's and MySQL's READ
+        ONLY transactions, SQLite's query_only), so a statement that would
+        change something fails instead of changing it. On a hot standby too."""
+
     @contextmanager
     def atomic(self, conn: Any) -> Iterator[Any]:
         """Statements that must commit together, on a connection from

@@ -282,6 +282,20 @@ class MySQLEngine(MySQLTables):
         several statements goes in ``atomic(conn)``."""
         if statement and completing is not None:
             raise ValueError("a statement-mode transaction cannot complete a job at its end")
+        with self._transaction(statement=statement) as conn:
+            yield conn
+            if completing is not None:
+                self.job_complete(completing, conn)
+
+    @contextmanager
+    def read_transaction(self) -> Iterator[Any]:
+        with self._transaction(statement=False, read_only=True) as conn:
+            yield conn
+
+    @contextmanager
+    def _transaction(self, *, statement: bool, read_only: bool = False) -> Iterator[Connection]:
+        """A connection of this thread's in a transaction (READ ONLY when asked),
+        or in statement mode; committed when the block ends."""
         conn = self._take()
         try:
             try:
@@ -291,18 +305,16 @@ class MySQLEngine(MySQLTables):
                 else:
                     if conn.limits is not None:
                         self._reset_limits(conn)
-                    conn.raw.begin()
+                    _begin(conn, read_only)
             except pymysql.err.OperationalError:
                 self._forget(conn)  # gone since its last use: one fresh try
                 conn = self._open()
                 with self._lock:
                     self._all.append(conn)
                 if not statement:
-                    conn.raw.begin()
+                    _begin(conn, read_only)
             with self._within(conn, begun=not statement):
                 yield conn
-                if completing is not None:
-                    self.job_complete(completing, conn)
         finally:
             self._give(conn)
 
@@ -579,6 +591,14 @@ class MySQLEngine(MySQLTables):
             finally:
                 conn.raw.close()
         return applied
+
+
+def _begin(conn: Connection, read_only: bool) -> None:
+    """BEGIN, or START TRANSACTION READ ONLY: the server refuses a write in it."""
+    if read_only:
+        conn.execute("start transaction read only")
+    else:
+        conn.raw.begin()
 
 
 def _errno(exc: BaseException) -> int:

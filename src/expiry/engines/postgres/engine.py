@@ -326,6 +326,12 @@ class PostgresEngine(PostgresTables):
                 raise
 
     @contextmanager
+    def read_transaction(self) -> Iterator[psycopg.Connection[Row]]:
+        with self.transaction() as conn:
+            conn.execute("set transaction read only")  # before the first query, or refused
+            yield conn
+
+    @contextmanager
     def _opened(
         self, conn: Any, pipelined: bool, statement: bool, completing: Job | None, chain: bool
     ) -> Iterator[None]:

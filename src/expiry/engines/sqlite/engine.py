@@ -6,11 +6,16 @@ claims need no SKIP LOCKED. There is no NOTIFY: idle workers poll the file
 every 50 ms. The database clock is SQLite's, which is the host's clock. Each
 thread gets its own connection; synchronous=NORMAL in WAL mode survives a
 process crash but may lose the last commits on power loss.
+
+Opened ``read_only`` (the commands that only read), the file is taken as it
+is: one that does not exist is refused, not created, its journal mode is left
+alone, and every connection is query_only, so SQLite refuses any write.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -19,7 +24,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ...defaults import SQLITE_POLL_SECONDS
-from ...errors import MigrationError
+from ...errors import ConfigError, MigrationError
 from ...types import Job, NewJob
 from ..base import (
     Row,
@@ -69,9 +74,15 @@ class SQLiteEngine(SQLiteTables):
     # shrinks a window here; a busy database is retried with backoff as before.
     window_timeouts: frozenset[str] = frozenset()
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, read_only: bool = False) -> None:
         self.url = url
         self.path = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else url
+        self.read_only = read_only
+        if read_only and self.path != ":memory:" and not os.path.exists(self.path):
+            raise ConfigError(
+                f"no SQLite database at {self.path}: a command that only reads creates "
+                "none (check the url; `expiry migrate` creates the file with expiry's tables)"
+            )
         self.queries = load_queries(__package__ or "expiry.engines.sqlite", {"$now": NOW_SQL})
         self.migrations = load_migrations(__package__ or "expiry.engines.sqlite")
         self._local = threading.local()
@@ -85,7 +96,10 @@ class SQLiteEngine(SQLiteTables):
                 self.path, timeout=30.0, isolation_level=None, check_same_thread=False
             )
             conn.row_factory = _dict_row
-            conn.execute("pragma journal_mode = wal")
+            if self.read_only:
+                conn.execute("pragma query_only = on")
+            else:
+                conn.execute("pragma journal_mode = wal")
             conn.execute("pragma synchronous = normal")
             conn.execute("pragma foreign_keys = on")
             self._local.conn = conn
@@ -110,7 +124,7 @@ class SQLiteEngine(SQLiteTables):
         chain: bool = False,
     ) -> Iterator[sqlite3.Connection]:
         conn = self._conn()
-        conn.execute("begin immediate")
+        conn.execute("begin" if self.read_only else "begin immediate")  # a reader locks nothing
         try:
             yield conn
             if completing is not None:
@@ -120,6 +134,21 @@ class SQLiteEngine(SQLiteTables):
             raise
         else:
             conn.execute("commit")
+
+    @contextmanager
+    def read_transaction(self) -> Iterator[sqlite3.Connection]:
+        # Deferred: a reader takes no write lock, and waits for no writer (WAL).
+        conn = self._conn()
+        conn.execute("pragma query_only = on")
+        try:
+            conn.execute("begin")
+            try:
+                yield conn
+            finally:
+                conn.execute("rollback")  # it wrote nothing to commit
+        finally:
+            if not self.read_only:
+                conn.execute("pragma query_only = off")
 
     @contextmanager
     def connect(self) -> Iterator[sqlite3.Connection]:
