@@ -491,8 +491,14 @@ MUTANTS = [
         "src/expiry/timestamps.py",
         "        if not self.zone:\n            return cutoff\n",
         "        if True:\n            return cutoff\n",
-        (f"{DJANGO}[sqlite]", f"{DJANGO}[postgres]", f"{DJANGO}[mysql]"),
-        "the delete compares naive local times with the cutoff read as UTC",
+        (
+            f"{DJANGO}[sqlite]",
+            f"{DJANGO}[postgres]",
+            f"{DJANGO}[mysql]",
+            f"{ZONES}::test_a_partition_of_naive_local_times_is_dropped_once_its_range_has_passed"
+            "_there",
+        ),
+        "the delete (and a partition's drop) compares naive local times with the cutoff as UTC",
     ),
     Mutant(
         "zone-ignored",

@@ -161,8 +161,9 @@ CANDIDATES = "select 1 from {table} where {pred}"
 DENSITY = "select count(*) as n from (select 1 from {table} where {pred} limit {p_page}) as c"
 
 # A partition's range ends no later than the cutoff: every row it can hold is
-# expired. Compared by the database, in the column's type.
-PARTITION_EXPIRED = "select {p_upper} <= {p_cutoff} as expired"
+# expired. Compared by the database, in the column's type, with the predicate's
+# bound (a naive column's wall-clock bound in its zone).
+PARTITION_EXPIRED = "select {p_upper} <= {bound} as expired"
 PARTITION_COUNT = "select count(*) as n from {partition}"
 
 OLDEST = "select min({ts}) as oldest from {table} where {pred}"
@@ -282,6 +283,7 @@ class Target:
         }
         spans = SPANS | {"blocks": engine.block_span or "0 = 1"}
         text = template.replace("{span}", spans[span]).replace("{pred}", pred)
+        text = text.replace("{bound}", bound)
         text = text.replace("{block_of_row}", engine.block_of_row or "null")
         return text.format(
             table=engine.quote(p.table),
@@ -303,7 +305,8 @@ class Target:
         """The statement, built once per template, storage and span (the schema
         check builds them afresh, as the columns may have changed)."""
         storage = storage or self.storage
-        cache = (template, storage.token if "{pred}" in template else "", span)
+        compares = "{pred}" in template or "{bound}" in template
+        cache = (template, storage.token if compares else "", span)
         text = self._texts.get(cache)
         if text is None:
             text = self._texts[cache] = self.statement(template, storage=storage, span=span)

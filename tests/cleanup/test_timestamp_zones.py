@@ -435,3 +435,39 @@ def test_a_storage_carries_its_zone_through_its_token() -> None:
     assert storage.read("2025-11-02T01:30:00") == z("2025-11-02T07:30:00")
     assert storage.read(datetime(2025, 11, 2, 1, 30)) == z("2025-11-02T07:30:00")
     assert Storage("iso").read("2025-11-02T01:30:00") == z("2025-11-02T01:30:00")
+
+
+def test_a_partition_of_naive_local_times_is_dropped_once_its_range_has_passed_there(
+    pg_db: Db, apps: Apps
+) -> None:
+    """A day partition of Chicago wall-clock times ends at local midnight, which
+    is 06:00Z: read as UTC it would be dropped six hours early, live rows and all."""
+    db = pg_db
+    db.execute(
+        "create table events (id bigint not null, created_at timestamp not null)"
+        " partition by range (created_at)"
+    )
+    db.execute("create index events_created_at on events (created_at)")
+    for day in (14, 15):
+        db.execute(
+            f"create table events_{day} partition of events"
+            f" for values from ('2026-01-{day}') to ('2026-01-{day + 1}')"
+        )
+    walls = ["2026-01-14 22:00", "2026-01-14 23:00", "2026-01-14 23:45", "2026-01-15 00:30"]
+    for i, wall in enumerate(walls, 1):
+        db.execute("insert into events values (%s, %s)", [i, datetime.fromisoformat(wall)])
+    policy = {"table": "events", "key": "id", "timestamp": "created_at", "where": None}
+    app = apps(db.url, policy | {"timestamp_zone": CHICAGO, "window": 2})
+    assert app.cleanup is not None
+
+    before_midnight = z("2026-01-15T05:30:00")  # 23:30 CST on the 14th
+    assert app.cleanup.preview(POLICY, before_midnight).partitions == []
+    run_at(app, before_midnight)
+    assert db.ids("events") == {3, 4}
+
+    after_midnight = z("2026-01-15T06:00:01")
+    [part] = app.cleanup.preview(POLICY, after_midnight).partitions
+    assert part["partition"] == "public.events_14"
+    run_at(app, after_midnight)
+    assert db.ids("events") == {4}
+    assert db.scalar("select to_regclass('events_14')") is None  # dropped whole
