@@ -67,6 +67,10 @@ ORACLE = "tests/cleanup/test_oracle.py"
 TIMEOUTS = "tests/cleanup/test_timeouts.py"
 SIGNALS = "tests/cli/test_signals.py"
 READ_ONLY = "tests/cli/test_read_only.py"
+ZONES = "tests/cleanup/test_timestamp_zones.py"
+DJANGO = f"{ZONES}::test_django_local_times_delete_exactly_djangos_expired_half"
+FALL_BACK = f"{ZONES}::test_a_repeated_hour_is_kept_until_both_its_instants_have_passed"
+SPRING_FORWARD = f"{ZONES}::test_a_skipped_hour_is_kept_until_both_its_readings_have_passed"
 
 
 @dataclass(frozen=True)
@@ -500,6 +504,79 @@ MUTANTS = [
         '                if engine.dialect != "sqlite":\n',
         (f"{READ_ONLY}::test_reading_commands_create_nothing_in_an_application_sqlite_file",),
         "a reading command migrates the application's SQLite file on first use",
+    ),
+    Mutant(
+        "zone-ignored-in-predicate",
+        "src/expiry/timestamps.py",
+        "        if not self.zone:\n            return cutoff\n",
+        "        if True:\n            return cutoff\n",
+        (
+            f"{DJANGO}[sqlite]",
+            f"{DJANGO}[postgres]",
+            f"{DJANGO}[mysql]",
+            f"{ZONES}::test_a_partition_of_naive_local_times_is_dropped_once_its_range_has_passed"
+            "_there",
+        ),
+        "the delete (and a partition's drop) compares naive local times with the cutoff as UTC",
+    ),
+    Mutant(
+        "zone-ignored",
+        "src/expiry/timestamps.py",
+        "        if not self.zone:\n            return cutoff\n",
+        "        if True:\n            return cutoff\n",
+        (f"{DJANGO}[mysql]", f"{DJANGO}[sqlite]"),
+        "the zone ignored by the predicate and the sample check alike: live sessions go",
+        also=(
+            (
+                "src/expiry/target.py",
+                'when = instant(row["v"], storage.zone)',
+                'when = instant(row["v"])',
+            ),
+        ),
+    ),
+    Mutant(
+        "repeated-hour-earlier",
+        "src/expiry/timestamps.py",
+        "    return max(readings)\n",
+        "    return min(readings)\n",
+        (f"{FALL_BACK}[sqlite]", f"{FALL_BACK}[postgres]"),
+        "a repeated hour's value read as its first pass: it goes an hour early",
+    ),
+    Mutant(
+        "repeated-hour-start",
+        "src/expiry/timestamps.py",
+        "        candidates.add(_repeat_start(wall, zone))\n",
+        "        pass\n",
+        (f"{FALL_BACK}[mysql]",),
+        "a cutoff in a repeated hour's first pass bounds at its own wall-clock time",
+    ),
+    Mutant(
+        "skipped-hour-offsets",
+        "src/expiry/timestamps.py",
+        "    for back in LOOKBACK:\n",
+        "    for back in LOOKBACK[:1]:\n",
+        (f"{SPRING_FORWARD}[postgres]",),
+        "the hour after clocks go forward bounds at the cutoff's own wall-clock time",
+    ),
+    Mutant(
+        "zone-on-zoned-column",
+        "src/expiry/target.py",
+        "        if self._naive:\n            return storage.zoned(zone) if zone else storage\n",
+        "        if True:\n            return storage.zoned(zone) if zone else storage\n",
+        (
+            f"{ZONES}::test_a_zone_stated_for_a_column_that_carries_its_own_is_refused[postgres]",
+            f"{ZONES}::test_the_database_default_zone_does_not_apply_to_a_column_that_carries"
+            "_its_own[mysql]",
+        ),
+        "a timestamptz or TIMESTAMP column read as wall-clock time of the zone: shifted cutoffs",
+    ),
+    Mutant(
+        "watermark-zone",
+        "src/expiry/timestamps.py",
+        "        return instant(value, self.zone)\n",
+        "        return instant(value)\n",
+        (f"{ZONES}::test_the_watermark_reads_naive_values_in_the_zone[postgres]",),
+        "the watermark reads a naive value as UTC whatever the zone",
     ),
 ]
 

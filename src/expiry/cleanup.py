@@ -114,12 +114,15 @@ class PlanPreview:
     first_windows: list[Span]
     """The first windows."""
     storage: str = ""
-    """How the timestamp column stores time, as this preview read it."""
+    """How the timestamp column stores time and the zone its naive values are
+    read in, with its oldest and newest values beside now, as this preview read it."""
     strategy: str = ""
     """The windows a run would use now, and why."""
     partitions: list[dict[str, Any]] = field(default_factory=list)
     """Whole partitions a run would drop or detach now, with their row estimates
     (their rows are counted among the candidates and windows too)."""
+    warnings: list[str] = field(default_factory=list)
+    """What looks wrong in how the column is read (values that look shifted by a zone)."""
 
 
 @dataclass(frozen=True)
@@ -1079,6 +1082,7 @@ class Cleanup:
             if cutoff is None:
                 cutoff = engine.now(conn).replace(microsecond=0) - timedelta(seconds=policy.retain)
             target.storage = storage = target.detect(conn)  # as a run would read it now
+            warnings = target.read_values(conn, storage)
             candidates = target.count(conn, cutoff)
             parts = target.expired_partitions(conn, cutoff, storage)
             strategy = target.choose(conn, cutoff, storage)
@@ -1089,7 +1093,7 @@ class Cleanup:
             candidates,
             len(spans),
             spans[:limit],
-            storage.describe(),
+            target.reading,
             strategy=strategy.describe(),
             partitions=[
                 {
@@ -1099,6 +1103,7 @@ class Cleanup:
                 }
                 for x in parts
             ],
+            warnings=warnings,
         )
 
     def _preview_spans(

@@ -226,10 +226,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     current, latest = app.schema_versions()
     warnings = cleanup.check()
     names = [p.name for p in cleanup.policies]
-    timestamps = {
-        p.name: f"{p.timestamp} read as {cleanup.target(p.name).storage.describe()}"
-        for p in cleanup.policies
-    }
+    timestamps = {p.name: cleanup.target(p.name).reading for p in cleanup.policies}
     notes = {p.name: cleanup.target(p.name).notes for p in cleanup.policies}
     emit(
         args,
@@ -536,6 +533,7 @@ def show_preview(args: argparse.Namespace, preview: PlanPreview) -> int:
         "strategy": preview.strategy,
         "partitions": preview.partitions,
         "timestamp_storage": preview.storage,
+        "warnings": preview.warnings,
         "dry_run": True,
     }
     emit(args, data, lambda: print_preview(preview, cutoff))

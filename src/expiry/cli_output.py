@@ -155,9 +155,11 @@ def print_check(
 def print_preview(preview: PlanPreview, cutoff: str) -> None:
     out.print(
         f"policy {preview.policy}: cutoff {cutoff}, {preview.candidates} candidate "
-        f"rows in {preview.windows} windows (dry run: nothing changed); timestamps "
-        f"read as {preview.storage}"
+        f"rows in {preview.windows} windows (dry run: nothing changed)"
     )
+    out.print(f"  {preview.storage}")
+    for warning in preview.warnings:
+        out.print(f"  warning: {warning}")
     out.print(f"  {preview.strategy}")
     for part in preview.partitions:
         out.print(

@@ -20,6 +20,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
@@ -50,6 +51,17 @@ def check_identifier(value: str, *, qualified: bool = False) -> str:
     return value
 
 
+def check_zone(value: str) -> str:
+    """An IANA time zone name, as zoneinfo knows it."""
+    try:
+        ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(
+            f'{value!r} is not an IANA time zone, e.g. "UTC" or "Europe/Paris"'
+        ) from None
+    return value
+
+
 def check_listen(value: str) -> str:
     """HOST:PORT with both parts: ":8080" would bind every interface."""
     host, _, port = value.rpartition(":")
@@ -67,6 +79,15 @@ class Strict(BaseModel):
 
 class DatabaseConfig(Strict):
     url: str
+    timestamp_zone: str | None = None
+    """The IANA zone whose wall-clock times the policies' naive timestamp
+    columns hold, for each policy that does not state its own (columns that
+    carry their zone, and epoch numbers, ignore it)."""
+
+    @field_validator("timestamp_zone")
+    @classmethod
+    def _timestamp_zone(cls, value: str | None) -> str | None:
+        return None if value is None else check_zone(value)
 
     @field_validator("url")
     @classmethod
@@ -240,6 +261,12 @@ class Policy(HealthSettings):
     timestamp_format: Literal["iso", "epoch", "epoch_ms", "julianday"] | None = None
     """How the timestamp column stores time when it is not a native time type;
     read from the data when absent, and checked against the data when stated."""
+    timestamp_zone: str | None = None
+    """The IANA zone the app writes naive times in (a PostgreSQL timestamp
+    without time zone or date, a MySQL DATETIME or DATE, ISO text without a
+    zone suffix); default [database] timestamp_zone, else UTC. Refused for a
+    column that carries its zone or holds epoch numbers (timestamps.py)."""
+    _database_zone: str | None = PrivateAttr(default=None)
     retain: Duration = 0.0
     where: str | None = None
     action: Literal["delete", "archive"] = "delete"
@@ -292,16 +319,20 @@ class Policy(HealthSettings):
     def _column(cls, value: str) -> str:
         return check_identifier(value)
 
+    @property
+    def database_zone(self) -> str | None:
+        """[database] timestamp_zone, which applies where timestamp_zone is absent."""
+        return self._database_zone
+
     @field_validator("timezone")
     @classmethod
     def _timezone(cls, value: str) -> str:
-        try:
-            ZoneInfo(value)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise ValueError(
-                f'{value!r} is not an IANA time zone, e.g. "UTC" or "Europe/Paris"'
-            ) from None
-        return value
+        return check_zone(value)
+
+    @field_validator("timestamp_zone")
+    @classmethod
+    def _timestamp_zone(cls, value: str | None) -> str | None:
+        return None if value is None else check_zone(value)
 
     @field_validator("schedule")
     @classmethod
@@ -380,6 +411,15 @@ class Config(Strict):
                     )
         if sqlite and self.replica:
             raise ValueError("[[replica]] is for PostgreSQL standbys; this database is SQLite")
+        return self
+
+    @model_validator(mode="after")
+    def _timestamp_zones(self) -> Config:
+        """Each policy knows [database] timestamp_zone, kept apart from its own
+        timestamp_zone: a stated zone on a column that carries its zone is
+        refused, the database's default is not applied there (target.py)."""
+        for policy in self.policy:
+            policy._database_zone = self.database.timestamp_zone
         return self
 
     @model_validator(mode="after")

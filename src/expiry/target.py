@@ -25,7 +25,8 @@ from typing import Any
 from .config import Policy
 from .engines.base import Engine
 from .errors import SchemaError
-from .timestamps import UTC_ZONES, Storage, instant, numeric_format
+from .times import format_time
+from .timestamps import UTC_ZONES, Storage, instant, naive_type, numeric_format
 from .types import Column, Index, Job, Partition, Reference, Relation, WindowApply
 from .windows import (
     BLOCKS,
@@ -160,8 +161,9 @@ CANDIDATES = "select 1 from {table} where {pred}"
 DENSITY = "select count(*) as n from (select 1 from {table} where {pred} limit {p_page}) as c"
 
 # A partition's range ends no later than the cutoff: every row it can hold is
-# expired. Compared by the database, in the column's type.
-PARTITION_EXPIRED = "select {p_upper} <= {p_cutoff} as expired"
+# expired. Compared by the database, in the column's type, with the predicate's
+# bound (a naive column's wall-clock bound in its zone).
+PARTITION_EXPIRED = "select {p_upper} <= {bound} as expired"
 PARTITION_COUNT = "select count(*) as n from {partition}"
 
 OLDEST = "select min({ts}) as oldest from {table} where {pred}"
@@ -178,7 +180,7 @@ select typeof({ts}) as storage,
             when julianday({ts}) is null then '?'
             when length({ts}) = 10 then 'date'
             else substr({ts}, 11, 1) || '|' || case
-                when {ts} like '%Z' then ''
+                when {ts} like '%Z' then 'Z'
                 when substr({ts}, -6, 1) in ('+', '-') and substr({ts}, -3, 1) = ':'
                     then substr({ts}, -6)
                 else '' end
@@ -217,6 +219,17 @@ select * from (select {key} as k, {ts} as v from {table} where {pred}
 SAMPLE_SIZE = 20
 """Candidates read from each end by the sample check (three reads of this many)."""
 
+DEADLINE_WORDS = ("expir", "until", "deadline", "due", "valid", "end", "ttl", "next", "sched")
+"""A timestamp column whose name holds one of these is a deadline, which may
+lie in the future; any other is taken for a creation or activity time, which
+may not (Target._shifted)."""
+
+SHIFT_MIN_SECONDS = 15 * 60
+SHIFT_MAX_SECONDS = 14 * 3600 + 15 * 60
+"""A creation or activity time this far ahead of the database clock looks
+written in another zone (no zone is more than 14 hours from UTC); less is
+taken for clock skew."""
+
 
 class Target:
     """A policy's table in one engine's dialect."""
@@ -229,6 +242,10 @@ class Target:
         """How the timestamp column stores time, as the last check read it. A run
         reads it again when it plans and carries it in its jobs' payloads."""
         self.checked = False
+        self.reading = ""
+        """How the check read the timestamp column: its storage, the zone of its
+        naive values, its oldest and newest values beside the database clock."""
+        self._naive = False
         self.types: dict[str, str] = {}
         """Each column's declared type, as the catalog writes it."""
         self.tie = policy.key
@@ -266,6 +283,7 @@ class Target:
         }
         spans = SPANS | {"blocks": engine.block_span or "0 = 1"}
         text = template.replace("{span}", spans[span]).replace("{pred}", pred)
+        text = text.replace("{bound}", bound)
         text = text.replace("{block_of_row}", engine.block_of_row or "null")
         return text.format(
             table=engine.quote(p.table),
@@ -287,7 +305,8 @@ class Target:
         """The statement, built once per template, storage and span (the schema
         check builds them afresh, as the columns may have changed)."""
         storage = storage or self.storage
-        cache = (template, storage.token if "{pred}" in template else "", span)
+        compares = "{pred}" in template or "{bound}" in template
+        cache = (template, storage.token if compares else "", span)
         text = self._texts.get(cache)
         if text is None:
             text = self._texts[cache] = self.statement(template, storage=storage, span=span)
@@ -671,11 +690,12 @@ class Target:
     def sample_check(self, conn: Any, cutoff: datetime, storage: Storage) -> None:
         """Belt and braces before a run's first window: read candidates by the
         windows' own predicate and compare each with the cutoff in Python
-        (timestamps.instant), independently of the SQL. Raises SchemaError,
-        which stops the run before anything is deleted, if one is not expired."""
+        (timestamps.instant: a naive value in the storage's zone, by its latest
+        reading), independently of the SQL. Raises SchemaError, which stops the
+        run before anything is deleted, if one is not expired."""
         rows = self.run(conn, SAMPLE, storage, cutoff=cutoff, page=SAMPLE_SIZE).fetchall()
         for row in rows:
-            when = instant(row["v"])
+            when = instant(row["v"], storage.zone)
             if when is None or not when < cutoff:
                 shown = "unreadable" if when is None else when.isoformat()
                 raise SchemaError(
@@ -683,8 +703,8 @@ class Target:
                     f"candidate row {self.policy.key} = {row['k']!r} has "
                     f"{self.policy.timestamp} = {row['v']!r} ({shown}), which is not before "
                     f"the cutoff {cutoff.isoformat()} when read by Python; the column was "
-                    f"read as {storage.describe()}. Fix: state timestamp_format, or make "
-                    "the column hold one storage, then trigger again"
+                    f"read as {storage.describe()}. Fix: state timestamp_format (or "
+                    "timestamp_zone), or make the column hold one storage, then trigger again"
                 )
 
     # -- the schema check ----------------------------------------------------------
@@ -728,6 +748,7 @@ class Target:
         if p.where:
             self._explain_where(conn)
         self.storage = self.detect(conn)
+        warnings += self.read_values(conn, self.storage)
         self.checked = True
         return warnings
 
@@ -843,10 +864,35 @@ class Target:
     def detect(self, conn: Any) -> Storage:
         """Read how the timestamp column stores time, from every row the policy
         covers; raise SchemaError, with the counts and the fix, when a reading
-        could be wrong (timestamps.py says why)."""
+        could be wrong (timestamps.py says why). Naive values are read as
+        wall-clock times of the policy's timestamp_zone, else the database's."""
+        self._naive = False
         if self.engine.typed_columns:
-            return self._detect_typed(conn)
-        return self._detect_values(conn)
+            return self._zoned(self._detect_typed(conn))
+        return self._zoned(self._detect_values(conn))
+
+    def _zoned(self, storage: Storage) -> Storage:
+        """``storage`` with the zone of its naive values; a zone the policy states
+        for a column that carries its zone, or holds epoch numbers, is refused
+        (the database's default does not apply there)."""
+        p = self.policy
+        zone = p.timestamp_zone or p.database_zone
+        if self._naive:
+            return storage.zoned(zone) if zone else storage
+        if p.timestamp_zone:
+            held = (
+                f"holds {storage.describe()}, which are UTC by definition"
+                if storage.format not in ("native", "iso")
+                else f"holds {storage.describe()}, which carries its zone"
+                if storage.format == "iso"
+                else f"is {self._declared}, which carries its zone"
+            )
+            raise self._refuse(
+                f"{held}, but the policy states timestamp_zone = {p.timestamp_zone!r}",
+                "remove timestamp_zone: it is for naive times (timestamp without time zone, "
+                "DATETIME, DATE, ISO text without a zone suffix)",
+            )
+        return storage
 
     def _refuse(self, problem: str, fix: str) -> SchemaError:
         p = self.policy
@@ -865,6 +911,7 @@ class Target:
                     f"is {self._declared}, a native time type",
                     "remove timestamp_format (it is for integer epoch columns)",
                 )
+            self._naive = naive_type(self._declared)
             return Storage("native")
         if kind != "integer":
             raise self._refuse(
@@ -916,6 +963,7 @@ class Target:
         ends = conn.execute(self.text(STORAGE_ENDS), {}).fetchone()
         lo, hi = ends["lo"], ends["hi"]
         if lo is None:  # no rows to read: this run deletes nothing
+            self._naive = p.timestamp_format in (None, "iso")
             return Storage(p.timestamp_format or "iso")
         if all(isinstance(v, int | float) for v in (lo, hi)):
             return self._numeric(lo, hi, None)
@@ -949,7 +997,7 @@ class Target:
                 f"(such as {unread[0]['lo']!r})",
                 "rewrite them as YYYY-MM-DD HH:MM:SS, or exclude them with a where",
             )
-        separators, zones = _spellings(rows)
+        separators, zones, suffixed = _spellings(rows)
         if len(separators) > 1:
             shown = ", ".join(f"{n:,} with {s!r}" for s, n in sorted(separators.items()))
             raise self._refuse(
@@ -964,8 +1012,85 @@ class Target:
                 f"holds times in several zones ({shown}), which do not sort together",
                 "rewrite them in one zone (UTC)",
             )
+        naive = sum(r["n"] for r in rows) - suffixed
+        zone = p.timestamp_zone or p.database_zone
+        if zone and naive and suffixed:
+            raise self._refuse(
+                f"holds {naive:,} times without a zone suffix and {suffixed:,} with one, "
+                f"which do not sort together once the first are read as {zone} times",
+                "rewrite them in one zone, or limit the policy to one kind with a where",
+            )
+        self._naive = not suffixed
         separator = next(iter(separators), " ")
         return Storage("iso", separator, next(iter(zones), ""))
+
+    # -- how the column reads, for people ----------------------------------------------
+
+    def read_values(self, conn: Any, storage: Storage) -> list[str]:
+        """Set ``reading``: how the column is read, and its oldest and newest
+        values (stored, and as read) beside the database clock; returns a
+        warning when the newest looks shifted by a zone (_shifted)."""
+        p = self.policy
+        ends = conn.execute(self.text(STORAGE_ENDS), {}).fetchone()
+        now = self.engine.now(conn)
+        self.reading = f"{p.timestamp}: {self.how(storage)}; "
+        if ends is None or ends["lo"] is None:
+            self.reading += f"no values yet (now {format_time(now)})"
+            return []
+        oldest, newest = storage.read(ends["lo"]), storage.read(ends["hi"])
+        self.reading += (
+            f"oldest {_shown(ends['lo'], oldest)}, newest {_shown(ends['hi'], newest)}, "
+            f"now {format_time(now)}"
+        )
+        shifted = self._shifted(storage, ends["hi"], newest, now)
+        return [] if shifted is None else [shifted]
+
+    def how(self, storage: Storage) -> str:
+        """How the column's values are read, in words (after a check or detect)."""
+        p = self.policy
+        if storage.format == "native":
+            kind = self._declared
+        elif storage.format == "iso" and self._naive:
+            sep = "'T'" if storage.separator == "T" else "a space"
+            kind = f"ISO-8601 text ({sep} between date and time)"
+        else:
+            kind = storage.describe()
+        if self._naive and storage.zone:
+            return f"naive {kind}, read as {storage.zone} wall-clock time"
+        if self._naive:
+            return f"naive {kind}, read as UTC (set timestamp_zone if your app writes local time)"
+        ignored = (
+            f" ([database] timestamp_zone {p.database_zone} does not apply)"
+            if p.database_zone
+            else ""
+        )
+        if storage.format in ("native", "iso"):
+            return f"{kind}, which carries its zone{ignored}"
+        return f"{kind}, UTC by definition{ignored}"
+
+    def _shifted(
+        self, storage: Storage, stored: Any, newest: datetime | None, now: datetime
+    ) -> str | None:
+        """A warning when a creation or activity time (a column not named like a
+        deadline, DEADLINE_WORDS) has its newest value between a quarter of an
+        hour and 14h15m ahead of the database clock: written, it seems, as the
+        wall-clock time of a zone east of the one it is read in."""
+        p = self.policy
+        if newest is None or any(word in p.timestamp.lower() for word in DEADLINE_WORDS):
+            return None
+        ahead = (newest - now).total_seconds()
+        if not SHIFT_MIN_SECONDS <= ahead <= SHIFT_MAX_SECONDS:
+            return None
+        quarters = round(ahead / 900)
+        about = f"{quarters // 4}h{quarters % 4 * 15:02d}m"
+        read = f"{storage.zone} wall-clock time" if storage.zone else "UTC"
+        return (
+            f"policy {p.name!r}: timestamp column {p.timestamp!r}, read as {read}, holds a "
+            f"value about {about} ahead of the database clock (newest {_shown(stored, newest)}, "
+            f"now {format_time(now)}): a creation or activity time lies in the past, so the "
+            f"app seems to write the wall-clock time of another zone, and rows are deleted "
+            f"about {about} late (fix: timestamp_zone = the zone the app writes in)"
+        )
 
     def _explain_where(self, conn: Any) -> None:
         try:
@@ -978,18 +1103,27 @@ class Target:
             ) from exc
 
 
-def _spellings(rows: list[Any]) -> tuple[dict[str, int], dict[str, int]]:
-    """Rows per separator and per zone (every UTC spelling as one) of ISO text."""
+def _spellings(rows: list[Any]) -> tuple[dict[str, int], dict[str, int], int]:
+    """Rows per separator and per zone (every UTC spelling as one) of ISO text,
+    and the rows with a zone suffix ("Z" or an offset)."""
     separators: dict[str, int] = {}
     zones: dict[str, int] = {}
+    suffixed = 0
     for row in rows:
         if row["spelling"] == "date":
             continue  # a date alone sorts before its day's times in either spelling
         separator, zone = row["spelling"].split("|")
+        suffixed += row["n"] if zone else 0
         zone = "" if zone in UTC_ZONES else zone
         separators[separator] = separators.get(separator, 0) + row["n"]
         zones[zone] = zones.get(zone, 0) + row["n"]
-    return separators, zones
+    return separators, zones, suffixed
+
+
+def _shown(stored: Any, read: datetime | None) -> str:
+    """A stored value, and the instant it was read as."""
+    value = stored.isoformat(sep=" ") if isinstance(stored, datetime) else str(stored)
+    return f"{value} (= {format_time(read)})" if read is not None else f"{value} (unreadable)"
 
 
 def _span_name(span: Span) -> str:

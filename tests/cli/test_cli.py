@@ -226,14 +226,20 @@ def test_check_validates_every_policy_against_the_live_schema(ws: Workspace) -> 
     assert "ok: 1 policies" in ws.ok("check").out
     checked = ws.json("check")
     notes = checked.pop("notes")
+    reading = checked.pop("timestamps")[POLICY]
     latest = App(ws.url).engine.migrations[-1][0]
     assert checked == {
         "ok": True,
         "policies": [POLICY],
         "warnings": [],
-        "timestamps": {POLICY: "expires_at read as epoch seconds"},
         "schema": {"version": latest, "needs": latest},
     }
+    # How the column is read, its ends as stored and as read, beside the database clock.
+    assert re.fullmatch(
+        r"expires_at: epoch seconds, UTC by definition; oldest [0-9.]+ \(= \S+Z\), "
+        r"newest [0-9.]+ \(= \S+Z\), now \S+Z",
+        reading,
+    ), reading
     # Dense serial ids: key windows, measured from the data.
     assert notes[POLICY][0].startswith("key windows: expired keys are dense"), notes
 
@@ -261,6 +267,8 @@ def test_plan_shows_candidates_and_windows_and_mutates_nothing(ws: Workspace) ->
     data = ws.json("plan", POLICY, "--cutoff", cutoff_now())
     assert data["candidates"] == EXPIRED and data["windows"] == 5 and data["dry_run"] is True
     assert data["first_windows"][0] == {"lo": 0, "hi": 100, "range": "keys (0, 100]"}
+    assert data["timestamp_storage"].startswith("expires_at: epoch seconds, UTC by definition;")
+    assert data["warnings"] == []
     assert ISO_Z.match(data["cutoff"])
     assert ws.sessions_left() == EXPIRED + LIVE
     assert ws.runs() == 0

@@ -122,7 +122,9 @@ class MySQLTables(Engine):
         return bound, f" and {{ts}} >= {NUMERIC_RANGES[storage.format][0]:.0f}"
 
     def cutoff_params(self, storage: Storage, cutoff: datetime) -> dict[str, Any]:
-        return {"cutoff": cutoff}
+        # Naive wall-clock times of a zone: their bound, labelled UTC as this
+        # session reads a naive value (Storage.compared).
+        return {"cutoff": storage.compared(cutoff)}
 
     def column_kind(self, declared: str) -> str:
         base = _BASE_TYPE.match(declared.lower())

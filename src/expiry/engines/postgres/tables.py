@@ -183,7 +183,11 @@ class PostgresTables(Engine):
     def time_predicate(self, storage: Storage) -> tuple[str, str]:
         # The timestamptz parameter is converted in SQL (an expression of the
         # parameter alone: the index is still used), so window_apply's $3 keeps
-        # one type whatever the column stores.
+        # one type whatever the column stores. A naive column read in a zone is
+        # compared with its wall-clock bound as a timestamp (Storage.compared),
+        # whatever the session's TimeZone.
+        if storage.zone:
+            return "({p_cutoff} at time zone 'UTC')", ""
         if storage.format == "epoch":
             bound = "cast(ceil(extract(epoch from {p_cutoff})) as bigint)"
         elif storage.format == "epoch_ms":
@@ -193,7 +197,9 @@ class PostgresTables(Engine):
         return bound, f" and {{ts}} >= {NUMERIC_RANGES[storage.format][0]:.0f}"
 
     def cutoff_params(self, storage: Storage, cutoff: datetime) -> dict[str, Any]:
-        return {"cutoff": cutoff}
+        # Naive wall-clock times of a zone: their bound, labelled UTC as this
+        # session reads a naive value (Storage.compared).
+        return {"cutoff": storage.compared(cutoff)}
 
     def column_kind(self, declared: str) -> str:
         declared = declared.lower()
