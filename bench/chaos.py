@@ -42,9 +42,13 @@ are outage windows. A process that exits without being told to is counted and
 started again (as a process manager would). Every --every seconds the soak
 samples the watermark (the age of the oldest expired row still present, the
 ``where`` applied, by the database's clock; rows the soak itself holds locked are
-left out), and prints p50/p99/max of it over the run after --warmup, once over
-every sample and once outside the outages (each window extended by --recovery
-seconds, the time a fixed system needs to catch up), against the target P + 60 s.
+left out), and prints p50/p99/max of it over the run once warm (--warmup seconds
+in, no fault before, and the backlog cleared), once over every sample and once
+outside the outages (each window extended by --recovery seconds, the time a
+sound system needs to catch up), against the target P + 60 s; and how long a run
+stayed open at most. A line every --show seconds gives the watermark, due and
+running jobs, dead jobs, runs opened and open, the oldest open run's age and the
+rows deleted (the ledger).
 
 At the end the faults and the load stop, every process is running, the last fed
 rows are left to expire, the policy is paused, one final run is triggered and
@@ -175,6 +179,11 @@ class Timeline:
     def release(self, ids: list[int]) -> None:
         with self.lock:
             self.held.difference_update(ids)
+
+    def release_all(self) -> None:
+        """The server went down: every session's locks went with it."""
+        with self.lock:
+            self.held.clear()
 
     def held_ids(self) -> list[int]:
         with self.lock:
@@ -359,6 +368,7 @@ class Injector(threading.Thread):
     def _restart(self, mode: str) -> None:
         started = time.monotonic()
         with self.timeline.outage(f"pg_ctl restart -m {mode}"):
+            self.timeline.release_all()
             self.cluster.restart(mode)
         took = time.monotonic() - started
         self.timeline.note(f"pg-restart-{mode}", f"pg_ctl restart -m {mode}: {took:.1f} s")
@@ -367,6 +377,7 @@ class Injector(threading.Thread):
         seconds = self.rng.uniform(*self.args.pg_down)
         self.timeline.note("pg-down", f"server stopped (-m immediate) for {seconds:.1f} s")
         with self.timeline.outage("server down"):
+            self.timeline.release_all()
             self.cluster.stop()
             try:
                 self.stopping.wait(seconds)
@@ -804,13 +815,22 @@ def spread(values: list[float]) -> str:
     return f"p50 {p50:.1f} / p99 {p99:.1f} / max {max(values):.1f} s ({len(values)} samples)"
 
 
+def settled(s: Soak, target: float) -> float:
+    """When the warm-up ends: --warmup seconds in, and the backlog cleared (the
+    first sample at or below the target after it; --warmup if there is none)."""
+    under_load = [x for x in s.samples if s.args.warmup <= x.elapsed <= s.args.duration]
+    return next((x.elapsed for x in under_load if x.watermark <= target), s.args.warmup)
+
+
 def report_watermark(s: Soak) -> None:
-    steady = [x for x in s.samples if s.args.warmup <= x.elapsed <= s.args.duration]
-    outside = [x.watermark for x in steady if not x.outage]
     target = s.args.period + 60.0
+    start = settled(s, target)
+    steady = [x for x in s.samples if start <= x.elapsed <= s.args.duration]
+    outside = [x.watermark for x in steady if not x.outage]
     p99 = soak.percentile(outside, 0.99)
     print(
-        f"\nwatermark, period P = {s.args.period:.0f} s (after the {s.args.warmup:.0f} s warm-up)"
+        f"\nwatermark, period P = {s.args.period:.0f} s (from {start:.0f} s: the {s.args.warmup:.0f} s"
+        " warm-up, and the backlog cleared)"
     )
     print(f"  all samples:     {spread([x.watermark for x in steady])}")
     print(f"  outside outages: {spread(outside)} (each outage + {s.args.recovery:.0f} s recovery)")
@@ -887,7 +907,7 @@ from expiry.jobs group by state
 """
 OPEN_RUNS = """
 select r.id, r.state, extract(epoch from now() - r.opened_at)::float8,
-       (select format('%%s, attempt %%s, due in %%s s%%s', j.state, j.attempt,
+       (select format('%s, attempt %s, due in %s s%s', j.state, j.attempt,
                       round(extract(epoch from j.run_at - now())::numeric, 1),
                       coalesce(', last error: ' || j.last_error, ''))
         from expiry.jobs j where j.run_id = r.id and j.handler = 'expiry.plan'
