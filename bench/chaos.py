@@ -796,8 +796,8 @@ def drain(s: Soak) -> None:
             s.quiesced = time.monotonic() - started
             break
         time.sleep(0.5)
-    took = f"in {s.quiesced:.1f} s" if s.quiesced is not None else "NOT in"
-    print(f"policy paused; final run {final}; quiescent {took} {s.args.quiesce:.0f} s")
+    took = f"in {s.quiesced:.1f} s" if s.quiesced is not None else "NOT reached"
+    print(f"policy paused; final run {final}; quiescent {took} (bound {s.args.quiesce:.0f} s)")
     sample = take_sample(watch, s.timeline, 0.0)
     if sample is not None:
         s.samples.append(sample)
