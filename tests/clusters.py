@@ -1,10 +1,15 @@
-"""PostgreSQL clusters of a test's own: a primary and a streaming hot standby,
-made with initdb and pg_basebackup in temporary folders, on their own ports,
-run as the postgres user, and stopped and removed afterwards. Nothing touches
-the shared server on 5432 or its configuration.
+"""PostgreSQL clusters of a test's own: one server (``private_cluster``), or a
+primary and a streaming hot standby (``primary_and_standby``), made with initdb
+and pg_basebackup in temporary folders, on their own ports, run as the postgres
+user, and stopped and removed afterwards. Nothing touches the shared server on
+5432 or its configuration.
 
+    with private_cluster() as cluster:
+        ...  # cluster.url; cluster.restart("fast") or cluster.restart("immediate")
     with primary_and_standby() as (primary, standby):
         ...  # primary.url, standby.url; standby.pause_replay(), resume_replay()
+
+bench/chaos.py loads this module by its path for its own server.
 """
 
 from __future__ import annotations
@@ -55,6 +60,15 @@ class Cluster:
         return f"postgresql://{USER}@127.0.0.1:{self.port}/postgres"
 
     def start(self) -> None:
+        self._pg_ctl("start")
+
+    def restart(self, mode: str) -> None:
+        """``pg_ctl restart -m MODE``: "fast" (sessions ended cleanly, a checkpoint)
+        or "immediate" (no checkpoint: crash recovery at start). Returns once the
+        server accepts connections again."""
+        self._pg_ctl("restart", "-m", mode)
+
+    def _pg_ctl(self, *action: str) -> None:
         as_postgres(
             BIN / "pg_ctl",
             "-D",
@@ -64,7 +78,7 @@ class Cluster:
             "-o",
             f"-p {self.port} -k {self.sockets} -c listen_addresses=127.0.0.1",
             "-w",
-            "start",
+            *action,
         )
 
     def stop(self) -> None:
@@ -94,15 +108,41 @@ class Cluster:
         raise TimeoutError("the standby did not catch up")
 
 
-@contextlib.contextmanager
-def primary_and_standby() -> Iterator[tuple[Cluster, Cluster]]:
+def _root() -> Path:
+    """A temporary folder the postgres user owns (data directories and sockets)."""
     root = Path(tempfile.mkdtemp(prefix="expiry-clusters-"))
     postgres = pwd.getpwnam(USER)
     os.chown(root, postgres.pw_uid, postgres.pw_gid)
+    return root
+
+
+def _initdb(cluster: Cluster) -> None:
+    as_postgres(BIN / "initdb", "-D", cluster.data, "-U", USER, "-A", "trust", "--no-sync")
+
+
+@contextlib.contextmanager
+def private_cluster(settings: str = "fsync = off\n") -> Iterator[Cluster]:
+    """One server of the caller's own, ``settings`` appended to its postgresql.conf."""
+    root = _root()
+    cluster = Cluster(root / "data", free_port(), root)
+    try:
+        _initdb(cluster)
+        with (cluster.data / "postgresql.conf").open("a") as conf:
+            conf.write(settings)
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def primary_and_standby() -> Iterator[tuple[Cluster, Cluster]]:
+    root = _root()
     made: list[Cluster] = []
     try:
         primary = Cluster(root / "primary", free_port(), root)
-        as_postgres(BIN / "initdb", "-D", primary.data, "-U", USER, "-A", "trust", "--no-sync")
+        _initdb(primary)
         with (primary.data / "postgresql.conf").open("a") as conf:
             conf.write(
                 "wal_level = replica\nmax_wal_senders = 4\nhot_standby = on\n"
