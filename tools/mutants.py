@@ -440,6 +440,14 @@ MUTANTS = [
         "an idle --until-idle worker exits 0 with a run stalled: nobody hears of it",
     ),
     Mutant(
+        "shrink-retry-backs-off",
+        "src/expiry/cleanup.py",
+        "retry_within=defaults.SHRINK_RETRY_SECONDS,",
+        "retry_within=None,",
+        (f"{TIMEOUTS}::test_a_held_row_is_isolated_in_seconds_with_the_backoff_as_shipped",),
+        "a window retried smaller after a timeout waits its growing backoff: minutes per held row",
+    ),
+    Mutant(
         "outage-spends-attempts",
         "src/expiry/worker.py",
         "outage_budget=self.outage_budget)",

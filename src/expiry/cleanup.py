@@ -41,6 +41,7 @@ from .errors import (
     PermanentError,
     SchemaError,
     Snooze,
+    TransientError,
 )
 from .handlers import Handler
 from .metrics import WINDOW_ROWS
@@ -720,9 +721,16 @@ class Cleanup:
             try:
                 taken = self._take(job, tx, part, cutoff, storage)
             except Exception as exc:
+                kind = self.engine.classify(exc)[1]
+                if kind not in self.engine.window_timeouts:
+                    raise
                 reason = self._timed_out(job, part, halvings, exc)
-                if reason is None:
-                    raise  # not a timeout, or one a later, smaller attempt may pass
+                if reason is None:  # the next attempt, half the size, comes soon
+                    raise TransientError(
+                        f"{_database_words(exc)}: retried with half the rows",
+                        kind=kind,
+                        retry_within=defaults.SHRINK_RETRY_SECONDS,
+                    ) from exc
                 return self._blocked(
                     job, tx, part.span, cutoff, storage, reason, rest=part.rest, timed_out=True
                 )

@@ -123,3 +123,9 @@ signal): a window commits whole or not at all and its lease returns it to the
 queue, so waiting longer only delays a deploy. Kubernetes' default
 terminationGracePeriodSeconds is 30 s: keep ``--stop-grace`` below the time
 your supervisor gives before its SIGKILL, so that the exit is expiry's, logged."""
+
+SHRINK_RETRY_SECONDS = 1.0
+"""A window whose delete timed out is retried with half its rows within this
+long (full jitter), not after the attempt's growing backoff: each retry is
+smaller work, and a row held by another transaction is isolated in about
+log2(window) lock timeouts, so its run does not wait minutes on it."""

@@ -72,6 +72,20 @@ class JobError(ExpiryError):
 class TransientError(JobError):
     """The job failed for a reason that may pass; it will be retried."""
 
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        kind: str | None = None,
+        retry_within: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.kind = kind
+        """The failure's kind as the job's errors record it (default: the class's name)."""
+        self.retry_within = retry_within
+        """Retry within this many seconds (full jitter), not after the attempt's backoff:
+        the next attempt is different work (a window retried smaller)."""
+
 
 class PermanentError(JobError):
     """The job failed for a reason that retrying cannot fix."""

@@ -36,7 +36,7 @@ from . import defaults, retry, signals
 from .acks import AckBuffer
 from .engines import Engine
 from .engines.base import OUTAGE_KINDS
-from .errors import AlreadyApplied, LeaseLost, Snooze
+from .errors import AlreadyApplied, LeaseLost, Snooze, TransientError
 from .handlers import Handler
 from .metrics import JOB_SECONDS
 from .queue import Queue, policy_queue
@@ -762,11 +762,15 @@ class Worker:
             log.warning("lease lost", extra=job_fields(job))
             self._audit_lease_lost(job)
 
-    def _retry_delay(self, job: Job, kind: str) -> float:
+    def _retry_delay(self, job: Job, kind: str, exc: BaseException) -> float:
         """The backoff before a retry. An outage's failures spend no attempt, so
         their backoff counts the outage's failures in a row instead, and is
         capped at OUTAGE_RETRY_CAP_SECONDS: the job resumes soon after the
-        database does."""
+        database does. A failure that says when to retry (TransientError's
+        retry_within: a window retried smaller) is retried within that."""
+        within = getattr(exc, "retry_within", None)
+        if isinstance(exc, TransientError) and within is not None:
+            return self.rng.uniform(0.0, within)
         if kind not in OUTAGE_KINDS:
             return retry.backoff(job.attempt, self.rng)
         streak = 1
@@ -780,7 +784,7 @@ class Worker:
         classified, kind = self.engine.classify(exc)
         transient = classified if transient is None else transient
         error = f"{type(exc).__name__}: {exc}".strip()
-        delay = self._retry_delay(job, kind) if transient else None
+        delay = self._retry_delay(job, kind, exc) if transient else None
         try:
             state = self.engine.job_fail(job, error, kind, delay, outage_budget=self.outage_budget)
         except Exception as db_exc:

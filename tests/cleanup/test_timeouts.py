@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 import math
+import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -29,7 +31,7 @@ import pytest
 from expiry.app import App
 from expiry.cleanup import MIN_CHUNK
 
-from .support import Db, MySQLConn
+from .support import Db, MySQLConn, wait_for
 
 Apps = Callable[..., App]
 POLICY = "expired-sessions"
@@ -260,3 +262,29 @@ def test_a_timeout_halves_the_policys_keys_per_transaction(pg_db: Db, apps: Apps
         app.worker(until_idle=True, concurrency=1, poll=0.05).run()
         assert pace.chunk == 200
     assert pace.chunk >= MIN_CHUNK
+
+
+def test_a_held_row_is_isolated_in_seconds_with_the_backoff_as_shipped(
+    pg_db: Db, apps: Apps
+) -> None:
+    """No retry is made due by hand here: each smaller attempt comes within
+    SHRINK_RETRY_SECONDS of the last timeout, not after the attempt's growing
+    backoff (eight halvings of it would be minutes, the policy's next run
+    waiting behind), so the run finishes in a few seconds around a held row."""
+    doomed = seed(pg_db)
+    app = apps(pg_db.url, {"where": None, "window": ROWS, "lock_timeout": "100ms"})
+    assert app.cleanup is not None
+    with row_held(pg_db, HELD):
+        opened = app.cleanup.open_run(POLICY)
+        worker = app.worker(concurrency=1, poll=0.05, rescue_every=0.2)
+        thread = threading.Thread(target=worker.run, daemon=True)
+        began = time.monotonic()
+        thread.start()
+        try:
+            wait_for(lambda: pg_db.run_state(opened.run_id) == "finished", 15, "the run")
+        finally:
+            worker.stop()
+            thread.join(10)
+        took = time.monotonic() - began
+    print(f"run finished around a held row in {took:.1f}s, {len(timeouts(pg_db))} timeouts")
+    assert pg_db.ids() == doomed & {HELD}

@@ -1362,7 +1362,7 @@ def classify_exception(exc: BaseException) -> tuple[bool, str] | None:
     if isinstance(exc, PermanentError):
         return False, type(exc).__name__
     if isinstance(exc, TransientError):
-        return True, type(exc).__name__
+        return True, exc.kind or type(exc).__name__
     if isinstance(exc, DatabaseUnavailable):
         return True, "connection_lost"
     return None
