@@ -448,6 +448,14 @@ MUTANTS = [
         "a window retried smaller after a timeout waits its growing backoff: minutes per held row",
     ),
     Mutant(
+        "late-sigterm-kills",
+        "src/expiry/cli.py",
+        "signals.listening(grace=args.stop_grace, exiting=True)",
+        "signals.listening(grace=args.stop_grace)",
+        (f"{SIGNALS}::test_a_second_sigterm_during_a_clean_exit_never_kills_the_worker",),
+        "a second SIGTERM during a clean exit kills the worker (-15) once its handlers are back",
+    ),
+    Mutant(
         "outage-spends-attempts",
         "src/expiry/worker.py",
         "outage_budget=self.outage_budget)",

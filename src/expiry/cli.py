@@ -663,7 +663,7 @@ def run_command(args: argparse.Namespace) -> int:
     if getattr(args, "stop_grace", None) is None:
         code: int = args.fn(args)
         return code
-    with signals.listening(grace=args.stop_grace):
+    with signals.listening(grace=args.stop_grace, exiting=True):
         code = args.fn(args)
         return code
 

@@ -95,10 +95,15 @@ class Listener:
         for thread in self._threads:
             thread.start()
 
-    def remove(self) -> None:
+    def remove(self, *, exiting: bool = False) -> None:
         """Give the signals back to the handlers found at install, and end the
-        threads (a grace period running then is called off)."""
+        threads (a grace period running then is called off). ``exiting``: the
+        process ends next; once a stop was heard, a later SIGTERM or SIGINT is
+        ignored rather than given to the default handler, which would kill the
+        process on its way out (exit -15 after a clean stop)."""
         for sig, handler in self._previous.items():
+            if exiting and sig in STOPS and self.stopping_since is not None:
+                handler = signal.SIG_IGN
             signal.signal(sig, handler)
         signal.set_wakeup_fd(self._previous_fd)
         self._closing = True
@@ -222,12 +227,14 @@ def listening(
     stop: Callback | None = None,
     reload: Callback | None = None,
     grace: float | None = None,
+    exiting: bool = False,
 ) -> Iterator[Listener | None]:
     """Hear stops and reloads for the duration: ``stop`` is called (from the
     watcher thread) on the first SIGTERM or SIGINT, ``reload`` (from the reload
     thread) on SIGHUP. Installs the process's Listener when there is none and
     this is the main thread (``grace``: its grace period), and removes it
-    after; yields the Listener in use, or None (another thread, none installed)."""
+    after (``exiting``: the process ends then, Listener.remove says what that
+    changes); yields the Listener in use, or None (another thread, none installed)."""
     global _active
     with _active_lock:
         listener, mine = _active, False
@@ -246,4 +253,4 @@ def listening(
             assert listener is not None
             with _active_lock:
                 _active = None
-            listener.remove()
+            listener.remove(exiting=exiting)
