@@ -448,6 +448,15 @@ MUTANTS = [
         "a window retried smaller after a timeout waits its growing backoff: minutes per held row",
     ),
     Mutant(
+        "shrink-spends-attempts",
+        "src/expiry/cleanup.py",
+        "                        spend=False,\n",
+        "",
+        (f"{TIMEOUTS}::test_a_held_row_is_isolated_in_seconds_with_the_backoff_as_shipped",),
+        "each smaller retry of a timed-out window spends an attempt: a worker lost on the "
+        "last one dead-letters the window",
+    ),
+    Mutant(
         "late-sigterm-kills",
         "src/expiry/cli.py",
         "signals.listening(grace=args.stop_grace, exiting=True)",
@@ -458,8 +467,8 @@ MUTANTS = [
     Mutant(
         "outage-spends-attempts",
         "src/expiry/worker.py",
-        "outage_budget=self.outage_budget)",
-        "outage_budget=None)",
+        "            return self.outage_budget\n",
+        "            return None\n",
         (
             f"{OUTAGE}::test_a_full_disk_fails_a_window_many_times_and_spends_no_attempt[sqlite]",
             f"{OUTAGE}::test_a_full_disk_fails_a_window_many_times_and_spends_no_attempt[mysql]",

@@ -730,6 +730,7 @@ class Cleanup:
                         f"{_database_words(exc)}: retried with half the rows",
                         kind=kind,
                         retry_within=defaults.SHRINK_RETRY_SECONDS,
+                        spend=False,
                     ) from exc
                 return self._blocked(
                     job, tx, part.span, cutoff, storage, reason, rest=part.rest, timed_out=True

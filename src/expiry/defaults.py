@@ -129,3 +129,11 @@ SHRINK_RETRY_SECONDS = 1.0
 long (full jitter), not after the attempt's growing backoff: each retry is
 smaller work, and a row held by another transaction is isolated in about
 log2(window) lock timeouts, so its run does not wait minutes on it."""
+
+UNSPENT_SHRINK_SECONDS = 86400.0
+"""A window retried smaller after a timeout spends no attempt for a day of
+such retries: each takes half the rows of the one before, so it ends (deleted,
+or one row kept as blocked) in about log2(window) of them; max_attempts,
+meant for failures that repeat, would dead-letter it first (eight attempts for
+the fourteen halvings of a 10,000-row window), and a worker lost on its last
+attempt would leave it dead."""

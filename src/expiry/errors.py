@@ -78,6 +78,7 @@ class TransientError(JobError):
         *,
         kind: str | None = None,
         retry_within: float | None = None,
+        spend: bool = True,
     ) -> None:
         super().__init__(message)
         self.kind = kind
@@ -85,6 +86,9 @@ class TransientError(JobError):
         self.retry_within = retry_within
         """Retry within this many seconds (full jitter), not after the attempt's backoff:
         the next attempt is different work (a window retried smaller)."""
+        self.spend = spend
+        """False: the failure spends no attempt (the next attempt is smaller work,
+        and the work shrinks to an end by itself)."""
 
 
 class PermanentError(JobError):

@@ -780,13 +780,26 @@ class Worker:
             streak += 1
         return retry.backoff(streak, self.rng, cap=defaults.OUTAGE_RETRY_CAP_SECONDS)
 
+    def _unspent_within(self, kind: str, exc: BaseException) -> float | None:
+        """How long a streak of failures like this one spends no attempt (None:
+        it spends one): a database outage for the outage budget; a failure
+        that says so (TransientError(spend=False): a window retried smaller,
+        which ends by itself in about log2(window) attempts) for a day."""
+        if kind in OUTAGE_KINDS:
+            return self.outage_budget
+        if isinstance(exc, TransientError) and not exc.spend:
+            return defaults.UNSPENT_SHRINK_SECONDS
+        return None
+
     def _fail(self, job: Job, exc: BaseException, transient: bool | None = None) -> None:
         classified, kind = self.engine.classify(exc)
         transient = classified if transient is None else transient
         error = f"{type(exc).__name__}: {exc}".strip()
         delay = self._retry_delay(job, kind, exc) if transient else None
         try:
-            state = self.engine.job_fail(job, error, kind, delay, outage_budget=self.outage_budget)
+            state = self.engine.job_fail(
+                job, error, kind, delay, unspent_within=self._unspent_within(kind, exc)
+            )
         except Exception as db_exc:
             log.error(
                 "could not record failure; the lease will expire and the job retry: %s",

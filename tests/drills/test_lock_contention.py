@@ -104,7 +104,9 @@ def test_windows_behind_foreground_locks_retry_then_finish(
     assert _victims_met(pg_url, victims) == LOCKED_WINDOWS
     assert len(blocked) >= LOCKED_WINDOWS, "each locked window should have met its lock"
     for key, attempt, errors in blocked:
-        assert attempt >= 2 and len(errors) == attempt - 1, (key, errors)
+        # Each retry, with half the rows, spent no attempt: the window's job ends
+        # on its first, every timeout kept in its errors.
+        assert attempt == 1 and len(errors) >= 1, (key, attempt, errors)
         assert {e["kind"] for e in errors} == {"lock_timeout"}, errors
         assert all("lock timeout" in e["error"] for e in errors), errors
     assert elapsed >= HOLD  # the locked windows could not finish before the locks went

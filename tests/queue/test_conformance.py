@@ -414,24 +414,25 @@ def _claim_due(queue: Queue, engine: Engine, key: str) -> Job:
     return job
 
 
-def test_an_outage_spends_no_attempt_within_its_budget(queue: Queue, engine: Engine) -> None:
-    """A database that is down, read-only or full is not the job's fault: its
-    failures give their attempt back while the outage is younger than the
-    budget; any other failure spends one as before and ends the outage."""
+def test_an_unspent_failure_gives_its_attempt_back_within_its_budget(
+    queue: Queue, engine: Engine
+) -> None:
+    """A failure that is not the job's (the worker passes unspent_within: a
+    database down, read-only or full; a window retried smaller) gives its
+    attempt back while its streak is younger than the budget; any other
+    failure spends one as before and ends the streak."""
     queue.enqueue("noop", {}, None, "k", max_attempts=2)
     for kind in ["connection_lost", "disk_full", "read_only", "admin_shutdown"] * 2:
         job = _claim_due(queue, engine, "k")
-        state = engine.job_fail(job, f"{kind}!", kind, 0.0, outage_budget=3600)
+        state = engine.job_fail(job, f"{kind}!", kind, 0.0, unspent_within=3600)
         assert state is JobState.RETRYABLE, kind
         assert queue.get("k") is not None and queue.get("k").attempt == 0
     job = _claim_due(queue, engine, "k")
-    assert engine.job_fail(job, "boom", "lock_timeout", 0.0, outage_budget=3600) is (
-        JobState.RETRYABLE
-    )
+    assert engine.job_fail(job, "boom", "lock_timeout", 0.0) is JobState.RETRYABLE
     back = engine.job_get("k")
     assert back is not None and back.attempt == 1 and len(back.errors) == 9
     job = _claim_due(queue, engine, "k")  # the last attempt: an outage keeps it alive
-    assert engine.job_fail(job, "down", "connection_lost", 0.0, outage_budget=3600) is (
+    assert engine.job_fail(job, "down", "connection_lost", 0.0, unspent_within=3600) is (
         JobState.RETRYABLE
     )
 
@@ -439,15 +440,15 @@ def test_an_outage_spends_no_attempt_within_its_budget(queue: Queue, engine: Eng
 def test_an_outage_past_its_budget_spends_attempts_again(queue: Queue, engine: Engine) -> None:
     queue.enqueue("noop", {}, None, "k", max_attempts=2)
     job = _claim_due(queue, engine, "k")
-    assert engine.job_fail(job, "full", "disk_full", 0.0, outage_budget=60) is JobState.RETRYABLE
+    assert engine.job_fail(job, "full", "disk_full", 0.0, unspent_within=60) is JobState.RETRYABLE
     execute(
-        engine, f"update expiry.jobs set outage_since = outage_since - {seconds(engine, '120')}"
+        engine, f"update expiry.jobs set unspent_since = unspent_since - {seconds(engine, '120')}"
     )
     job = _claim_due(queue, engine, "k")
-    assert engine.job_fail(job, "full", "disk_full", 0.0, outage_budget=60) is JobState.RETRYABLE
+    assert engine.job_fail(job, "full", "disk_full", 0.0, unspent_within=60) is JobState.RETRYABLE
     assert queue.get("k") is not None and queue.get("k").attempt == 1
     job = _claim_due(queue, engine, "k")
-    assert engine.job_fail(job, "full", "disk_full", 0.0, outage_budget=60) is JobState.DEAD
+    assert engine.job_fail(job, "full", "disk_full", 0.0, unspent_within=60) is JobState.DEAD
     # Without a budget (the HTTP API's nack), an outage's kind spends as any error.
     queue.enqueue("noop", {}, None, "n", max_attempts=1)
     job = _claim_due(queue, engine, "n")

@@ -696,13 +696,14 @@ class Engine(abc.ABC):
         kind: str,
         retry_delay: float | None,
         *,
-        outage_budget: float | None = None,
+        unspent_within: float | None = None,
     ) -> JobState | None:
-        """Record a failure. ``retry_delay`` None means permanent. A transient
-        failure of an OUTAGE_KINDS kind gives its attempt back while the outage
-        (its failures in a row) is younger than ``outage_budget`` seconds (None:
-        every failure spends one). Returns the new state, or None when the
-        caller no longer held the lease."""
+        """Record a failure. ``retry_delay`` None means permanent.
+        ``unspent_within``: a transient failure that is not the job's (an
+        outage, a window retried smaller) gives its attempt back while the
+        streak of such failures began less than this many seconds ago (None:
+        it spends one, as any other failure). Returns the new state, or None
+        when the caller no longer held the lease."""
         params = {
             "id": job.id,
             "token": job.lease_token,
@@ -710,10 +711,8 @@ class Engine(abc.ABC):
             "delay": retry_delay or 0.0,
             "error": error[:4000],
             "kind": kind,
-            "outage": retry_delay is not None
-            and outage_budget is not None
-            and kind in OUTAGE_KINDS,
-            "budget": outage_budget or 0.0,
+            "unspent": retry_delay is not None and unspent_within is not None,
+            "budget": unspent_within or 0.0,
         }
         row = self._one(None, "job_fail", params)
         return JobState(row["state"]) if row else None

@@ -110,19 +110,19 @@ where id in (select v from json_table(%(ids)s, '$[*]' columns (v bigint path '$'
 -- name: job_fail
 -- Record a failed attempt: retryable at now + delay while attempts remain and
 -- the error is transient, else dead. Every attempt's error is kept. Only while
--- the caller's lease holds: after it expired, the rescuer decides. An outage's
--- failure gives its attempt back within the budget (postgres/queries.sql says
+-- the caller's lease holds: after it expired, the rescuer decides. A failure
+-- that is not the job's gives its attempt back within the budget (postgres/queries.sql says
 -- how). MySQL's SET reads the values assigned before it in the same statement:
--- attempt and outage_since are assigned last, after everything that reads them.
+-- attempt and unspent_since are assigned last, after everything that reads them.
 update expiry_jobs
-set state = case when %(retry)s and (attempt < max_attempts or (%(outage)s
-                      and coalesce(outage_since, $now) > $now - interval round(%(budget)s * 1000000) microsecond))
+set state = case when %(retry)s and (attempt < max_attempts or (%(unspent)s
+                      and coalesce(unspent_since, $now) > $now - interval round(%(budget)s * 1000000) microsecond))
                  then 'retryable' else 'dead' end,
-    run_at = case when %(retry)s and (attempt < max_attempts or (%(outage)s
-                       and coalesce(outage_since, $now) > $now - interval round(%(budget)s * 1000000) microsecond))
+    run_at = case when %(retry)s and (attempt < max_attempts or (%(unspent)s
+                       and coalesce(unspent_since, $now) > $now - interval round(%(budget)s * 1000000) microsecond))
                   then $now + interval round(%(delay)s * 1000000) microsecond else run_at end,
-    finished_at = case when %(retry)s and (attempt < max_attempts or (%(outage)s
-                       and coalesce(outage_since, $now) > $now - interval round(%(budget)s * 1000000) microsecond))
+    finished_at = case when %(retry)s and (attempt < max_attempts or (%(unspent)s
+                       and coalesce(unspent_since, $now) > $now - interval round(%(budget)s * 1000000) microsecond))
                   then null else $now end,
     last_error = %(error)s,
     last_error_kind = %(kind)s,
@@ -131,10 +131,10 @@ set state = case when %(retry)s and (attempt < max_attempts or (%(outage)s
         'kind', %(kind)s, 'error', %(error)s, 'worker', lease_owner)),
     lease_owner = null, lease_token = null, lease_expires_at = null,
     updated_at = $now,
-    attempt = case when %(retry)s and %(outage)s
-                        and coalesce(outage_since, $now) > $now - interval round(%(budget)s * 1000000) microsecond
+    attempt = case when %(retry)s and %(unspent)s
+                        and coalesce(unspent_since, $now) > $now - interval round(%(budget)s * 1000000) microsecond
                    then greatest(attempt - 1, 0) else attempt end,
-    outage_since = case when %(outage)s then coalesce(outage_since, $now) end
+    unspent_since = case when %(unspent)s then coalesce(unspent_since, $now) end
 where id = %(id)s and lease_token = %(token)s and state = 'running'
   and lease_expires_at > $now;
 select state from expiry_jobs where id = %(id)s and row_count() > 0;

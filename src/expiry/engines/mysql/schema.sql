@@ -84,7 +84,7 @@ CREATE TABLE `expiry_jobs` (
   `due_queue` varchar(255) GENERATED ALWAYS AS (case when `state` in ('scheduled','available','retryable') then `queue` end) STORED,
   `wait_reason` text DEFAULT NULL,
   `waiting_since` datetime(6) DEFAULT NULL,
-  `outage_since` datetime(6) DEFAULT NULL,
+  `unspent_since` datetime(6) DEFAULT NULL,
   PRIMARY KEY (`id`),
   UNIQUE KEY `expiry_jobs_key` (`key`),
   KEY `expiry_jobs_due` (`due_queue`,`priority`,`run_at`,`id`),

@@ -141,24 +141,25 @@ returning id;
 -- Record a failed attempt: retryable at now() + delay while attempts remain
 -- and the error is transient, else dead. Every attempt's error is kept. Only
 -- while the caller's lease holds: after it expired, the rescuer decides.
--- An outage's failure (%(outage)s) gives its attempt back while the outage
--- began (outage_since: its first failure in a row) less than %(budget)s
--- seconds ago; any other failure ends the streak. Each SET reads the row as
--- it was, so the refund's test is written where it decides.
+-- A failure that is not the job's (%(unspent)s: a database outage, a window
+-- that timed out and is retried smaller) gives its attempt back while the
+-- streak of such failures began (unspent_since) less than %(budget)s seconds
+-- ago; any other failure ends the streak. Each SET reads the row as it was,
+-- so the refund's test is written where it decides.
 update expiry.jobs
-set state = case when %(retry)s and (attempt < max_attempts or (%(outage)s
-                      and coalesce(outage_since, now()) > now() - make_interval(secs => %(budget)s)))
+set state = case when %(retry)s and (attempt < max_attempts or (%(unspent)s
+                      and coalesce(unspent_since, now()) > now() - make_interval(secs => %(budget)s)))
                  then 'retryable' else 'dead' end,
-    run_at = case when %(retry)s and (attempt < max_attempts or (%(outage)s
-                       and coalesce(outage_since, now()) > now() - make_interval(secs => %(budget)s)))
+    run_at = case when %(retry)s and (attempt < max_attempts or (%(unspent)s
+                       and coalesce(unspent_since, now()) > now() - make_interval(secs => %(budget)s)))
                   then now() + make_interval(secs => %(delay)s) else run_at end,
-    finished_at = case when %(retry)s and (attempt < max_attempts or (%(outage)s
-                       and coalesce(outage_since, now()) > now() - make_interval(secs => %(budget)s)))
+    finished_at = case when %(retry)s and (attempt < max_attempts or (%(unspent)s
+                       and coalesce(unspent_since, now()) > now() - make_interval(secs => %(budget)s)))
                   then null else now() end,
-    attempt = case when %(retry)s and %(outage)s
-                        and coalesce(outage_since, now()) > now() - make_interval(secs => %(budget)s)
+    attempt = case when %(retry)s and %(unspent)s
+                        and coalesce(unspent_since, now()) > now() - make_interval(secs => %(budget)s)
                    then greatest(attempt - 1, 0) else attempt end,
-    outage_since = case when %(outage)s then coalesce(outage_since, now()) end,
+    unspent_since = case when %(unspent)s then coalesce(unspent_since, now()) end,
     last_error = %(error)s,
     last_error_kind = %(kind)s,
     errors = errors || jsonb_build_array(jsonb_build_object(

@@ -186,7 +186,7 @@ CREATE TABLE expiry.jobs (
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     wait_reason text,
     waiting_since timestamp with time zone,
-    outage_since timestamp with time zone,
+    unspent_since timestamp with time zone,
     CONSTRAINT jobs_max_attempts_check CHECK ((max_attempts > 0)),
     CONSTRAINT jobs_state_check CHECK ((state = ANY (ARRAY['scheduled'::text, 'available'::text, 'running'::text, 'retryable'::text, 'completed'::text, 'dead'::text, 'cancelled'::text])))
 )

@@ -83,22 +83,22 @@ returning id;
 
 -- name: job_fail
 -- Record a failed attempt: retryable at now + delay while attempts remain and
--- the error is transient, else dead. Every attempt's error is kept. An
--- outage's failure gives its attempt back within the budget
+-- the error is transient, else dead. Every attempt's error is kept. A
+-- failure that is not the job's gives its attempt back within the budget
 -- (postgres/queries.sql says how).
 update expiry_jobs
-set state = case when :retry and (attempt < max_attempts or (:outage
-                      and coalesce(outage_since, $now) > $now - :budget))
+set state = case when :retry and (attempt < max_attempts or (:unspent
+                      and coalesce(unspent_since, $now) > $now - :budget))
                  then 'retryable' else 'dead' end,
-    run_at = case when :retry and (attempt < max_attempts or (:outage
-                       and coalesce(outage_since, $now) > $now - :budget))
+    run_at = case when :retry and (attempt < max_attempts or (:unspent
+                       and coalesce(unspent_since, $now) > $now - :budget))
                   then $now + :delay else run_at end,
-    finished_at = case when :retry and (attempt < max_attempts or (:outage
-                       and coalesce(outage_since, $now) > $now - :budget))
+    finished_at = case when :retry and (attempt < max_attempts or (:unspent
+                       and coalesce(unspent_since, $now) > $now - :budget))
                   then null else $now end,
-    attempt = case when :retry and :outage and coalesce(outage_since, $now) > $now - :budget
+    attempt = case when :retry and :unspent and coalesce(unspent_since, $now) > $now - :budget
                    then max(attempt - 1, 0) else attempt end,
-    outage_since = case when :outage then coalesce(outage_since, $now) end,
+    unspent_since = case when :unspent then coalesce(unspent_since, $now) end,
     last_error = :error,
     last_error_kind = :kind,
     errors = json_insert(errors, '$[#]', json_object(

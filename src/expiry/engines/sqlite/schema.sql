@@ -97,7 +97,7 @@ CREATE TABLE expiry_jobs (
     attempted_at     real,
     finished_at      real,
     updated_at       real    not null
-, wait_reason text, waiting_since real, outage_since real);
+, wait_reason text, waiting_since real, unspent_since real);
 
 CREATE TABLE expiry_ledger (
     key           text    primary key,

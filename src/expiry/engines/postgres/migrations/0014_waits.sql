@@ -7,10 +7,11 @@
 alter table expiry.jobs add column wait_reason text;
 alter table expiry.jobs add column waiting_since timestamptz;
 
--- A database outage (connection lost, shutdown, read-only after a failover,
--- disk full) is not the job's fault: its failures spend no attempt for an
--- outage budget of time, counted from the first of them in a row.
-alter table expiry.jobs add column outage_since timestamptz;
+-- A failure that is not the job's (a database outage: connection lost,
+-- shutdown, read-only after a failover, disk full; a window that timed out,
+-- retried with half its rows) spends no attempt for a budget of time, counted
+-- from the first of such failures in a row.
+alter table expiry.jobs add column unspent_since timestamptz;
 
 -- A run not yet started (its first planning job still waiting) that a later
 -- run of its policy covers is finished as superseded by it: the later cutoff

@@ -2,7 +2,7 @@
 -- (postgres/migrations/0014 says why).
 alter table expiry_jobs add column wait_reason text;
 alter table expiry_jobs add column waiting_since real;
-alter table expiry_jobs add column outage_since real;
+alter table expiry_jobs add column unspent_since real;
 alter table expiry_runs add column superseded_by text;
 alter table expiry_runs add column stalled_at real;
 create index expiry_runs_open on expiry_runs (policy, opened_at) where state <> 'finished';
