@@ -402,8 +402,8 @@ MUTANTS = [
     Mutant(
         "turns-wait-for-any-run",
         "src/expiry/cleanup.py",
-        "ahead = [t for t in turns if t.started and t.pending and (t.cutoff, t.id) < order]",
-        "ahead = [t for t in turns if t.started and t.pending and t.id != rid]",
+        "earlier = [t for t in turns if (t.cutoff, t.id) < order]",
+        "earlier = [t for t in turns if t.id != rid]",
         (
             f"{TURNS}::test_a_run_with_an_earlier_cutoff_never_waits_for_a_later_one[sqlite]",
             f"{TURNS}::test_runs_opened_worked_and_abandoned_in_any_order_all_end_and_clean[postgres]",
@@ -417,6 +417,18 @@ MUTANTS = [
         "if False:",
         (f"{TURNS}::test_two_runs_opened_before_any_worker_finish_in_one_pass[mysql]",),
         "runs queued behind one are not coalesced into the newest: each plans in turn",
+    ),
+    Mutant(
+        "turns-wait-on-backoff",
+        "src/expiry/cleanup.py",
+        "moving = [t for t in earlier if t.started and t.active]",
+        "moving = [t for t in earlier if t.started and t.pending]",
+        (
+            f"{TURNS}::test_a_run_supersedes_an_earlier_run_whose_jobs_only_wait_for_a_retry"
+            "[postgres]",
+        ),
+        "a run waits for an earlier one whose windows only back off (behind a held lock): "
+        "the policy stops cleaning for minutes",
     ),
     Mutant(
         "drift-dead-letters",

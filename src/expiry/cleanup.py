@@ -589,13 +589,15 @@ class Cleanup:
 
     def _take_turn(self, policy: Policy, rid: str, tx: Any) -> bool:
         """Whether run ``rid`` (about to start) plans now. The policy's runs go in
-        turn, by cutoff then id, and a run waits only for an earlier one: no two
-        ever wait for each other. Runs not yet started coalesce into the newest:
-        a run that a later one covers gives way to it (superseded: finished,
-        audited; the later cutoff deletes every row it would have), so N runs
-        queued behind one become one. False: this run gave way, or was
-        cancelled meanwhile. Raises Snooze, with the run it waits for, while an
-        earlier run that started has jobs pending."""
+        turn, by cutoff then id, and a run waits only for an earlier one that is
+        moving (a job of it running or due): no two ever wait for each other,
+        and none waits on a retry's backoff. An earlier run this one covers
+        gives way to it (superseded: its waiting jobs cancelled, finished,
+        audited; the later cutoff deletes every row it would have): each run
+        not yet started, so N runs queued behind one become one, and each that
+        started but only waits (windows backing off behind a held row lock, a
+        full disk). False: this run gave way, or was cancelled meanwhile.
+        Raises Snooze, naming the run it waits for."""
         turns = self.engine.run_turns(policy.name, conn=tx)
         mine = next((t for t in turns if t.id == rid), None)
         if mine is None:  # cancelled or superseded since its job was queued
@@ -606,15 +608,16 @@ class Cleanup:
             self.engine.job_wake(f"{newest[0].id}:plan", conn=tx)  # its turn, now
             return False
         order = (mine.cutoff, mine.id)
-        ahead = [t for t in turns if t.started and t.pending and (t.cutoff, t.id) < order]
-        if ahead:
+        earlier = [t for t in turns if (t.cutoff, t.id) < order]
+        moving = [t for t in earlier if t.started and t.active]
+        if moving:
             raise Snooze(
                 OVERLAP_WAIT_SECONDS,
-                f"waiting for run {ahead[-1].id}: {ahead[-1].pending} of its jobs are pending",
+                f"waiting for run {moving[-1].id}: {moving[-1].pending} of its jobs are pending",
             )
-        for earlier in turns:
-            if not earlier.started and earlier.id != rid:
-                self._supersede(policy, earlier.id, rid, tx)
+        for covered in earlier:
+            if not covered.started or covered.pending:
+                self._supersede(policy, covered.id, rid, tx)
         return True
 
     def _supersede(self, policy: Policy, rid: str, by: str, tx: Any) -> None:

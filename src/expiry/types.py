@@ -152,6 +152,9 @@ class RunTurn:
     """It queued more than its first planning job, or was planned."""
     pending: int
     """Its jobs not yet completed, dead or cancelled."""
+    active: int = 0
+    """Of those, the ones running or due now: the run is moving. The rest wait
+    for a retry's backoff or a snooze."""
 
 
 @dataclass(frozen=True)

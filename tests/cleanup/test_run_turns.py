@@ -115,6 +115,40 @@ def test_a_run_waits_for_an_earlier_run_that_started_and_says_so(
     assert sum(row["rows"] for row in db.ledger(second.run_id)) == len(newer)
 
 
+def test_a_run_supersedes_an_earlier_run_whose_jobs_only_wait_for_a_retry(
+    db: Db, apps: Apps
+) -> None:
+    """An earlier run that started but only waits (its windows backing off after
+    a lock timeout, a full disk) does not hold the policy's next run: the later
+    run supersedes it (its waiting windows cancelled: the later cutoff covers
+    their rows) and plans at once."""
+    db.create_sessions()
+    old = [(i, -7200.0, False) for i in range(1, 301)]
+    live = [(i, LIVE, False) for i in range(301, 351)]
+    db.insert_sessions(old + live)
+    app = apps(db.url)
+    assert app.cleanup is not None
+    now = app.engine.now().replace(microsecond=0)
+    first = app.cleanup.open_run(POLICY, now - timedelta(hours=1))
+    claim_plan(app)
+    for job in app.queue.claim(100, 60, owner="test", queues=app.worked_queues()):
+        assert app.engine.job_fail(job, "lock timeout", "lock_timeout", 3600) is not None
+    second = app.cleanup.open_run(POLICY, now)
+
+    [plan] = app.queue.claim(100, 60, owner="test", queues=app.worked_queues())
+    assert plan.payload["run_id"] == second.run_id
+    app.worker().process(plan)
+
+    planned = app.queue.get(plan.key)
+    assert planned is not None and planned.state is JobState.COMPLETED
+    one = app.runs.summary(first.run_id)
+    assert one is not None and one["superseded_by"] == second.run_id
+    assert one["state"] == "finished" and one["jobs_by_state"] == {"cancelled": 3}
+    run_worker(app)
+    assert db.ids() == {i for i, _, _ in live}
+    assert db.run_state(second.run_id) == "finished"
+
+
 def test_a_run_with_an_earlier_cutoff_never_waits_for_a_later_one(db: Db, apps: Apps) -> None:
     """Opened while a later cutoff's run works, an earlier cutoff plans at once:
     a run waits only for runs before it in cutoff order."""

@@ -250,12 +250,14 @@ def test_run_turns_lists_open_runs_in_cutoff_order_with_started_and_pending(
     enqueue(engine, "p:a:0", "p:a")  # a window: p:a has started
     complete(engine, "p:a:100", "p:a")  # completed is not pending
     enqueue(engine, "q:1:plan", "q:1", "expiry.plan")
+    enqueue(engine, "p:a:200", "p:a")  # pending, but waiting for its retry: not active
+    assert engine.job_fail(claim(engine, "p:a:200"), "held", "lock_timeout", 3600) is not None
 
     turns = engine.run_turns("p")
-    assert [(t.id, t.started, t.pending) for t in turns] == [
-        ("p:a", True, 2),
-        ("p:b", False, 1),
-        ("p:c", False, 0),
+    assert [(t.id, t.started, t.pending, t.active) for t in turns] == [
+        ("p:a", True, 3, 2),
+        ("p:b", False, 1, 1),
+        ("p:c", False, 0, 0),
     ]
     assert turns[0].cutoff == earlier and is_utc(turns[0].cutoff)
     assert engine.run_turns("r") == []

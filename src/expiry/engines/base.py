@@ -1022,6 +1022,7 @@ class Engine(abc.ABC):
                 cutoff=self._time(row["cutoff"]),
                 started=bool(row["started"]),
                 pending=int(row["pending"]),
+                active=int(row["active"]),
             )
             for row in self._tx_rows(conn, "run_turns", {"policy": policy})
         ]

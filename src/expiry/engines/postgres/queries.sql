@@ -412,14 +412,20 @@ where run_id = %(id)s and action = 'window.duplicate';
 -- The policy's open runs (not finished, not cancelled) in their turn: by cutoff,
 -- then id. A run has started once it queued anything beyond its first planning
 -- job (windows, partitions, the next page) or was planned; pending: its jobs not
--- yet completed, dead or cancelled.
+-- yet completed, dead or cancelled; active: those of them running or due now
+-- (the others wait for a retry's backoff or a snooze).
 select r.id, r.cutoff,
        (r.state <> 'planning' or exists (
            select 1 from expiry.jobs j
            where j.run_id = r.id and j.key <> r.id || ':plan')) as started,
        (select count(*) from expiry.jobs j
         where j.run_id = r.id
-          and j.state in ('scheduled', 'available', 'retryable', 'running')) as pending
+          and j.state in ('scheduled', 'available', 'retryable', 'running')) as pending,
+       (select count(*) from expiry.jobs j
+        where j.run_id = r.id
+          and (j.state = 'running'
+               or (j.state in ('scheduled', 'available', 'retryable') and j.run_at <= now())))
+         as active
 from expiry.runs r
 where r.policy = %(policy)s and r.state <> 'finished' and r.cancelled_at is null
 order by r.cutoff, r.id;

@@ -333,7 +333,12 @@ select r.id, r.cutoff,
            where j.run_id = r.id and j.key <> r.id || ':plan')) as started,
        (select count(*) from expiry_jobs j
         where j.run_id = r.id
-          and j.state in ('scheduled', 'available', 'retryable', 'running')) as pending
+          and j.state in ('scheduled', 'available', 'retryable', 'running')) as pending,
+       (select count(*) from expiry_jobs j
+        where j.run_id = r.id
+          and (j.state = 'running'
+               or (j.state in ('scheduled', 'available', 'retryable') and j.run_at <= $now)))
+         as active
 from expiry_runs r
 where r.policy = :policy and r.state <> 'finished' and r.cancelled_at is null
 order by r.cutoff, r.id;
