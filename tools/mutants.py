@@ -500,6 +500,15 @@ MUTANTS = [
         "split at each job's last attempt, max_attempts timeouts a halving",
     ),
     Mutant(
+        "shrunk-rest-full-size",
+        "src/expiry/cleanup.py",
+        "halvings=max(0, halvings - 1))",
+        "halvings=0)",
+        (f"{TIMEOUTS}::test_the_rest_of_a_shrunk_window_starts_small_and_grows_back",),
+        "the rest of a window shrunk around a held row starts at full size again: every held "
+        "row ahead costs log2(window) timeouts more (O(log² n)), its run open for minutes",
+    ),
+    Mutant(
         "timeout-last-attempt-dies",
         "src/expiry/cleanup.py",
         "if not alone and job.attempt < job.max_attempts:",

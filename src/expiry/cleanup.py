@@ -722,7 +722,7 @@ class Cleanup:
             halvings = self._halvings(job)
             part = self._paced(target, span, cutoff, tx, storage, halvings)
             try:
-                taken = self._take(job, tx, part, cutoff, storage)
+                taken = self._take(job, tx, part, cutoff, storage, halvings)
             except Exception as exc:
                 kind = self.engine.classify(exc)[1]
                 if kind not in self.engine.window_timeouts:
@@ -736,7 +736,15 @@ class Cleanup:
                         spend=False,
                     ) from exc
                 return self._blocked(
-                    job, tx, part.span, cutoff, storage, reason, rest=part.rest, timed_out=True
+                    job,
+                    tx,
+                    part.span,
+                    cutoff,
+                    storage,
+                    reason,
+                    rest=part.rest,
+                    timed_out=True,
+                    halvings=halvings,
                 )
         except ForeignKeyBlocked as exc:
             return self._blocked(job, tx, span, cutoff, storage, str(exc).splitlines()[0])
@@ -745,10 +753,12 @@ class Cleanup:
         return WindowResult(policy.name, taken)
 
     def _take(
-        self, job: Job, tx: Any, part: _Part, cutoff: datetime, storage: Storage
+        self, job: Job, tx: Any, part: _Part, cutoff: datetime, storage: Storage, halvings: int
     ) -> int | None:
         """Apply ``part`` of the window under the job's key, completing the job,
-        and queue its rest: the rows taken, or None for a duplicate delivery."""
+        and queue its rest: the rows taken, or None for a duplicate delivery.
+        A part taken after ``halvings`` timeouts hands its rest one halving
+        fewer (_rest_job)."""
         p = job.payload
         policy, target = self.policy(p["policy"]), self.target(p["policy"], tx)
         with self.engine.atomic(tx) if part.rest is not None else nullcontext():
@@ -764,16 +774,15 @@ class Cleanup:
             )
             # The delivery that booked the window's first part enqueues the rest.
             if part.rest is not None and taken is not None:
-                self.engine.job_insert_many(
-                    [_span_job(policy, p, part.rest, part.rest.job_key)], tx
-                )
+                self.engine.job_insert_many([_rest_job(policy, p, part.rest, halvings)], tx)
         return taken
 
     def _halvings(self, job: Job) -> int:
-        """How many of the window's last attempts, one after another, ended in a
-        timeout of its statement (statement_timeout, lock_timeout: the engine's
-        window_timeouts)."""
-        count = 0
+        """How many times this attempt halves the window: the halvings its
+        parent handed it (_rest_job), and one for each of its own last
+        attempts, one after another, that ended in a timeout of its statement
+        (statement_timeout, lock_timeout: the engine's window_timeouts)."""
+        count = int(job.payload.get("halvings", 0))
         for error in reversed(job.errors):
             if error.get("kind") not in self.engine.window_timeouts:
                 break
@@ -850,6 +859,7 @@ class Cleanup:
         *,
         rest: Span | None = None,
         timed_out: bool = False,
+        halvings: int = 0,
     ) -> WindowResult:
         """A foreign key refused the window's delete, or it timed out one last
         time (_timed_out); nothing was taken. Its good rows are not thrown
@@ -869,7 +879,7 @@ class Cleanup:
             else:
                 booked = self._book_kept(job, tx, span, cutoff, storage, reason if n else None)
             if booked and rest is not None:
-                engine.job_insert_many([_span_job(policy, p, rest, rest.job_key)], tx)
+                engine.job_insert_many([_rest_job(policy, p, rest, halvings)], tx)
             engine.job_complete(job, tx)
         _log_blocked(job, reason, split=halves is not None, timed_out=timed_out)
         return WindowResult(policy.name, 0 if booked else None, timed_out)
@@ -1185,19 +1195,38 @@ def _window_job(policy: Policy, run: dict[str, Any], span: Span) -> NewJob:
     return _span_job(policy, run, span, span.job_key)
 
 
-def _span_job(policy: Policy, run: dict[str, Any], span: Span, key: Callable[[str], str]) -> NewJob:
+def _span_job(
+    policy: Policy,
+    run: dict[str, Any],
+    span: Span,
+    key: Callable[[str], str],
+    *,
+    halvings: int = 0,
+) -> NewJob:
     """A window job for ``span`` of the run (with the storage its planner read),
     keyed by ``key`` of the run id: a planned window, the rest of a paced one,
-    or a half of one split around a referenced row."""
+    or a half of one split around a referenced row; ``halvings``: the times
+    its first attempt halves it (_halvings)."""
     fields = {k: run[k] for k in ("policy", "run_id", "cutoff", "storage")}
+    shrunk = {"halvings": halvings} if halvings else {}
     return new_job(
         WINDOW,
-        {**fields, **span.payload()},
+        {**fields, **span.payload(), **shrunk},
         key=key(run["run_id"]),
         max_attempts=policy.max_attempts,
         priority=policy.priority,
         queue=policy_queue(policy.name),
     )
+
+
+def _rest_job(policy: Policy, run: dict[str, Any], rest: Span, halvings: int) -> NewJob:
+    """The continuation of a window whose part was taken (or kept) after
+    ``halvings`` timeouts: it starts one halving fewer, as the part's success
+    says the rows just past it are likely good, and doubles back to full size
+    one success at a time. Started at full size, each continuation of a window
+    around a held row timed out again from the top: O(log² n) timeouts where
+    O(log n) suffice."""
+    return _span_job(policy, run, rest, rest.job_key, halvings=max(0, halvings - 1))
 
 
 def _partition_job(policy: Policy, run: dict[str, Any], part: Partition, mode: str) -> NewJob:

@@ -22,7 +22,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import psycopg
@@ -297,3 +297,28 @@ def test_a_held_row_is_isolated_in_seconds_with_the_backoff_as_shipped(
     # more, ends on its first, and a worker lost now cannot leave it dead.
     assert len(timeouts(pg_db)) >= 6
     assert {j["attempt"] for j in pg_db.jobs(run_id=opened.run_id)} == {1}
+
+
+def test_the_rest_of_a_shrunk_window_starts_small_and_grows_back(pg_db: Db, apps: Apps) -> None:
+    """Rows held far apart in one big window are isolated in O(log n)
+    timeouts each: the rest of a part taken after k halvings starts at k-1
+    (and doubles back one success at a time), not at full size, which timed
+    out from the top again at every held row still ahead (O(log² n) each)."""
+    db = pg_db
+    n, held = 1024, (100, 400, 700, 1000)
+    db.create_sessions()
+    db.insert_sessions([(i, -3600.0, False) for i in range(1, n + 1)])
+    app = apps(db.url, {"where": None, "window": n, "lock_timeout": "50ms"})
+    assert app.cleanup is not None
+    with ExitStack() as held_rows:
+        for row in held:
+            held_rows.enter_context(row_held(db, row))
+        opened = app.cleanup.open_run(POLICY)
+        drive(app, db, opened.run_id, rounds=400)
+    spent = len(timeouts(db))
+    print(f"{spent} timeouts to isolate {len(held)} held rows among {n}")
+    assert db.ids() == set(held)
+    assert db.run_state(opened.run_id) == "finished"
+    # From full size, every continuation climbs down log2(1024) = 10 halvings
+    # again for each held row ahead of it: 4 rows cost over 100 timeouts so.
+    assert spent <= len(held) * (2 * math.log2(n) + 2), spent
