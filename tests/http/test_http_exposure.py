@@ -50,14 +50,20 @@ def test_expirys_own_queues_cannot_be_published_to_or_received_from(live: Live) 
     assert summary["state"] == "finished" and live.db.count() == 10
 
 
-def test_publish_without_a_queue_says_to_name_one(live: Live) -> None:
-    message = assert_error(
-        live.client.post("/v1/queue/publish", json={"message": {}}), 422, "invalid_request"
-    )
-    assert "name the queue" in message
-    batch = live.client.post("/v1/queue/publish_batch", json={"messages": [{}]})
-    assert "name the queue" in assert_error(batch, 422)
-    assert live.app.queue.pending() == 0
+def test_publish_without_a_queue_goes_to_the_public_default_queue(live: Live) -> None:
+    """As the seed articles' clients send it; expiry's own work is not there
+    (its queues are reserved), and a key scoped to other queues may not."""
+    one = live.client.post("/v1/queue/publish", json={"message": {"n": 1}})
+    assert one.status_code == 200 and one.json()["queue"] == "default", one.text
+    batch = live.client.post("/v1/queue/publish_batch", json={"messages": [{"n": 2}, {"n": 3}]})
+    assert batch.status_code == 200, batch.text
+    assert {r["queue"] for r in batch.json()["results"]} == {"default"}
+    got = live.client.post("/v1/queue/receive", json={"max": 10}).json()["jobs"]
+    assert sorted(j["message"]["n"] for j in got) == [1, 2, 3]
+    assert {j["queue"] for j in got} == {"default"}
+    scoped = key(live, "orders-only", "queue:publish:orders.*")
+    refused = scoped.post("/v1/queue/publish", json={"message": {}})
+    assert "queue:publish:default" in assert_error(refused, 403)
 
 
 def test_a_published_message_is_never_part_of_a_run(live: Live) -> None:

@@ -30,12 +30,11 @@ CAPABILITIES: dict[str, dict[str, Any]] = {
         },
     },
     "queue.publish_batch": {
-        "scope": "queue:publish:cleanup",
+        "scope": "queue:publish:default",
         "method": "POST",
         "path": "/v1/queue/publish_batch",
-        "summary": "enqueue up to 1,000 jobs in one statement",
+        "summary": "enqueue up to 1,000 jobs in one statement (without queue: to default)",
         "example": {
-            "queue": "cleanup",
             "messages": [{"run_id": "r1", "start_id": 0, "end_id": 50000}],
             "keys": ["r1:0"],
         },

@@ -72,16 +72,13 @@ def public_key(value: str | None) -> str | None:
     return value
 
 
-def queue_named(cls: type, data: Any) -> Any:
-    """A publish body must name its queue (there is no default queue to land in)."""
-    if isinstance(data, dict) and "queue" not in data:
-        raise ValueError(NAME_A_QUEUE)
-    return data
+DEFAULT_QUEUE = "default"
+"""Where a message without ``queue`` goes, as the seed articles' clients send it:
+a public queue like any other (expiry's own work lives in reserved queues)."""
 
-
-NAME_A_QUEUE = (
-    'name the queue: "queue": "emails" (a worker running a handler of that name, or a '
-    "consumer of POST /v1/queue/receive, takes the messages)"
+QUEUE_FIELD = (
+    'queue (and handler) name; without it, "default" (a worker running a handler of '
+    "that name, or a consumer of POST /v1/queue/receive, takes the messages)"
 )
 
 
@@ -112,7 +109,7 @@ class ErrorResponse(Body):
 
 
 class PublishRequest(Request):
-    queue: str = Field(pattern=QUEUE_NAME, description="queue (and handler) name")
+    queue: str = Field(DEFAULT_QUEUE, pattern=QUEUE_NAME, description=QUEUE_FIELD)
     message: dict[str, Any] = Field(
         description="the job payload: identifiers, not records (<= 256 KiB)"
     )
@@ -128,8 +125,6 @@ class PublishRequest(Request):
 
     _queue = field_validator("queue")(public_queue)
     _key = field_validator("key")(public_key)
-
-    _named = model_validator(mode="before")(queue_named)
 
     @field_validator("run_at")
     @classmethod
@@ -154,7 +149,7 @@ class Published(Body):
 
 
 class PublishBatchRequest(Request):
-    queue: str = Field(pattern=QUEUE_NAME)
+    queue: str = Field(DEFAULT_QUEUE, pattern=QUEUE_NAME, description=QUEUE_FIELD)
     messages: list[dict[str, Any]] = Field(
         min_length=1, max_length=1000, description="message bodies"
     )
@@ -172,8 +167,6 @@ class PublishBatchRequest(Request):
             public_key(key)
         return value
 
-    _named = model_validator(mode="before")(queue_named)
-
     @model_validator(mode="after")
     def _keys(self) -> PublishBatchRequest:
         if self.keys is not None and len(self.keys) != len(self.messages):
@@ -188,7 +181,9 @@ class PublishedBatch(Body):
 
 
 class ReceiveRequest(Request):
-    queue: str = Field(pattern=QUEUE_NAME)
+    queue: str = Field(
+        DEFAULT_QUEUE, pattern=QUEUE_NAME, description='queue to lease from; without it, "default"'
+    )
     max: int = Field(1, ge=1, le=100)
     lease_seconds: float = Field(30.0, gt=0, le=3600)
 
