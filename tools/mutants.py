@@ -65,6 +65,7 @@ LEDGER_INSERT_LAX = (
 )
 ORACLE = "tests/cleanup/test_oracle.py"
 TIMEOUTS = "tests/cleanup/test_timeouts.py"
+ANONYMOUS = "tests/http/test_http_anonymous.py"
 SIGNALS = "tests/cli/test_signals.py"
 READ_ONLY = "tests/cli/test_read_only.py"
 ZONES = "tests/cleanup/test_timestamp_zones.py"
@@ -623,6 +624,52 @@ MUTANTS = [
         "        return instant(value)\n",
         (f"{ZONES}::test_the_watermark_reads_naive_values_in_the_zone[postgres]",),
         "the watermark reads a naive value as UTC whatever the zone",
+    ),
+    Mutant(
+        "form-limit-is-api-limit",
+        "src/expiry/http/api.py",
+        "form_limit=http.form_body_bytes,",
+        "form_limit=http.max_body_bytes,",
+        (f"{ANONYMOUS}::test_a_form_over_form_body_bytes_or_64_fields_is_413_before_any_check",),
+        "a dashboard form is read up to the API's 4 MiB before any sign-in or CSRF check",
+    ),
+    Mutant(
+        "form-fields-unbounded",
+        "src/expiry/http/render.py",
+        "keep_blank_values=True, max_num_fields=FORM_FIELDS",
+        "keep_blank_values=True, max_num_fields=None",
+        (f"{ANONYMOUS}::test_a_form_over_form_body_bytes_or_64_fields_is_413_before_any_check",),
+        "a dashboard form of any number of fields is parsed for a caller without a key",
+    ),
+    Mutant(
+        "form-posts-unlimited",
+        "src/expiry/http/security.py",
+        'if dashboard and scope["method"] == "POST" and self.forms is not None:',
+        'if dashboard and scope["method"] == "POST" and self.forms is None:',
+        (
+            f"{ANONYMOUS}::test_form_posts_are_limited_per_address_and_forwarded_for_does_not"
+            "_escape",
+        ),
+        "dashboard form posts (sign-in attempts) are not limited per address",
+    ),
+    Mutant(
+        "forwarded-for-from-loopback",
+        "src/expiry/http/serving.py",
+        "proxy_headers=bool(http.trusted_proxies),",
+        "proxy_headers=True,",
+        (
+            f"{ANONYMOUS}::test_form_posts_are_limited_per_address_and_forwarded_for_does_not"
+            "_escape",
+        ),
+        "X-Forwarded-For from loopback is believed: a rotating header escapes every limit",
+    ),
+    Mutant(
+        "head-deadline-unarmed",
+        "src/expiry/http/serving.py",
+        "        self._disarm()\n        self._head_timer = self.loop.call_later(",
+        "        return\n        self._head_timer = self.loop.call_later(",
+        (f"{ANONYMOUS}::test_a_request_head_that_trickles_in_is_cut_off",),
+        "a connection trickling its request head is held for as long as the client likes",
     ),
 ]
 

@@ -67,8 +67,6 @@ from .queue import policy_queue
 from .times import format_time, parse_time
 
 if TYPE_CHECKING:
-    import uvicorn
-
     from .queue import Queue
 
 logger = logging.getLogger("expiry.cli")
@@ -314,6 +312,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         prune_after=config.worker.prune_after,
         ack_delay=config.worker.ack_delay,
     )
+    from .http.serving import http_server  # lazy: the HTTP stack (the module docstring)
+
+    logger.info("serving on http://%s", listen)
     server = http_server(app, listen)
     threads = [threading.Thread(target=scheduler.run, name="scheduler", daemon=True)]
     if not args.no_workers:
@@ -349,27 +350,6 @@ def checked_listen(listen: str) -> str:
         except OSError as exc:
             raise ExpiryError(f"cannot listen on {listen}: {exc.strerror or exc}") from None
     return listen
-
-
-def http_server(app: App, listen: str) -> uvicorn.Server:
-    """The HTTP API on ``listen`` (HOST:PORT); ``run()`` serves it until its
-    ``should_exit`` is set."""
-    import uvicorn  # lazy: the HTTP stack (see the module docstring)
-
-    from .http import create_app  # lazy: FastAPI
-
-    host, _, port = listen.rpartition(":")
-    logger.info("serving on http://%s:%s", host, port)
-    return uvicorn.Server(
-        uvicorn.Config(
-            create_app(app),
-            host=host,
-            port=int(port),
-            log_config=None,
-            access_log=False,
-            lifespan="off",
-        )
-    )
 
 
 def cmd_keys(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ overrides [database] url.
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import os
 import re
 import tomllib
@@ -117,6 +118,19 @@ class HttpConfig(Strict):
     429 before its body is read)."""
     anonymous_rate_limit_burst: int = Field(20, ge=1)
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    """The largest request body under /v1 (413 past it)."""
+    form_body_bytes: int = Field(16 * 1024, ge=1024)
+    """The largest dashboard form body (413 past it, read before any sign-in or
+    CSRF check, so it is all an anonymous caller can make the server parse)."""
+    header_timeout: Duration = 10.0
+    """A connection's request head must be in this long after it connected (or
+    after its previous response), else the connection is closed."""
+    body_timeout: Duration = 30.0
+    """A request's body must be in this long after its head (408 past it)."""
+    trusted_proxies: list[str] = []
+    """Addresses or networks ("10.0.0.0/8") whose X-Forwarded-For and
+    X-Forwarded-Proto are believed; none by default, so the client address that
+    per-address limits count is the connection's own."""
     call_timeout: Duration = defaults.CALL_TIMEOUT_SECONDS
     metrics_key: bool = False
     """True: GET /metrics needs a key with the read scope, like the API."""
@@ -130,6 +144,19 @@ class HttpConfig(Strict):
     @classmethod
     def _listen(cls, value: str) -> str:
         return check_listen(value)
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _trusted_proxies(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"{entry!r}: write an address (10.0.0.7) or a network (10.0.0.0/8) of "
+                    "the proxies in front of expiry serve"
+                ) from None
+        return value
 
     @field_validator("allowed_hosts")
     @classmethod

@@ -1,7 +1,8 @@
 """The HTTP API over a real socket: uvicorn in a background thread, httpx clients.
 
-``LiveServer`` serves ``create_app(app)`` on 127.0.0.1 with an ephemeral port
-(the kernel picks it; nothing races for a guessed port). The database is a real
+``LiveServer`` serves the app as ``expiry serve`` does (``server_config``) on
+127.0.0.1 with an ephemeral port (the kernel picks it; nothing races for a
+guessed port). The database is a real
 one (the session fixtures' PostgreSQL or SQLite file); ``Db`` is a plain driver
 connection used to arrange target tables and read what the database holds.
 """
@@ -27,7 +28,7 @@ import uvicorn
 
 from expiry.app import App
 from expiry.config import parse_config
-from expiry.http import create_app
+from expiry.http.serving import server_config
 
 NOW = {
     "postgres": "now()",
@@ -156,22 +157,14 @@ def free_port() -> int:
 
 
 class LiveServer:
-    """``create_app(app)`` served by uvicorn in a daemon thread on an ephemeral port."""
+    """``expiry serve``'s HTTP server over ``app`` in a daemon thread on an ephemeral port."""
 
     def __init__(self, app: App) -> None:
         self.app = app
+        # As `expiry serve` configures it (its request-head deadline, its proxies).
         self.server = uvicorn.Server(
-            uvicorn.Config(
-                create_app(app),
-                host="127.0.0.1",
-                port=0,
-                log_config=None,
-                access_log=False,
-                lifespan="off",
-                ws="none",
-                # The pool must hold several requests blocked on purpose at once.
-                limit_concurrency=None,
-            )
+            # The pool must hold several requests blocked on purpose at once.
+            server_config(app, "127.0.0.1", 0, ws="none", limit_concurrency=None)
         )
         self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
         self.url = ""

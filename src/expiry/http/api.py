@@ -36,12 +36,18 @@ def create_app(app: App) -> FastAPI:
     # answers from the headers alone, before any body is read; BodyLimit reads
     # the body whole (up to the limit) for the idempotency store and the routes.
     api.add_middleware(IdempotencyMiddleware, store=Idempotency(app.engine))
-    api.add_middleware(BodyLimit, limit=http.max_body_bytes)
+    api.add_middleware(
+        BodyLimit,
+        limit=http.max_body_bytes,
+        form_limit=http.form_body_bytes,
+        timeout=http.body_timeout,
+    )
     api.add_middleware(
         KeyGate,
         keys=api.state.keys,
         per_key=api.state.limiter,
         anonymous=api.state.anonymous,
+        forms=api.state.forms,
         metrics_key=http.metrics_key,
     )
     api.add_middleware(DatabaseUnavailable, engine=app.engine)

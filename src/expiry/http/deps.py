@@ -41,6 +41,9 @@ def attach(api: FastAPI, app: App, http: HttpConfig) -> None:
     api.state.anonymous = RateLimiter(
         http.anonymous_rate_limit_per_second, http.anonymous_rate_limit_burst
     )
+    api.state.forms = RateLimiter(
+        http.anonymous_rate_limit_per_second, http.anonymous_rate_limit_burst
+    )
     api.state.pages = Pages(app.engine, Sessions(keys))
     api.state.history = WatermarkHistory()
 

@@ -13,9 +13,10 @@ from importlib import resources
 from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import parse_qs, quote, unquote, urlencode
 
-from fastapi import Depends, Request
+from fastapi import Depends, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, PackageLoader, select_autoescape
+from starlette.concurrency import run_in_threadpool
 
 from ..types import AuditAction, JobState
 from . import views as v
@@ -54,7 +55,17 @@ LIVE_PAGES = {"/", "/runs", "/queue", "/workers", "/crons"}
 async def read_form(request: Request) -> dict[str, str]:
     """The url-encoded form in the body; for a repeated field, its last value."""
     body = (await request.body()).decode("utf-8", "replace")
-    return {k: vs[-1] for k, vs in parse_qs(body, keep_blank_values=True).items()}
+    try:  # off the event loop, and at most FORM_FIELDS fields (BodyLimit caps the bytes)
+        fields = await run_in_threadpool(
+            parse_qs, body, keep_blank_values=True, max_num_fields=FORM_FIELDS
+        )
+    except ValueError:
+        raise HTTPException(413, f"a dashboard form has at most {FORM_FIELDS} fields") from None
+    return {k: vs[-1] for k, vs in fields.items()}
+
+
+FORM_FIELDS = 64
+"""The most fields a dashboard form may carry (its own forms send under ten)."""
 
 
 Form = Annotated[dict[str, str], Depends(read_form)]

@@ -6,6 +6,7 @@ Idempotency-Key replay. The keys themselves are expiry.keys."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import math
@@ -123,9 +124,9 @@ def client_address(scope: Scope) -> str:
 class KeyGate:
     """ASGI middleware, before any body is read: a request under /v1 (and
     /metrics when it needs a key) must carry a valid bearer key, else 401;
-    a request without a valid key, wherever it goes, is rate-limited per client
-    address (429), and one with a key per key (429, replays of an
-    Idempotency-Key included). The key found is ``scope["state"]["principal"]``
+    a request without a valid key is rate-limited per client address (429),
+    and one with a key per key (429, replays of an Idempotency-Key included);
+    a dashboard form post, per client address (``forms``). The key found is ``scope["state"]["principal"]``
     for the routes."""
 
     def __init__(
@@ -135,10 +136,11 @@ class KeyGate:
         per_key: RateLimiter,
         anonymous: RateLimiter,
         *,
+        forms: RateLimiter | None = None,
         metrics_key: bool = False,
     ) -> None:
         self.app, self.keys, self.per_key, self.anonymous = app, keys, per_key, anonymous
-        self.metrics_key = metrics_key
+        self.forms, self.metrics_key = forms, metrics_key
 
     def _guarded(self, path: str) -> bool:
         if path == "/metrics":
@@ -151,6 +153,11 @@ class KeyGate:
             return
         path = scope["path"]
         dashboard = not (path.startswith("/v1/") or path == "/metrics")
+        if dashboard and scope["method"] == "POST" and self.forms is not None:
+            # A form post (sign-in, an action) is a person's click: limited per
+            # address before its body is read, signed in or not.
+            if await self._too_many(self.forms, client_address(scope), send):
+                return
         authorization = dict(scope.get("headers") or []).get(b"authorization", b"")
         secret = bearer(authorization.decode("latin-1"))
         principal = await run_in_threadpool(self.keys.resolve, secret) if secret else None
@@ -192,44 +199,50 @@ class KeyGate:
 class BodyLimit:
     """ASGI middleware: 413 for a body over the limit, declared or streamed
     (chunked): the body is read whole, up to the limit, before the app sees
-    any of it; every body is read as JSON."""
+    any of it; every body under /v1 is read as JSON. The dashboard's forms
+    have a limit of their own, a few KiB (they are read before any sign-in
+    or CSRF check: 4 MiB of fields took 1.8 s of the event loop to parse). A
+    body not in ``timeout`` seconds after its head gets 408."""
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app, self.limit = app, limit
+    def __init__(
+        self, app: ASGIApp, limit: int, form_limit: int = 16 * 1024, timeout: float = 30.0
+    ) -> None:
+        self.app, self.limit, self.form_limit, self.timeout = app, limit, form_limit, timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
-        if scope["method"] in ("POST", "PUT", "PATCH") and not headers.get(
-            b"content-type", b""
-        ).startswith(b"application/json"):
+        dashboard = not (scope["path"].startswith("/v1/") or scope["path"] == "/metrics")
+        limit = self.form_limit if dashboard else self.limit
+        if (
+            not dashboard
+            and scope["method"] in ("POST", "PUT", "PATCH")
+            and not headers.get(b"content-type", b"").startswith(b"application/json")
+        ):
             # The API speaks only JSON: read a body sent without (or with curl's default)
             # content type as JSON rather than refusing it.
             rest = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
             scope = {**scope, "headers": [*rest, (b"content-type", b"application/json")]}
         declared = headers.get(b"content-length")
-        if declared and declared.isdigit() and int(declared) > self.limit:
-            await self._refuse(send)
+        if declared and declared.isdigit() and int(declared) > limit:
+            await self._refuse(send, limit)
             return
         if scope["method"] not in ("POST", "PUT", "PATCH"):
             await self.app(scope, receive, send)
             return
-        chunks, seen = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunk = message.get("body", b"")
-            seen += len(chunk)
-            if seen > self.limit:
-                await self._refuse(send)
-                return
-            chunks.append(chunk)
-            if not message.get("more_body"):
-                break
-        body, sent = b"".join(chunks), False
+        try:
+            body = await asyncio.wait_for(self._read(receive, limit), self.timeout)
+        except TimeoutError:
+            await send_error(
+                send, 408, "body_timeout", f"the request body took over {self.timeout:g}s"
+            )
+            return
+        if body is None:  # over the limit, or the client left
+            await self._refuse(send, limit)
+            return
+        sent = False
 
         async def replay() -> Message:
             nonlocal sent
@@ -240,5 +253,22 @@ class BodyLimit:
 
         await self.app(scope, replay, send)
 
-    async def _refuse(self, send: Send) -> None:
-        await send_error(send, 413, "body_too_large", f"request body is over {self.limit} bytes")
+    @staticmethod
+    async def _read(receive: Receive, limit: int) -> bytes | None:
+        """The whole body, or None past ``limit`` bytes or on a disconnect."""
+        chunks, seen = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            seen += len(chunk)
+            if seen > limit:
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body"):
+                return b"".join(chunks)
+
+    @staticmethod
+    async def _refuse(send: Send, limit: int) -> None:
+        await send_error(send, 413, "body_too_large", f"request body is over {limit} bytes")
