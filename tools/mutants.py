@@ -671,6 +671,19 @@ MUTANTS = [
         (f"{ANONYMOUS}::test_a_request_head_that_trickles_in_is_cut_off",),
         "a connection trickling its request head is held for as long as the client likes",
     ),
+    Mutant(
+        "partition-books-estimate",
+        "src/expiry/engines/postgres/tables.py",
+        '            conn.execute(f"drop table {name}")\n        return rows\n',
+        '            conn.execute(f"drop table {name}")\n'
+        "        return partition.rows if partition.rows >= 0 else rows\n",
+        (
+            "tests/cleanup/test_real_tables.py::test_a_removed_partition_books_the_rows_it_held"
+            "_not_the_estimate",
+        ),
+        "a dropped or detached partition is booked in the ledger with the planner's estimate "
+        "(2.3x the rows it held after a bulk delete): the evidence of deletion is wrong",
+    ),
 ]
 
 

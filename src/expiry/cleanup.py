@@ -941,9 +941,11 @@ class Cleanup:
 
     def apply_partition(self, job: Job, tx: Any) -> WindowResult:
         """Detach (and drop) one whole expired partition, booked in the ledger in
-        the same transaction, under the policy's lock_timeout. The partition is
-        read again from the catalog first: one no longer attached, or whose range
-        no longer ends by the cutoff, is booked with nothing taken."""
+        the same transaction with the rows it held, counted under the removal's
+        lock (never the planner's estimate: the ledger is the evidence), under
+        the policy's lock_timeout. The partition is read again from the catalog
+        first: one no longer attached, or whose range no longer ends by the
+        cutoff, is booked with nothing taken."""
         with self._drift(job.payload["policy"]):
             return self._apply_partition(job, tx)
 
@@ -956,31 +958,10 @@ class Cleanup:
         name = f"{part['schema']}.{part['name']}"
         found = target.expired_partitions(tx, cutoff, storage, only=part["name"])
         current = next((x for x in found if x.schema == part["schema"]), None)
-        rows = 0 if current is None else current.rows
-        if current is not None and rows < 0:  # never analyzed: no estimate to book
-            rows = target.partition_rows(tx, current)
-        booked = self.engine.ledger_insert(
-            tx,
-            job.key,
-            policy=policy.name,
-            run_id=p["run_id"],
-            action=p["mode"],
-            worker=job.lease_owner,
-            bounds=f"partition {name}"
-            + (
-                ": no longer an expired partition"
-                if current is None
-                else " (rows counted)"
-                if current.rows < 0
-                else " (rows estimated)"
-            ),
-            rows=rows,
-        )
-        if not booked:
-            return WindowResult(policy.name, None)
+        rows = None
         if current is not None:
-            try:
-                self.engine.partition_remove(
+            try:  # the rows counted exactly under the removal's lock: the evidence
+                rows = self.engine.partition_remove(
                     tx,
                     policy.table,
                     current,
@@ -989,7 +970,23 @@ class Cleanup:
                 )
             except SchemaError as exc:
                 raise PermanentError(str(exc)) from exc
-        return WindowResult(policy.name, rows)
+        # Booked after the removal, strictly: a concurrent delivery that removed
+        # it first owns the key, and this transaction (its removal) rolls back.
+        booked = self.engine.ledger_insert(
+            tx,
+            job.key,
+            strict=rows is not None,
+            policy=policy.name,
+            run_id=p["run_id"],
+            action=p["mode"],
+            worker=job.lease_owner,
+            bounds=f"partition {name}"
+            + (" (rows counted)" if rows is not None else ": no longer an expired partition"),
+            rows=rows or 0,
+        )
+        if not booked:
+            return WindowResult(policy.name, None)
+        return WindowResult(policy.name, rows or 0)
 
     def _pace(self, policy: Policy) -> _Pace:
         with self._lock:

@@ -153,9 +153,14 @@ def print_check(
 
 
 def print_preview(preview: PlanPreview, cutoff: str) -> None:
+    jobs = f"{preview.windows} windows"
+    if preview.partitions:
+        # A run removes the partitions first and plans its windows after them:
+        # the windows counted here over the whole table are an upper bound.
+        jobs = f"{len(preview.partitions)} whole partitions, then at most {jobs}"
     out.print(
         f"policy {preview.policy}: cutoff {cutoff}, {preview.candidates} candidate "
-        f"rows in {preview.windows} windows (dry run: nothing changed)"
+        f"rows in {jobs} (dry run: nothing changed)"
     )
     out.print(f"  {preview.storage}")
     for warning in preview.warnings:

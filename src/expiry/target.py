@@ -164,8 +164,6 @@ DENSITY = "select count(*) as n from (select 1 from {table} where {pred} limit {
 # expired. Compared by the database, in the column's type, with the predicate's
 # bound (a naive column's wall-clock bound in its zone).
 PARTITION_EXPIRED = "select {p_upper} <= {bound} as expired"
-PARTITION_COUNT = "select count(*) as n from {partition}"
-
 OLDEST = "select min({ts}) as oldest from {table} where {pred}"
 
 EXPLAIN_WHERE = "select 1 from {table} where {where}"
@@ -672,11 +670,6 @@ class Target:
             if row.fetchone()["expired"]:
                 found.append(part)
         return found
-
-    def partition_rows(self, conn: Any, part: Partition) -> int:
-        """The rows of a partition, counted (one never analyzed has no estimate)."""
-        name = self.engine.quote(f"{part.schema}.{part.name}")
-        return int(conn.execute(PARTITION_COUNT.format(partition=name), {}).fetchone()["n"])
 
     def count(self, conn: Any, cutoff: datetime) -> int:
         return int(self.run(conn, COUNT, cutoff=cutoff).fetchone()["n"])

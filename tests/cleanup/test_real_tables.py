@@ -316,6 +316,53 @@ def test_expired_partitions_are_removed_whole(pg_db: Db, apps: Apps, mode: str) 
         assert sum(int(db.scalar(f"select count(*) from {n}")) for n in dropped) == 300
 
 
+@pytest.mark.parametrize("mode", ["auto", "detach"])
+def test_a_removed_partition_books_the_rows_it_held_not_the_estimate(
+    pg_db: Db, apps: Apps, mode: str
+) -> None:
+    """The ledger is the evidence of deletion: a partition's rows are counted
+    when it goes, whatever the planner's statistics say (here they are stale:
+    rows deleted, added and never analyzed since the last ANALYZE)."""
+    db = pg_db
+    _, names = create_events(db)  # analyzed: 30 rows a partition
+    db.execute("delete from events_2026_01 where id > 5")  # 5 left, estimate 30
+    db.execute(
+        "insert into events_2026_02 select g, '2026-02-03'::timestamptz, 'n'"
+        " from generate_series(100, 1099) g"
+    )  # 1,030, estimate 30
+    db.execute(
+        "create table events_2026_late partition of events"
+        " for values from ('2025-06-01') to ('2026-01-01')"
+    )
+    db.execute(
+        "insert into events_2026_late select g, '2025-07-01'::timestamptz, 'n'"
+        " from generate_series(1, 12) g"
+    )  # never analyzed
+    cutoff = datetime(2026, 11, 10, tzinfo=UTC)
+    expired = [*names[:10], "events_2026_late"]
+    held = {n: int(db.scalar(f"select count(*) from {n}")) for n in expired}  # the oracle
+    assert held["events_2026_01"] == 5 and held["events_2026_02"] == 1030
+    app = apps(db.url, {**EVENTS, "partitions": mode})
+    assert app.cleanup is not None
+    opened = app.cleanup.open_run(POLICY, cutoff)
+    drain(app, concurrency=2)
+
+    partition_jobs = {j["key"] for j in db.jobs(PARTITION, opened.run_id)}
+    booked = {
+        r["key"].rsplit(".", 1)[1]: int(r["rows"])
+        for r in db.ledger(opened.run_id)
+        if r["key"] in partition_jobs
+    }
+    assert booked == held
+    summary = app.runs.summary(opened.run_id)
+    assert summary is not None
+    windows = sum(
+        int(r["rows"]) for r in db.ledger(opened.run_id) if r["key"] not in partition_jobs
+    )
+    assert summary["rows_affected"] == sum(held.values()) + windows
+    assert int(db.scalar("select count(*) from events where created_at < %s", [cutoff])) == 0
+
+
 def test_a_partition_that_ends_after_the_cutoff_is_cleaned_by_windows(
     pg_db: Db, apps: Apps
 ) -> None:

@@ -8,13 +8,15 @@ and MariaDB.
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from _conformance import TIME_TYPE, claim, enqueue, execute
 
-from expiry.engines import Engine
+from expiry.engines import Engine, open_engine
 from expiry.errors import ForeignKeyBlocked, SchemaError
 from expiry.timestamps import Storage
 from expiry.types import Reference, WindowApply
@@ -361,13 +363,70 @@ def test_table_partitions_with_their_ranges_and_partition_remove(engine: Engine)
     assert parts["ev_1"].key == "at" and parts["ev_1"].upper is not None
     assert parts["ev_1"].upper.startswith("2026-02-01")
     assert parts["ev_2"].upper is None and parts["ev_d"].upper is None  # maxvalue, default
+    execute(
+        engine, "insert into ev select g, '2026-01-05'::timestamptz from generate_series(1, 7) g"
+    )
+    execute(
+        engine, "insert into ev select g, '2026-03-05'::timestamptz from generate_series(1, 3) g"
+    )
     with engine.transaction() as conn:
-        engine.partition_remove(conn, "ev", parts["ev_1"], drop=False, lock_timeout_ms=1000)
-        engine.partition_remove(conn, "ev", parts["ev_2"], drop=True, lock_timeout_ms=1000)
+        # The rows each held, counted (never analyzed: the planner knows none).
+        assert (
+            engine.partition_remove(conn, "ev", parts["ev_1"], drop=False, lock_timeout_ms=1000)
+            == 7
+        )
+        assert (
+            engine.partition_remove(conn, "ev", parts["ev_2"], drop=True, lock_timeout_ms=1000) == 3
+        )
     with engine.transaction() as conn:
         assert {p.name for p in engine.table_partitions(conn, "ev")} == {"ev_d"}
-    assert execute(engine, "select count(*) as n from ev_1")[0]["n"] == 0  # detached, kept
+        # Removed already (detached, or dropped): None, and nothing is done.
+        assert (
+            engine.partition_remove(conn, "ev", parts["ev_1"], drop=True, lock_timeout_ms=1000)
+            is None
+        )
+        assert (
+            engine.partition_remove(conn, "ev", parts["ev_2"], drop=True, lock_timeout_ms=1000)
+            is None
+        )
+    assert execute(engine, "select count(*) as n from ev_1")[0]["n"] == 7  # detached, kept
     assert execute(engine, "select to_regclass('ev_2') as r")[0]["r"] is None  # dropped
+
+
+def test_partition_remove_twice_at_once_removes_and_counts_once(pg_url: str) -> None:
+    """Two deliveries of one partition's removal, in two transactions at once:
+    the second waits for the first's lock and, once it commits, finds the
+    partition gone (None) and does nothing; rows written while the first waits
+    are not lost from its count (none can be: its lock keeps writers out)."""
+    engine = open_engine(pg_url)  # only PostgreSQL's partitions are removed whole
+    execute(engine, "create table evc (id int, at timestamptz not null) partition by range (at)")
+    execute(
+        engine,
+        "create table evc_1 partition of evc for values from ('2026-01-01') to ('2026-02-01')",
+    )
+    execute(
+        engine, "insert into evc select g, '2026-01-09'::timestamptz from generate_series(1, 9) g"
+    )
+    with engine.transaction() as conn:
+        [part] = engine.table_partitions(conn, "evc")
+    second: list[int | None] = []
+    with engine.transaction() as first:
+        assert engine.partition_remove(first, "evc", part, drop=True, lock_timeout_ms=5000) == 9
+
+        def remove_again() -> None:
+            with engine.transaction() as conn:
+                second.append(
+                    engine.partition_remove(conn, "evc", part, drop=True, lock_timeout_ms=5000)
+                )
+
+        thread = threading.Thread(target=remove_again)
+        thread.start()
+        time.sleep(0.5)
+        assert thread.is_alive(), "the second removal waits for the first's lock"
+    thread.join(10)
+    assert second == [None]
+    assert execute(engine, "select to_regclass('evc_1') as r")[0]["r"] is None
+    engine.close()
 
 
 def time_delete(engine: Engine) -> str:

@@ -520,9 +520,12 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def partition_remove(
         self, conn: Any, table: str, partition: Partition, *, drop: bool, lock_timeout_ms: int
-    ) -> None:
+    ) -> int | None:
         """Detach ``partition`` from ``table`` and, with ``drop``, drop it, in
-        ``conn``'s transaction, waiting at most ``lock_timeout_ms`` for locks."""
+        ``conn``'s transaction, waiting at most ``lock_timeout_ms`` for locks.
+        Returns the rows it held, counted exactly while no row could be written
+        to it; None when it is no longer a partition of ``table`` (a concurrent
+        removal committed first), and then nothing is done."""
 
     # -- the database's health (the throttle reads these every check) -------------
 

@@ -205,7 +205,7 @@ class MySQLTables(Engine):
 
     def partition_remove(
         self, conn: Any, table: str, partition: Partition, *, drop: bool, lock_timeout_ms: int
-    ) -> None:
+    ) -> int | None:
         raise SchemaError("partitions are not dropped on MySQL: its windows delete their rows")
 
     # -- the database's health -----------------------------------------------------

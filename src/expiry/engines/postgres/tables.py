@@ -103,6 +103,11 @@ where c.contype = 'f' and c.confrelid = to_regclass(%s) and c.conparentid = 0
 order by n.nspname, r.relname, c.conname
 """
 
+_STILL_ATTACHED = """
+select 1 as attached from pg_inherits
+where inhrelid = to_regclass(%s) and inhparent = to_regclass(%s)
+"""
+
 _PARTITIONS = """
 select n.nspname as schema, c.relname as name, pg_get_expr(c.relpartbound, c.oid) as bound,
        c.reltuples::bigint as rows,
@@ -344,14 +349,32 @@ class PostgresTables(Engine):
 
     def partition_remove(
         self, conn: Any, table: str, partition: Partition, *, drop: bool, lock_timeout_ms: int
-    ) -> None:
-        # DETACH takes the parent's ACCESS EXCLUSIVE lock: lock_timeout bounds
-        # the wait behind live traffic (and the queue of statements behind it).
+    ) -> int | None:
+        # lock_timeout bounds every wait below behind live traffic (and the
+        # queue of statements that would form behind a waiting lock).
         conn.execute("select set_config('lock_timeout', %s, true)", (f"{lock_timeout_ms}ms",))
         name = sql.Identifier(partition.schema, partition.name).as_string(None)
+        # SHARE ROW EXCLUSIVE on the partition alone: its readers (and the
+        # parent's) go on, no row can be written to it, and a concurrent removal
+        # of it waits for this one to end. Under it the count is exact, the
+        # evidence the ledger books.
+        try:
+            with conn.transaction():  # a savepoint: a partition dropped meanwhile is no error
+                conn.execute(f"lock table {name} in share row exclusive mode")
+        except errors.UndefinedTable:
+            return None
+        still = conn.execute(_STILL_ATTACHED, (name, self.quote(table))).fetchone()
+        if still is None:  # detached by a concurrent removal that committed first
+            return None
+        counted = sql.SQL("select count(*) as n from {}").format(
+            sql.Identifier(partition.schema, partition.name)
+        )
+        rows = int(conn.execute(counted).fetchone()["n"])
+        # DETACH takes the parent's ACCESS EXCLUSIVE lock, for a catalog change only.
         conn.execute(f"alter table {self.quote(table)} detach partition {name}")
         if drop:
             conn.execute(f"drop table {name}")
+        return rows
 
     def explain(self, conn: Any, statement: str) -> None:
         # In a savepoint, so that a failed plan leaves the transaction usable.

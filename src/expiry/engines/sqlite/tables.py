@@ -187,7 +187,7 @@ class SQLiteTables(Engine):
 
     def partition_remove(
         self, conn: Any, table: str, partition: Partition, *, drop: bool, lock_timeout_ms: int
-    ) -> None:
+    ) -> int | None:
         raise SchemaError("SQLite has no partitions")
 
     def explain(self, conn: Any, statement: str) -> None:
