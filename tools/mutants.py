@@ -684,6 +684,14 @@ MUTANTS = [
         "a dropped or detached partition is booked in the ledger with the planner's estimate "
         "(2.3x the rows it held after a bulk delete): the evidence of deletion is wrong",
     ),
+    Mutant(
+        "evidence-skips-a-run",
+        "src/expiry/runs.py",
+        "            if run is None or entry.run_id is None:",
+        '            if run is None or entry.run_id is None or run.state != "finished":',
+        ("tests/cli/test_cli.py::test_evidence_lists_what_each_run_deleted_as_the_table_lost_it",),
+        "expiry evidence leaves out the bookings of a run not marked finished",
+    ),
 ]
 
 

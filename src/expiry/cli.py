@@ -37,6 +37,7 @@ from .cli_args import (
     common,
     demo_args,
     dlq_args,
+    evidence_args,
     keys_args,
     no_args,
     plan_args,
@@ -52,12 +53,14 @@ from .cli_output import (
     out,
     print_check,
     print_dead_jobs,
+    print_evidence,
     print_json,
     print_preview,
     print_run,
     print_runs,
     print_status,
     wait_with_progress,
+    write_evidence_csv,
 )
 from .config import check_listen, config_path
 from .demo import run_demo
@@ -65,6 +68,7 @@ from .durations import parse_duration
 from .errors import ConfigError, ExpiryError, MigrationError, SchemaError
 from .queue import policy_queue
 from .times import format_time, parse_time
+from .times import parse_since as since_of
 
 if TYPE_CHECKING:
     from .queue import Queue
@@ -117,6 +121,7 @@ def commands() -> list[tuple[str, Command, str, Arguments]]:
         ),
         ("runs", cmd_runs, "recent runs, `runs show RUN_ID`, `runs cancel RUN_ID`", runs_args),
         ("dlq", cmd_dlq, "dead-letter review: list, show KEY, redrive, discard", dlq_args),
+        ("evidence", cmd_evidence, "what a policy's runs deleted or archived, from the ledger", evidence_args),
     ]  # fmt: skip
 
 
@@ -145,7 +150,7 @@ def migrated(args: argparse.Namespace, *, need_config: bool = False) -> App:
 
 
 def reading(args: argparse.Namespace, *, need_config: bool = False) -> App:
-    """``open_app`` for a command that only reads (check, plan, trigger
+    """``open_app`` for a command that only reads (check, plan, evidence, trigger
     --dry-run, status, runs, runs show, dlq list and show, keys list): it
     creates and alters nothing, an SQLite file included; where expiry's own
     tables are not there yet, reading them raises MigrationError (exit 2)
@@ -546,6 +551,32 @@ def cmd_runs(args: argparse.Namespace) -> int:
     recent = runs.recent(args.args[0] if args.args else None)
     emit(args, recent, lambda: print_runs(recent))
     return 0
+
+
+# -- commands: the evidence of deletion ---------------------------------------------
+
+
+def cmd_evidence(args: argparse.Namespace) -> int:
+    app = reading(args)
+    since = parse_since(args.since, app)
+    found = status.evidence(app, args.policy, since)
+    if args.json or args.format == "json":
+        print(json.dumps(found, indent=2))
+    elif args.format == "csv":
+        write_evidence_csv(found, sys.stdout)
+    else:
+        print_evidence(args.policy, found)
+    return 0
+
+
+def parse_since(text: str | None, app: App) -> datetime | None:
+    """``--since``: an ISO-8601 time, or a duration back from the database's now."""
+    if text is None:
+        return None
+    try:
+        return since_of(text, app.engine.now())
+    except ValueError as exc:
+        raise ConfigError(f"--since {exc}") from None
 
 
 # -- commands: the dead-letter queue ---------------------------------------------------

@@ -214,6 +214,22 @@ def runs_args(parser: argparse.ArgumentParser) -> None:
     actor_arg(parser)
 
 
+def evidence_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("policy")
+    parser.add_argument(
+        "--since",
+        help="the ledger from this ISO-8601 time, or this long ago (30d) by the database's "
+        "clock; default: all of it that is kept",
+    )
+    parser.add_argument(
+        "--format",
+        choices=["text", "csv", "json"],
+        default="text",
+        help="text: a line a run; csv: a row an operation (a window or partition); json: "
+        "the runs with their operations",
+    )
+
+
 def dlq_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=["list", "show", "redrive", "discard"])
     parser.add_argument("keys", nargs="*")

@@ -7,10 +7,11 @@ Nothing here reads the database: the commands in cli.py fetch, these print.
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import Progress
@@ -78,6 +79,49 @@ def print_runs(found: list[dict[str, Any]]) -> None:
         for r in found
     )
     print_table("runs", columns, rows)
+
+
+def print_evidence(policy: str, found: list[dict[str, Any]]) -> None:
+    """A line a run, oldest first, then the total; csv and json carry every operation."""
+    if not found:
+        out.print(f"policy {policy}: no run of it booked anything in the ledger kept")
+        return
+    for run in found:
+        actions = ", ".join(f"{n:,} {action}d" for action, n in run["rows_by_action"].items())
+        out.print(
+            f"run {run['run_id']}: table {run['table'] or '?'}, cutoff {run['cutoff']}, "
+            f"{actions or '0 rows'} in {len(run['operations'])} operations "
+            f"{run['operations'][0]['applied_at']} .. {run['operations'][-1]['applied_at']}; "
+            f"{run['outcome']}",
+            highlight=False,
+        )
+    total = sum(r["rows_affected"] for r in found)
+    out.print(f"policy {policy}: {total:,} rows in {len(found)} runs", highlight=False)
+
+
+EVIDENCE_COLUMNS = (
+    "run_id",
+    "policy",
+    "table",
+    "cutoff",
+    "key",
+    "action",
+    "range",
+    "rows",
+    "applied_at",
+    "worker",
+    "blocked",
+)
+"""The columns of ``expiry evidence --format csv``: a row an operation."""
+
+
+def write_evidence_csv(found: list[dict[str, Any]], stream: IO[str]) -> None:
+    writer = csv.writer(stream)
+    writer.writerow(EVIDENCE_COLUMNS)
+    for run in found:
+        for op in run["operations"]:
+            row = {**run, **op}
+            writer.writerow(["" if row[c] is None else row[c] for c in EVIDENCE_COLUMNS])
 
 
 PROGRESS_EVERY = 5.0

@@ -89,6 +89,57 @@ class Runs:
         found = self.engine.run_list(policy, limit)
         return [s for r in found if (s := self.summary(r.id)) is not None]
 
+    def evidence(self, policy: str, since: datetime | None = None) -> list[dict[str, Any]]:
+        """What ``policy``'s runs deleted or archived, per run, oldest first,
+        from the ledger rows booked at or after ``since``: each run's cutoff,
+        times, outcome and totals, and every operation with its range, rows,
+        time and worker (``expiry evidence``, ``GET /v1/evidence/{policy}``).
+        Read in one transaction."""
+        engine = self.engine
+        with engine.read_transaction() as conn:
+            entries = engine.ledger_list(policy, since, conn=conn)
+            ids = {e.run_id for e in entries if e.run_id is not None}
+            runs = {rid: engine.run_get(rid, conn=conn) for rid in ids}
+        found: dict[str, dict[str, Any]] = {}
+        for entry in entries:
+            run = runs.get(entry.run_id or "")
+            if run is None or entry.run_id is None:
+                continue  # its run pruned meanwhile
+            item = found.get(run.id)
+            if item is None:
+                item = found[run.id] = {
+                    "run_id": run.id,
+                    "policy": run.policy,
+                    "cutoff": format_time(run.cutoff),
+                    "opened_by": run.opened_by,
+                    "opened_at": _time(run.opened_at),
+                    "finished_at": _time(run.finished_at),
+                    "outcome": _outcome(run, 0),
+                    "rows_affected": 0,
+                    "rows_by_action": {},
+                    "operations": [],
+                }
+            action = entry.action or "delete"
+            item["rows_affected"] += entry.rows_affected
+            by_action = item["rows_by_action"]
+            by_action[action] = by_action.get(action, 0) + entry.rows_affected
+            item["operations"].append(
+                {
+                    "key": entry.key,
+                    "action": action,
+                    "range": (
+                        f"keys ({entry.lo}, {entry.hi}]"
+                        if entry.lo is not None and entry.hi is not None
+                        else entry.bounds or ""
+                    ),
+                    "rows": entry.rows_affected,
+                    "applied_at": format_time(entry.applied_at),
+                    "worker": entry.worker,
+                    "blocked": entry.blocked,
+                }
+            )
+        return list(found.values())
+
     def pending(self, run_id: str) -> int:
         """The run's jobs (planning and windows) not yet completed, dead or cancelled."""
         return sum(j.n for j in self.engine.run_jobs(run_id) if j.state in PENDING)

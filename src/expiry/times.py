@@ -4,7 +4,9 @@ timestamps.py's; durations are durations.py's.)"""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+
+from .durations import parse_duration
 
 
 def format_time(value: datetime) -> str:
@@ -30,3 +32,18 @@ def in_utc(value: datetime) -> datetime:
     if utc.year > 9998:
         raise ValueError("is out of range: use a year before 9999")
     return utc
+
+
+def parse_since(text: str, now: datetime) -> datetime:
+    """A time to read from: ISO-8601 (``2026-11-01T00:00:00Z``), or a duration
+    back from ``now`` (``30d``), which the caller reads off the database's clock."""
+    try:
+        return in_utc(parse_time(text))
+    except ValueError:
+        pass
+    try:
+        return now - timedelta(seconds=parse_duration(text))
+    except (ValueError, OverflowError):
+        raise ValueError(
+            f"{text!r}: write an ISO-8601 time (2026-11-01T00:00:00Z) or how long ago (30d)"
+        ) from None

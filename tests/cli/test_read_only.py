@@ -45,6 +45,7 @@ MIGRATE_FIRST = [
     ("status",),
     ("runs",),
     ("runs", "show", "expired-sessions:2026-01-01T00:00:00Z"),
+    ("evidence", "expired-sessions"),
     ("dlq", "list"),
     ("dlq", "show", "some-key"),
     ("keys", "list"),

@@ -102,6 +102,10 @@ def test_the_reading_commands_answer_from_a_hot_standby(
     shown = cli("--config", str(config), "runs", "show", run["id"], "--json")
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["jobs_done"] == run["jobs_done"]
+    evidence = cli("--config", str(config), "evidence", "expired-sessions", "--json")
+    assert evidence.returncode == 0, evidence.stderr
+    [booked] = json.loads(evidence.stdout)
+    assert booked["run_id"] == run["id"] and booked["rows_affected"] == run["rows_affected"]
 
     dead = cli("--config", str(config), "dlq", "list", "--json")
     assert dead.returncode == 0, dead.stderr

@@ -6,6 +6,9 @@ Each test runs once on SQLite and once on PostgreSQL (the ``engine`` fixture).
 
 from __future__ import annotations
 
+import time
+from datetime import UTC, datetime, timedelta
+
 import pytest
 from _conformance import execute, is_utc
 
@@ -72,6 +75,29 @@ def test_ledger_insert_rolled_back_books_nothing(engine: Engine) -> None:
         assert engine.ledger_insert(conn, "p:1:0", rows=3)
         raise RuntimeError("roll back")
     assert engine.ledger_get("p:1:0") is None
+
+
+def test_ledger_list_is_a_policy_s_runs_bookings_since_oldest_first(engine: Engine) -> None:
+    cutoff = datetime(2026, 1, 1, tzinfo=UTC)
+    for run_id, policy in (("p:1", "p"), ("p:2", "p"), ("q:1", "q")):
+        engine.run_insert(run_id, policy, cutoff, "tests")
+    for key, run_id, rows in (("p:1:a", "p:1", 3), ("q:1:a", "q:1", 5), ("p:2:a", "p:2", 7)):
+        with engine.transaction() as conn:
+            engine.ledger_insert(conn, key, policy=run_id[0], run_id=run_id, rows=rows)
+        time.sleep(0.02)  # applied_at orders them
+    with engine.transaction() as conn:  # booked outside any run: not a policy's evidence
+        engine.ledger_insert(conn, "p:none", policy="p", rows=11)
+    found = engine.ledger_list("p")
+    assert [(e.key, e.run_id, e.rows_affected) for e in found] == [
+        ("p:1:a", "p:1", 3),
+        ("p:2:a", "p:2", 7),
+    ]
+    assert all(is_utc(e.applied_at) for e in found)
+    since = found[1].applied_at
+    assert [e.key for e in engine.ledger_list("p", since)] == ["p:2:a"]  # at or after
+    assert engine.ledger_list("p", since + timedelta(seconds=1)) == []
+    assert [e.key for e in engine.ledger_list("q")] == ["q:1:a"]
+    assert engine.ledger_list("nobody") == []
 
 
 def test_ledger_get_of_an_unknown_key_is_none(engine: Engine) -> None:

@@ -142,3 +142,37 @@ def test_a_table_renamed_under_a_running_server_is_shown_broken_never_a_500(live
     live.db.execute("alter table sessions_moved rename to sessions")
     [back] = live.client.get("/v1/policies").json()
     assert back["broken"] is None and back["watermark_seconds"] >= 3500
+
+
+def test_evidence_over_http_is_what_the_run_deleted_for_a_read_key(live: Live) -> None:
+    live.db.insert_sessions(expired=250, live=50)
+    assert live.client.get(f"/v1/evidence/{POLICY}").json() == []
+    opened = live.client.post("/v1/cleanup/trigger", json={"policy": POLICY}).json()
+    assert live.app.worker(until_idle=True, poll=0.05, rescue_every=0.2).run() == 0
+    assert live.db.count() == 50
+
+    reader = live.new_client(live.app.keys.create("auditor", ["read"]))
+    answer = reader.get(f"/v1/evidence/{POLICY}")
+    assert answer.status_code == 200, answer.text
+    [run] = answer.json()
+    assert (run["run_id"], run["cutoff"], run["table"]) == (
+        opened["run_id"],
+        opened["cutoff"],
+        "sessions",
+    )
+    assert run["rows_affected"] == 250 == sum(op["rows"] for op in run["operations"])
+    assert [op["range"] for op in run["operations"]] == [
+        "keys (0, 100]",
+        "keys (100, 200]",
+        "keys (200, 300]",
+    ]
+    later = reader.get(f"/v1/evidence/{POLICY}", params={"since": "2999-01-01T00:00:00Z"})
+    assert later.json() == []
+    assert len(reader.get(f"/v1/evidence/{POLICY}", params={"since": "1h"}).json()) == 1
+    message = assert_error(
+        reader.get(f"/v1/evidence/{POLICY}", params={"since": "soon"}), 422, "invalid_since"
+    )
+    assert "30d" in message
+    assert_error(live.new_client(None).get(f"/v1/evidence/{POLICY}"), 401)
+    publisher = live.new_client(live.app.keys.create("pub", ["queue:publish:*"]))
+    assert_error(publisher.get(f"/v1/evidence/{POLICY}"), 403)

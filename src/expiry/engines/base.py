@@ -839,8 +839,17 @@ class Engine(abc.ABC):
     def ledger_get(self, key: str, *, conn: Any | None = None) -> LedgerEntry | None:
         """The ledger row of ``key``, or None when no operation booked it."""
         row = self._one(conn, "ledger_get", {"key": key})
-        if row is None:
-            return None
+        return None if row is None else self._ledger_entry(row)
+
+    def ledger_list(
+        self, policy: str, since: datetime | None = None, *, conn: Any | None = None
+    ) -> list[LedgerEntry]:
+        """The ledger rows of ``policy``'s runs booked at or after ``since``
+        (None: every one kept), oldest first: the evidence of deletion."""
+        params = {"policy": policy, "since": None if since is None else self.time_param(since)}
+        return [self._ledger_entry(row) for row in self._run(conn, "ledger_list", params)]
+
+    def _ledger_entry(self, row: Row) -> LedgerEntry:
         return LedgerEntry(
             key=row["key"],
             policy=row["policy"],

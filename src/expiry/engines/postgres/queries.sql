@@ -303,6 +303,15 @@ returning key;
 -- One ledger row.
 select * from expiry.ledger where key = %(key)s;
 
+-- name: ledger_list
+-- A policy's ledger rows booked at or after since (null: all of them), oldest
+-- first: the evidence of what its runs deleted or archived (expiry evidence).
+-- Through the policy's runs: both tables are indexed that way.
+select l.* from expiry.runs r join expiry.ledger l on l.run_id = r.id
+where r.policy = %(policy)s
+  and (%(since)s::timestamptz is null or l.applied_at >= %(since)s)
+order by l.applied_at, l.key;
+
 -- name: audit_append
 -- Append one event to the audit log.
 insert into expiry.audit (actor, action, policy, run_id, job_key, detail)

@@ -228,6 +228,15 @@ returning key;
 -- One ledger row.
 select * from expiry_ledger where key = :key;
 
+-- name: ledger_list
+-- A policy's ledger rows booked at or after since (null: all of them), oldest
+-- first: the evidence of what its runs deleted or archived (expiry evidence).
+-- Through the policy's runs: both tables are indexed that way.
+select l.* from expiry_runs r join expiry_ledger l on l.run_id = r.id
+where r.policy = :policy
+  and (:since is null or l.applied_at >= :since)
+order by l.applied_at, l.key;
+
 -- name: audit_append
 -- Append one event to the audit log.
 insert into expiry_audit (at, actor, action, policy, run_id, job_key, detail)

@@ -11,7 +11,7 @@ from ... import status as status_view
 from ...app import App
 from ...cleanup import Cleanup
 from ...errors import ConfigError
-from ...times import format_time
+from ...times import format_time, parse_since
 from .. import models as m
 from ..deps import ExpiryApp, Reader, Trigger
 from ..errors import NOT_FOUND, ApiError
@@ -116,3 +116,22 @@ def run(run_id: RunId, _: Reader, app: ExpiryApp) -> dict[str, Any]:
     if found is None:
         raise ApiError(404, "not_found", f"no run {run_id!r}")
     return found
+
+
+@router.get("/evidence/{policy}", responses=NOT_FOUND)
+def evidence(
+    policy: Annotated[str, Path(max_length=63, pattern=m.NO_NUL)],
+    _: Reader,
+    app: ExpiryApp,
+    since: Annotated[str | None, Query(max_length=64, pattern=m.NO_NUL)] = None,
+) -> list[dict[str, Any]]:
+    """What the policy's runs deleted or archived, from the ledger booked at or
+    after ``since`` (ISO-8601, or how long ago: ``30d``), oldest run first, each
+    with every operation: ``expiry evidence`` over HTTP."""
+    start = None
+    if since is not None:
+        try:
+            start = parse_since(since, app.engine.now())
+        except ValueError as exc:
+            raise ApiError(422, "invalid_since", f"since {exc}") from None
+    return status_view.evidence(app, policy, start)
