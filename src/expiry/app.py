@@ -281,13 +281,15 @@ class App:
         """What the worker calls back into: the cleanup's run bookkeeping and
         pacing, and the throttles' health readings and holds."""
         cleanup, health = self.cleanup, self.health
-        if cleanup is None or health is None:
+        if cleanup is None or health is None or self.config is None:
             return Hooks()
+        retention = self.config.retention.ledger
         return Hooks(
             gates=lambda: merge_gates(cleanup.gates(), health.gates()),
             monitor=health.check,
             report=health.snapshot,
             sweep=cleanup.sweep,
+            prune=lambda: self.runs.prune(retention),
             stalled=cleanup.stalled,
             dead=lambda job: cleanup.finish_runs(
                 {job.payload["run_id"]} if job.payload.get("run_id") else set()

@@ -280,6 +280,15 @@ class WorkerConfig(HealthSettings):
     """How long a database outage may fail a job without spending its attempts."""
 
 
+class RetentionConfig(Strict):
+    """expiry's own retention: how long it keeps its records."""
+
+    ledger: Duration = Field(defaults.LEDGER_RETENTION_SECONDS, ge=86400)
+    """The ledger rows of a run finished longer ago than this are deleted, then
+    the run itself (the evidence `expiry evidence` reads); an open run's never.
+    At least a day."""
+
+
 class Policy(HealthSettings):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$", max_length=63)
     table: str
@@ -415,6 +424,7 @@ class Config(Strict):
     database: DatabaseConfig
     http: HttpConfig = HttpConfig()
     worker: WorkerConfig = WorkerConfig()
+    retention: RetentionConfig = RetentionConfig()
     replica: list[ReplicaConfig] = []
     policy: list[Policy] = []
 

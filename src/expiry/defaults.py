@@ -44,6 +44,9 @@ CLAIM_HOLD_SECONDS = 0.5
 durations, at most CLAIM_BATCH): many no-op jobs, a few cleanup windows."""
 
 PRUNE_AFTER_SECONDS = 7 * 24 * 3600.0
+LEDGER_RETENTION_SECONDS = 400 * 24 * 3600.0
+"""[retention] ledger: the evidence of a finished run is kept this long (over a
+year, for an annual audit)."""
 """Completed and cancelled jobs are kept a week; the ledger keeps the durable truth."""
 
 QUEUE = "default"

@@ -140,6 +140,24 @@ class Runs:
             )
         return list(found.values())
 
+    def prune(self, older_than: float, batch: int = 10_000) -> tuple[int, int]:
+        """Delete the ledger rows of runs finished more than ``older_than``
+        seconds ago, then those runs ([retention] ledger): (ledger rows, runs)."""
+        ledger = runs = 0
+        while True:
+            rows, gone = self.engine.ledger_prune(older_than, batch)
+            ledger, runs = ledger + rows, runs + gone
+            if rows < batch and gone < batch:
+                break
+        if ledger or runs:
+            log.info(
+                "pruned %d ledger rows and %d runs finished over %.0fs ago",
+                ledger,
+                runs,
+                older_than,
+            )
+        return ledger, runs
+
     def pending(self, run_id: str) -> int:
         """The run's jobs (planning and windows) not yet completed, dead or cancelled."""
         return sum(j.n for j in self.engine.run_jobs(run_id) if j.state in PENDING)

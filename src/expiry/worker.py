@@ -70,6 +70,9 @@ class Hooks:
     sweep: Callable[[], Any] | None = None
     """Run by the rescuer after returning expired claims: finish runs left open
     by a worker that died after its run's last commit."""
+    prune: Callable[[], Any] | None = None
+    """Run by the rescuer beside the queue's own pruning (every 5 minutes):
+    expiry's retention of its other records ([retention] ledger)."""
     dead: Callable[[Job], None] | None = None
     """Called when a job ends dead: it may have been its run's last pending job."""
     gates: Callable[[], Gates] | None = None
@@ -577,6 +580,8 @@ class Worker:
                 if time.monotonic() - last_prune > 300:
                     last_prune = time.monotonic()
                     self.queue.prune(self.prune_after)
+                    if self.hooks.prune is not None:
+                        self.hooks.prune()
             except Exception as exc:
                 log.warning("rescuer failed: %s", exc)
 

@@ -826,3 +826,46 @@ def _in_range(text: str, key: int) -> bool:
     match = re.fullmatch(r"keys \((-?\d+), (-?\d+)\]", text)
     assert match, text
     return int(match.group(1)) < key <= int(match.group(2))
+
+
+def test_the_worker_prunes_evidence_past_retention_ledger_never_an_open_run(
+    any_ws: Workspace,
+) -> None:
+    ws = any_ws
+    ws.config.write_text(config_text(ws.url) + '\n[retention]\nledger = "1d"\n')
+    ws.ok("trigger", POLICY, "--cutoff", cutoff_now())
+    ws.ok("worker", "--until-idle")
+    [finished] = ws.json("evidence", POLICY)
+    # A second run left open (no worker), opened long ago: kept (its ledger rows
+    # too: tests/engines/test_conformance_ledger_audit.py).
+    time.sleep(1.1)
+    ws.execute(
+        {
+            "postgres": "insert into sessions select i, now() - interval '1 day'"
+            " from generate_series(601, 610) i",
+            "sqlite": "insert into sessions values (601, unixepoch() - 86400)",
+        }[ws.dialect]
+    )
+    opened = ws.json("trigger", POLICY, "--cutoff", cutoff_now())
+    shift = (
+        "finished_at - interval '2 days'" if ws.dialect == "postgres" else "finished_at - 172800"
+    )
+    ws.execute(f"update {ws.table('runs')} set finished_at = {shift}")
+    ws.execute(
+        f"update {ws.table('runs')} set opened_at = opened_at"
+        + (" - interval '3 days'" if ws.dialect == "postgres" else " - 259200")
+    )
+    app = App.from_config(ws.config)
+    try:
+        prune = app.hooks.prune  # what the worker's rescuer runs every 5 minutes
+        assert prune is not None
+        prune()
+    finally:
+        app.close()
+    assert ws.json("evidence", POLICY) == []
+    remaining = ws.json("runs")
+    assert [r["id"] for r in remaining] == [opened["run_id"]], "the finished run is gone"
+    assert finished["rows_affected"] == EXPIRED
+
+    ws.config.write_text(config_text(ws.url) + '\n[retention]\nledger = "1h"\n')
+    assert_usage_error(ws.run("check"), "retention", "ledger")

@@ -10,7 +10,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from _conformance import execute, is_utc
+from _conformance import age, execute, is_utc
 
 from expiry.engines import Engine
 from expiry.errors import AlreadyApplied
@@ -98,6 +98,33 @@ def test_ledger_list_is_a_policy_s_runs_bookings_since_oldest_first(engine: Engi
     assert engine.ledger_list("p", since + timedelta(seconds=1)) == []
     assert [e.key for e in engine.ledger_list("q")] == ["q:1:a"]
     assert engine.ledger_list("nobody") == []
+
+
+def test_ledger_prune_deletes_old_finished_runs_evidence_and_then_the_runs(
+    engine: Engine,
+) -> None:
+    cutoff = datetime(2026, 1, 1, tzinfo=UTC)
+    for run_id in ("p:old", "p:open", "p:new"):
+        engine.run_insert(run_id, "p", cutoff, "tests")
+        for n in range(3):
+            with engine.transaction() as conn:
+                engine.ledger_insert(conn, f"{run_id}:{n}", policy="p", run_id=run_id, rows=n)
+    now = engine.time_param(engine.now())
+    execute(
+        engine,
+        "update expiry.runs set state = 'finished', finished_at = %s where id in ('p:old', 'p:new')",
+        [now],
+    )
+    year = 365 * 86400.0
+    age(engine, "runs", "finished_at", 2 * year, "id = 'p:old'")
+    age(engine, "runs", "opened_at", 3 * year)  # opened long ago, still open: kept
+    assert engine.ledger_prune(year, limit=2) == (2, 0)  # a batch at a time
+    assert engine.ledger_prune(year, limit=2) == (1, 1)  # its last row, then the run
+    assert engine.ledger_prune(year) == (0, 0)
+    kept = sorted(e.key for e in engine.ledger_list("p"))
+    assert kept == sorted(f"{run_id}:{n}" for run_id in ("p:open", "p:new") for n in range(3))
+    assert engine.run_get("p:old") is None
+    assert engine.run_get("p:open") is not None and engine.run_get("p:new") is not None
 
 
 def test_ledger_get_of_an_unknown_key_is_none(engine: Engine) -> None:

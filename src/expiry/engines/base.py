@@ -767,6 +767,17 @@ class Engine(abc.ABC):
             )
             return int(cur.rowcount)
 
+    def ledger_prune(self, older_than_seconds: float, limit: int = 10_000) -> tuple[int, int]:
+        """Delete up to ``limit`` ledger rows of runs finished more than
+        ``older_than_seconds`` ago, then up to ``limit`` such runs with no ledger
+        row left: (ledger rows, runs) deleted. Never a row of an open run."""
+        params = self._bind({"age": older_than_seconds, "limit": limit})
+        with self.transaction() as conn:
+            ledger = int(conn.execute(self.queries["ledger_prune"], params).rowcount)
+        with self.transaction() as conn:
+            runs = int(conn.execute(self.queries["run_prune"], params).rowcount)
+        return ledger, runs
+
     def _bind(self, params: dict[str, Any]) -> dict[str, Any]:
         return params
 

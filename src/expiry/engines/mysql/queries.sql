@@ -281,6 +281,28 @@ where r.policy = %(policy)s
   and (%(since)s is null or l.applied_at >= %(since)s)
 order by l.applied_at, l.`key`;
 
+-- name: ledger_prune
+-- Delete, a bounded batch at a time, the ledger rows of runs finished longer
+-- ago than the given age ([retention] ledger). An open run's evidence is
+-- never touched. (MySQL takes no LIMIT in a subquery of IN: a derived table.)
+delete l from expiry_ledger l join (
+    select l2.`key` from expiry_runs r join expiry_ledger l2 on l2.run_id = r.id
+    where r.state = 'finished'
+      and r.finished_at < $now - interval round(%(age)s * 1000000) microsecond
+    limit %(limit)s
+) old on old.`key` = l.`key`;
+
+-- name: run_prune
+-- Delete, a bounded batch at a time, the runs finished longer ago than the
+-- given age that have no ledger row left.
+delete r from expiry_runs r join (
+    select r2.id from expiry_runs r2
+    where r2.state = 'finished'
+      and r2.finished_at < $now - interval round(%(age)s * 1000000) microsecond
+      and not exists (select 1 from expiry_ledger l where l.run_id = r2.id)
+    limit %(limit)s
+) old on old.id = r.id;
+
 -- name: audit_append
 -- Append one event to the audit log.
 insert into expiry_audit (at, actor, action, policy, run_id, job_key, detail)

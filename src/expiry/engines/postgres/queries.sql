@@ -312,6 +312,27 @@ where r.policy = %(policy)s
   and (%(since)s::timestamptz is null or l.applied_at >= %(since)s)
 order by l.applied_at, l.key;
 
+-- name: ledger_prune
+-- Delete, a bounded batch at a time, the ledger rows of runs finished longer
+-- ago than the given age ([retention] ledger), and then those runs once no
+-- ledger row of theirs is left. An open run's evidence is never touched.
+with old as (
+    select l.key from expiry.runs r join expiry.ledger l on l.run_id = r.id
+    where r.state = 'finished' and r.finished_at < now() - make_interval(secs => %(age)s)
+    limit %(limit)s
+)
+delete from expiry.ledger l using old where l.key = old.key;
+
+-- name: run_prune
+-- Delete, a bounded batch at a time, the runs finished longer ago than the
+-- given age that have no ledger row left.
+delete from expiry.runs where id in (
+    select r.id from expiry.runs r
+    where r.state = 'finished' and r.finished_at < now() - make_interval(secs => %(age)s)
+      and not exists (select 1 from expiry.ledger l where l.run_id = r.id)
+    limit %(limit)s
+);
+
 -- name: audit_append
 -- Append one event to the audit log.
 insert into expiry.audit (actor, action, policy, run_id, job_key, detail)

@@ -237,6 +237,26 @@ where r.policy = :policy
   and (:since is null or l.applied_at >= :since)
 order by l.applied_at, l.key;
 
+-- name: ledger_prune
+-- Delete, a bounded batch at a time, the ledger rows of runs finished longer
+-- ago than the given age ([retention] ledger). An open run's evidence is
+-- never touched.
+delete from expiry_ledger where key in (
+    select l.key from expiry_runs r join expiry_ledger l on l.run_id = r.id
+    where r.state = 'finished' and r.finished_at < $now - :age
+    limit :limit
+);
+
+-- name: run_prune
+-- Delete, a bounded batch at a time, the runs finished longer ago than the
+-- given age that have no ledger row left.
+delete from expiry_runs where id in (
+    select r.id from expiry_runs r
+    where r.state = 'finished' and r.finished_at < $now - :age
+      and not exists (select 1 from expiry_ledger l where l.run_id = r.id)
+    limit :limit
+);
+
 -- name: audit_append
 -- Append one event to the audit log.
 insert into expiry_audit (at, actor, action, policy, run_id, job_key, detail)
