@@ -692,6 +692,19 @@ MUTANTS = [
         ("tests/cli/test_cli.py::test_evidence_lists_what_each_run_deleted_as_the_table_lost_it",),
         "expiry evidence leaves out the bookings of a run not marked finished",
     ),
+    Mutant(
+        "prune-open-run-evidence",
+        "src/expiry/engines/postgres/queries.sql",
+        "    where r.state = 'finished' and r.finished_at < now() - make_interval(secs => %(age)s)\n"
+        "    limit %(limit)s\n)\ndelete from expiry.ledger",
+        "    where r.opened_at < now() - make_interval(secs => %(age)s)\n"
+        "    limit %(limit)s\n)\ndelete from expiry.ledger",
+        (
+            "tests/engines/test_conformance_ledger_audit.py::test_ledger_prune_deletes_old_finished"
+            "_runs_evidence_and_then_the_runs[postgres]",
+        ),
+        "PostgreSQL: the ledger of a run still open, opened long ago, is pruned with the old ones",
+    ),
 ]
 
 
