@@ -705,6 +705,42 @@ MUTANTS = [
         ),
         "PostgreSQL: the ledger of a run still open, opened long ago, is pruned with the old ones",
     ),
+    Mutant(
+        "late-cutoff-against-now",
+        "src/expiry/cleanup.py",
+        "        elif cutoff > latest and not force:",
+        "        elif cutoff > now and not force:",
+        (
+            "tests/cli/test_cli_guards.py::test_a_cutoff_later_than_now_minus_retain_is_refused"
+            "_unless_forced",
+        ),
+        "the late-cutoff guard compares with now, not now - retain: a cutoff inside the "
+        "retention is accepted and deletes rows still kept",
+    ),
+    Mutant(
+        "key-window-lower-inclusive",
+        "src/expiry/target.py",
+        '"key": "{key} > {p_lo} and {key} <= {p_hi}",',
+        '"key": "{key} >= {p_lo} and {key} <= {p_hi}",',
+        (
+            "tests/cleanup/test_window_booking.py::test_a_key_window_takes_and_books_exactly_the"
+            "_rows_of_its_range",
+        ),
+        "a key window reaches its lower bound: it takes the key of the window below (the table "
+        "ends the same, the ledger's counts are wrong)",
+    ),
+    Mutant(
+        "iso-cutoff-offset-dropped",
+        "src/expiry/timestamps.py",
+        "        return text + self.offset\n",
+        "        return text\n",
+        (
+            "tests/cleanup/test_timestamps.py::test_a_row_written_in_another_storage_after_planning"
+            "_is_never_deleted[TEXT iso +02:00]",
+        ),
+        "the ISO cutoff loses its offset: the per-row guard on a +02:00 column runs two hours "
+        "late, and a live value spelled in another offset goes",
+    ),
 ]
 
 

@@ -206,6 +206,10 @@ HOSTILE = {
     # the index bound admits but that are not expired (or not readable as such)
     "DATETIME epoch seconds": ("DATETIME", epoch, [2461000.5, "2000-01-01 00:00:00"]),
     "TEXT iso T and Z": ("TEXT", lambda t: iso(t, "T", "Z"), ["later", 1000]),
+    # A fixed +02:00 column: values in another offset an hour ahead sort below the
+    # cutoff's text; only the guard, comparing instants at the cutoff's own
+    # offset, keeps them (dropping the offset from it moves it two hours late).
+    "TEXT iso +02:00": ("TEXT", lambda t: iso(t.astimezone(PLUS_TWO), "T", "+02:00"), []),
 }
 
 
@@ -226,6 +230,10 @@ def test_a_row_written_in_another_storage_after_planning_is_never_deleted(
         if declared == "DATETIME"
         else [epoch(later), iso(later)]  # an epoch number; the other spelling, later today
     )
+    if case == "TEXT iso +02:00":
+        soon = now + timedelta(hours=1)  # live for an hour, spelled in UTC and at -05:00
+        minus_five = timezone(timedelta(hours=-5))
+        hostile = [iso(soon, "T", "Z"), iso(soon.astimezone(minus_five), "T", "-05:00")]
     for i, value in enumerate(hostile, 2):  # inside the planned windows' key range
         sqlite_db.execute("update sessions set expires_at = %s where id = %s", [value, i])
     run_worker(app)

@@ -320,3 +320,32 @@ def test_a_window_runs_under_its_policys_limits_and_other_work_under_its_own(
             "select current_setting('statement_timeout') as s, current_setting('lock_timeout') as l"
         ).fetchone()
     assert limits == {"s": "0", "l": "0"}
+
+
+def test_a_key_window_takes_and_books_exactly_the_rows_of_its_range(db: Db, apps: Apps) -> None:
+    """Windows (lo, hi] applied last first, each lo an expired key: a window
+    that reached its lower bound would take the key of the window below it
+    (the table ends the same; the ledger's counts would not)."""
+    gone = seed(db, 300)
+    app = apps(db.url)
+    assert app.cleanup is not None
+    opened = app.cleanup.open_run(POLICY)
+    target = app.cleanup.target(POLICY)
+    spans = [(199, 299), (99, 199), (-1, 99)]
+    assert {99, 199} <= gone, "each lower bound is a key the window below must take"
+    for lo, hi in spans:
+        with app.engine.transaction() as tx:
+            taken = target.apply(
+                tx,
+                opened.cutoff,
+                Span.keys(lo, hi),
+                key=f"{opened.run_id}:test:{lo}",
+                run_id=opened.run_id,
+                worker="test",
+            )
+        assert taken == len({i for i in gone if lo < i <= hi}), (lo, hi, taken)
+    booked = {row["key"]: row["rows"] for row in db.ledger(opened.run_id)}
+    assert booked == {
+        f"{opened.run_id}:test:{lo}": len({i for i in gone if lo < i <= hi}) for lo, hi in spans
+    }
+    assert db.ids() == set(range(1, 301)) - gone

@@ -49,6 +49,13 @@ def test_a_cutoff_later_than_now_minus_retain_is_refused_unless_forced(ws: Works
         "pass --force",
     )
     assert ws.runs() == 0 and ws.sessions_left() == before
+    # The edge is now - retain, not now: a cutoff twelve hours ago is within the
+    # day kept, and refused as well.
+    inside = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=12)
+    assert_usage_error(
+        ws.run("trigger", POLICY, "--cutoff", format_time(inside)), "is later than now - retain"
+    )
+    assert ws.runs() == 0 and ws.sessions_left() == before
     # A dry run changes nothing, so it shows what the late cutoff would take.
     assert ws.json("trigger", POLICY, "--cutoff", format_time(future), "--dry-run")["candidates"]
     opened = ws.json("trigger", POLICY, "--cutoff", format_time(future), "--force")
