@@ -741,6 +741,24 @@ MUTANTS = [
         "the ISO cutoff loses its offset: the per-row guard on a +02:00 column runs two hours "
         "late, and a live value spelled in another offset goes",
     ),
+    Mutant(
+        "turns-wait-on-two",
+        "src/expiry/cleanup.py",
+        "moving = [t for t in earlier if t.started and t.active]",
+        "moving = [t for t in earlier if t.started and t.active > 1]",
+        (f"{TURNS}::test_a_run_waits_for_an_earlier_run_that_started_and_says_so",),
+        "a new run does not wait for an earlier one with exactly one job running or due: two "
+        "runs of a policy apply windows at once",
+    ),
+    Mutant(
+        "heartbeat-every-lease",
+        "src/expiry/worker.py",
+        "        while not self.stopping.wait(self.lease / 3):",
+        "        while not self.stopping.wait(self.lease):",
+        ("tests/queue/test_worker.py::test_a_job_longer_than_its_lease_keeps_it_by_heartbeats",),
+        "heartbeats every lease, not every third: a long job's lease runs out between two and "
+        "another worker takes it over",
+    ),
 ]
 
 

@@ -408,3 +408,27 @@ def test_run_returns_only_after_a_rescue_in_flight_has_finished(app: App) -> Non
     runner.join(10)
     assert not runner.is_alive()
     assert set(threading.enumerate()) <= before  # heartbeat and rescuer are gone
+
+
+def test_a_job_longer_than_its_lease_keeps_it_by_heartbeats(app: App) -> None:
+    """Heartbeats extend a running job's lease every third of it: the lease left,
+    read off the database while the job runs three leases long, never falls
+    below two thirds of it by much, and nobody takes the job over."""
+    lease = 1.5
+    left: list[float] = []
+
+    @app.handler("long", transactional=False)
+    def long(job: Job) -> None:
+        deadline = time.monotonic() + 3 * lease
+        while time.monotonic() < deadline:
+            held = get(app, job.key)
+            assert held.lease_expires_at is not None
+            left.append((held.lease_expires_at - app.engine.now()).total_seconds())
+            time.sleep(0.05)
+
+    app.queue.enqueue_many([new_job("long", {}, None, "long-1")])
+    assert make_worker(app, lease=lease).run() == 0
+    done = get(app, "long-1")
+    assert done.state is JobState.COMPLETED and done.attempt == 1, done
+    print(f"lease left while running: min {min(left):.2f} s of {lease} s ({len(left)} readings)")
+    assert min(left) > lease / 3, min(left)  # a heartbeat every lease would let it run out
