@@ -19,7 +19,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -467,14 +467,32 @@ def test_dlq_list_show_redrive_and_discard(any_ws: Workspace) -> None:
 
 
 def test_pause_and_resume_a_policy(ws: Workspace) -> None:
+    # A scheduler already running (its first pass registers the schedule).
+    app = App.from_config(ws.config)
+    now = app.engine.now()
+    clock = {"now": now}
+    scheduler = app.scheduler(clock=lambda: clock["now"])
+    assert scheduler.tick() == []
+
     human = ws.ok("pause", POLICY, "--actor", "tester").out
     assert f"policy {POLICY} paused" in human
     assert ws.json("status")["policies"][0]["paused"] is True
     assert ws.json("pause", POLICY, "--actor", "tester") == {"policy": POLICY, "paused": True}
+    # Paused means the schedule fires nothing: a pass an hour on opens no run.
+    clock["now"] = now + timedelta(hours=1)
+    assert scheduler.tick() == []
+    assert ws.runs() == 0
 
     assert f"policy {POLICY} resumed" in ws.ok("resume", POLICY, "--actor", "tester").out
     assert ws.json("resume", POLICY, "--actor", "tester") == {"policy": POLICY, "paused": False}
     assert ws.scalar(f"select paused from {ws.table('schedules')}") == 0
+    # Resumed, it fires again.
+    clock["now"] = now + timedelta(hours=2)
+    try:
+        assert scheduler.tick() != []
+    finally:
+        app.close()
+    assert ws.runs() == 1
     audit = ws.table("audit")
     actions = ws.scalar(
         f"select group_concat(action, ',') from (select action from {audit} "
