@@ -160,3 +160,26 @@ def app(db_url: str) -> Iterator[App]:
     application = App(db_url)
     yield application
     application.close()
+
+
+ENGINE_FIXTURES = {
+    "postgres": {"pg_url", "bare_pg_url", "pg_template", "pg_db", "pg_live", "pg_engine"},
+    "mysql": {"mysql_url", "bare_mysql_url", "mysql_db"},
+    "sqlite": {"sqlite_url", "sqlite_db", "sqlite_live"},
+}
+"""The fixtures that put a test on one engine."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test with the engines it talks to (``-m postgres`` selects every
+    PostgreSQL test, its id naming the engine or not): from the engine fixtures
+    it uses and the engine its parameters name (``db_url[postgres]``)."""
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        callspec = getattr(item, "callspec", None)
+        named = {str(v) for v in callspec.params.values()} if callspec is not None else set()
+        for engine, fixtures in ENGINE_FIXTURES.items():
+            if engine in named or (
+                used & fixtures and not named & (set(ENGINE_FIXTURES) - {engine})
+            ):
+                item.add_marker(getattr(pytest.mark, engine))
