@@ -759,6 +759,26 @@ MUTANTS = [
         "heartbeats every lease, not every third: a long job's lease runs out between two and "
         "another worker takes it over",
     ),
+    Mutant(
+        "inclusive-ignored",
+        "src/expiry/target.py",
+        "        return cutoff + timedelta(microseconds=1) if self.policy.inclusive else cutoff\n",
+        "        return cutoff\n",
+        (
+            "tests/cleanup/test_cleanup.py::test_inclusive_deletes_the_rows_at_the_cutoff_and_none_after",
+        ),
+        "inclusive = true is ignored: the rows at the cutoff stay (Laravel's <= is not applied)",
+    ),
+    Mutant(
+        "inclusive-a-second",
+        "src/expiry/target.py",
+        "        return cutoff + timedelta(microseconds=1) if self.policy.inclusive else cutoff\n",
+        "        return cutoff + timedelta(seconds=1) if self.policy.inclusive else cutoff\n",
+        (
+            "tests/cleanup/test_cleanup.py::test_inclusive_deletes_the_rows_at_the_cutoff_and_none_after",
+        ),
+        "inclusive widens the cutoff by a second: rows up to a second past it, not yet expired, go",
+    ),
 ]
 
 

@@ -303,6 +303,9 @@ class Policy(HealthSettings):
     zone suffix); default [database] timestamp_zone, else UTC. Refused for a
     column that carries its zone or holds epoch numbers (timestamps.py)."""
     _database_zone: str | None = PrivateAttr(default=None)
+    inclusive: bool = False
+    """True: a row is expired when its timestamp is at or before the cutoff
+    (``<=``, as Laravel's session garbage collection deletes); default ``<``."""
     retain: Duration = 0.0
     where: str | None = None
     action: Literal["delete", "archive"] = "delete"

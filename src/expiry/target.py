@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
-from datetime import date, datetime
+from datetime import date, datetime, timedelta
 from typing import Any
 
 from .config import Policy
@@ -310,6 +310,13 @@ class Target:
             text = self._texts[cache] = self.statement(template, storage=storage, span=span)
         return text
 
+    def edge(self, cutoff: datetime) -> datetime:
+        """The bound every comparison with a run's cutoff uses: the cutoff itself
+        (expired means ``ts < cutoff``), or, for a policy with ``inclusive``,
+        a microsecond past it (``ts <= cutoff``: every storage holds whole
+        microseconds or coarser, so the two are the same rows)."""
+        return cutoff + timedelta(microseconds=1) if self.policy.inclusive else cutoff
+
     def run(
         self,
         conn: Any,
@@ -320,7 +327,7 @@ class Target:
     ) -> Any:
         storage = storage or self.storage
         if "cutoff" in params:
-            params.update(self.engine.cutoff_params(storage, params["cutoff"]))
+            params.update(self.engine.cutoff_params(storage, self.edge(params["cutoff"])))
         return conn.execute(self.text(template, storage, span), params)
 
     # -- the operations ----------------------------------------------------------
@@ -463,7 +470,7 @@ class Target:
             copy=self.text(ARCHIVE_COPY, storage, name) if archive else None,
             label=f"expiry window: delete from {p.table}"
             + (f", archive into {p.archive_table}" if archive else ""),
-            params=params | {"key": key} | self.engine.cutoff_params(storage, cutoff),
+            params=params | {"key": key} | self.engine.cutoff_params(storage, self.edge(cutoff)),
             key=key,
             policy=p.name,
             run_id=run_id,
@@ -553,7 +560,7 @@ class Target:
         if layout is None or layout.rows <= 0 or layout.correlation is None:
             return None
         storage = storage or self.storage
-        params = engine.cutoff_params(storage, cutoff)
+        params = engine.cutoff_params(storage, self.edge(cutoff))
         estimate = engine.estimate_rows(conn, self.text(CANDIDATES, storage), params) or 0
         share = estimate / layout.rows
         if share < BLOCKS_SHARE or abs(layout.correlation) >= BLOCKS_CORRELATION:
@@ -573,7 +580,7 @@ class Target:
         p, engine = self.policy, self.engine
         layout = engine.table_layout(conn, p.table, p.timestamp)
         storage = storage or self.storage
-        params = engine.cutoff_params(storage, cutoff)
+        params = engine.cutoff_params(storage, self.edge(cutoff))
         estimate = engine.estimate_rows(conn, self.text(CANDIDATES, storage), params) or 0
         pages = layout.pages if layout is not None else 0
         return pages, max(1, math.ceil(p.window * pages / max(estimate, 1)))
@@ -689,7 +696,7 @@ class Target:
         rows = self.run(conn, SAMPLE, storage, cutoff=cutoff, page=SAMPLE_SIZE).fetchall()
         for row in rows:
             when = instant(row["v"], storage.zone)
-            if when is None or not when < cutoff:
+            if when is None or not when < self.edge(cutoff):
                 shown = "unreadable" if when is None else when.isoformat()
                 raise SchemaError(
                     f"policy {self.policy.name!r}: stopped before deleting anything: the "

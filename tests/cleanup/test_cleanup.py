@@ -677,3 +677,22 @@ def test_a_policy_added_by_a_reload_is_worked_by_the_running_worker(db: Db, tmp_
         thread.join(10)
     finally:
         app.close()
+
+
+def test_inclusive_deletes_the_rows_at_the_cutoff_and_none_after(db: Db, apps: Apps) -> None:
+    """inclusive = true: expired means timestamp <= cutoff. The row at the cutoff
+    goes; a row a microsecond (the finest any storage holds) past it stays."""
+    db.create_sessions()
+    app = apps(db.url, {"inclusive": True})
+    assert app.cleanup is not None
+    cutoff = app.engine.now().replace(microsecond=0) - timedelta(hours=1)
+    offsets = {1: -1.0, 2: 0.0, 3: 0.000001, 4: 1.0}
+    for key, seconds in offsets.items():
+        stored = db.stored(cutoff + timedelta(seconds=seconds))
+        db.execute("insert into sessions (id, expires_at) values (%s, %s)", [key, stored])
+    preview = app.cleanup.preview(POLICY, cutoff)
+    assert preview.candidates == 2
+    opened = app.cleanup.open_run(POLICY, cutoff)
+    run_worker(app)
+    assert db.ids() == {3, 4}
+    assert sum(row["rows"] for row in db.ledger(opened.run_id)) == 2

@@ -377,6 +377,7 @@ class Case:
     redeliver: tuple[int, ...]  # picks among the completed windows
     windows: str = "auto"  # the policy's windows: "auto", "key", "time" or "blocks" (PostgreSQL)
     key_kind: str = "int"  # the policy's key: "int" (id), "text" or "uuid" (code)
+    inclusive: bool = False  # the policy's inclusive: expired means <= cutoff
     where_sql: str | None = field(init=False, default=None)
 
     @property
@@ -458,6 +459,7 @@ def cases(draw: st.DrawFn, dialect: str) -> Case:
         ),
         # Text and UUID keys: time windows, ties between equal instants split by the key.
         key_kind=draw(st.sampled_from(["int", "int", "text"] + ["uuid"] * (dialect != "sqlite"))),
+        inclusive=draw(st.booleans()),
     )
 
 
@@ -491,7 +493,7 @@ def build(case: Case, cutoff: datetime) -> Built:
         signatures.add(storage.signature(instant))
         families.add(storage.stated)
         where = True if case.where is None else holds(case.where, row)
-        if instant < cutoff and where is True:
+        if (instant <= cutoff if case.inclusive else instant < cutoff) and where is True:
             expected.add(row.key)
     family = families.pop() if len(families) == 1 else None
     return Built(values, instants, expected, len(signatures) <= 1, family)
@@ -563,6 +565,7 @@ def policy_for(case: Case, built: Built, name: str, table: str) -> dict[str, Any
         "windows": case.windows if case.key_kind == "int" or case.windows == "blocks" else "auto",
         "nice_ratio": 0,  # no rest between windows: the test has no live traffic
         "max_attempts": 3,
+        "inclusive": case.inclusive,
     }
     if case.state_format != "no" and built.uniform and built.family and case.formats_apply:
         # Stated only for a uniform column, as its truth or as another format
