@@ -779,6 +779,18 @@ MUTANTS = [
         ),
         "inclusive widens the cutoff by a second: rows up to a second past it, not yet expired, go",
     ),
+    Mutant(
+        "epoch-zero-kept",
+        "src/expiry/timestamps.py",
+        '        return f"({low} or {{ts}} = 0)" if self.zero else low\n',
+        "        return low\n",
+        (
+            "tests/cleanup/test_timestamps.py::test_a_zero_in_a_stated_epoch_column_is_the_epoch"
+            "_itself",
+        ),
+        "a 0 in a stated epoch column is never deleted, though the policy reads it as 1970 "
+        "(the run counts it and books fewer rows: Nextcloud's never-used tokens stay for ever)",
+    ),
 ]
 
 

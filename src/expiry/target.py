@@ -26,7 +26,7 @@ from .config import Policy
 from .engines.base import Engine
 from .errors import SchemaError
 from .times import format_time
-from .timestamps import UTC_ZONES, Storage, instant, naive_type, numeric_format
+from .timestamps import UNIX_EPOCH, UTC_ZONES, Storage, instant, naive_type, numeric_format
 from .types import Column, Index, Job, Partition, Reference, Relation, WindowApply
 from .windows import (
     BLOCKS,
@@ -200,6 +200,8 @@ select (select {ts} from {table} where {ts} is not null and ({where})
 STORAGE_RANGE = (
     "select min({ts}) as lo, max({ts}) as hi from {table} where {ts} is not null and ({where})"
 )
+
+STORAGE_ABOVE_ZERO = "select min({ts}) as lo from {table} where {ts} > 0 and ({where})"
 
 # The run's sample check: candidates read by the very predicate the windows
 # use, from both ends of the timestamp order and from the first keys.
@@ -695,7 +697,8 @@ class Target:
         run before anything is deleted, if one is not expired."""
         rows = self.run(conn, SAMPLE, storage, cutoff=cutoff, page=SAMPLE_SIZE).fetchall()
         for row in rows:
-            when = instant(row["v"], storage.zone)
+            zero = storage.zero and row["v"] in (0, 0.0)  # the epoch itself (Storage.zero)
+            when = UNIX_EPOCH if zero else instant(row["v"], storage.zone)
             if when is None or not when < self.edge(cutoff):
                 shown = "unreadable" if when is None else when.isoformat()
                 raise SchemaError(
@@ -925,7 +928,7 @@ class Target:
                 'on PostgreSQL write timestamp_format = "epoch" or "epoch_ms"',
             )
         row = conn.execute(self.text(STORAGE_RANGE), {}).fetchone()
-        storage = self._numeric(row["lo"], row["hi"], None)
+        storage = self._numeric(row["lo"], row["hi"], None, conn)
         if storage.format not in ("epoch", "epoch_ms"):  # julianday is SQLite's (a real)
             raise self._refuse(
                 f"holds integers from {row['lo']!r} to {row['hi']!r}, which are neither "
@@ -934,11 +937,18 @@ class Target:
             )
         return storage
 
-    def _numeric(self, lo: Any, hi: Any, counts: str | None) -> Storage:
-        """The numeric format of values from ``lo`` to ``hi`` (None: no values)."""
+    def _numeric(self, lo: Any, hi: Any, counts: str | None, conn: Any = None) -> Storage:
+        """The numeric format of values from ``lo`` to ``hi`` (None: no values).
+        Under a stated epoch format a 0 is the epoch itself (Storage.zero): the
+        format is read off the other values."""
         stated = self.policy.timestamp_format
+        zero = stated in ("epoch", "epoch_ms")
         if lo is None:
-            return Storage(stated or "epoch")
+            return Storage(stated or "epoch", zero=zero)
+        if zero and float(lo) == 0 and conn is not None:
+            lo = conn.execute(self.text(STORAGE_ABOVE_ZERO), {}).fetchone()["lo"]
+            if lo is None:  # every value is 0
+                return Storage(str(stated), zero=True)
         low, high = numeric_format(float(lo)), numeric_format(float(hi))
         ranges = "epoch seconds 1e8..1e11, epoch milliseconds 1e11..1e14, julianday 1e6..1e7"
         held = counts or f"numbers from {lo!r} to {hi!r}"
@@ -955,7 +965,7 @@ class Target:
                 f'states timestamp_format = "{stated}"',
                 f'correct timestamp_format (to "{low}"), or the data',
             )
-        return Storage(low)
+        return Storage(low, zero=zero)
 
     def _detect_values(self, conn: Any) -> Storage:
         """Where each value has its own storage class (SQLite): read them all."""
@@ -964,9 +974,10 @@ class Target:
         lo, hi = ends["lo"], ends["hi"]
         if lo is None:  # no rows to read: this run deletes nothing
             self._naive = p.timestamp_format in (None, "iso")
-            return Storage(p.timestamp_format or "iso")
+            stated = p.timestamp_format or "iso"
+            return Storage(stated, zero=stated in ("epoch", "epoch_ms"))
         if all(isinstance(v, int | float) for v in (lo, hi)):
-            return self._numeric(lo, hi, None)
+            return self._numeric(lo, hi, None, conn)
         rows = conn.execute(self.text(STORAGE_CLASSES), {}).fetchall()
         classes: dict[str, int] = {}
         for row in rows:

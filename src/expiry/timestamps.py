@@ -187,17 +187,28 @@ class Storage:
     separator: str = " "
     offset: str = ""
     zone: str = ""
+    zero: bool = False
+    """Epoch seconds or milliseconds the policy states (timestamp_format): the
+    value 0, which apps write for "never" (Nextcloud's last_activity), is the
+    epoch itself, 1970-01-01, and so expired."""
 
     @property
     def token(self) -> str:
         """A run carries its storage in its jobs' payloads: every window of the run
         compares in the domain its planner read (the zone included, after the
-        format: ``native@America/Chicago``)."""
+        format: ``native@America/Chicago``; ``epoch+zero`` for a stated epoch)."""
         zone = f"@{self.zone}" if self.zone else ""
         if self.format == "iso":
             sep = "T" if self.separator == "T" else "space"
             return f"iso:{sep}:{self.offset or 'utc'}{zone}"
-        return self.format + zone
+        return self.format + ("+zero" if self.zero else "") + zone
+
+    def plausible(self) -> str:
+        """The SQL filter (on ``{ts}``) that keeps a numeric column's comparison to
+        values of this format: at least its range's low end (a julianday in an
+        epoch column is never read as 1970), or 0 where ``zero``."""
+        low = f"{{ts}} >= {NUMERIC_RANGES[self.format][0]:.0f}"
+        return f"({low} or {{ts}} = 0)" if self.zero else low
 
     @classmethod
     def from_token(cls, token: str) -> Storage:
@@ -208,9 +219,11 @@ class Storage:
             _, sep, offset = token.split(":", 2)
             offset = "" if offset == "utc" else offset
             return cls("iso", "T" if sep == "T" else " ", offset, zone)
-        if token not in ("native", *FORMATS):
+        zero = token.endswith("+zero")
+        token = token.removesuffix("+zero")
+        if token not in ("native", *FORMATS) or (zero and token not in ("epoch", "epoch_ms")):
             raise ValueError(f"unknown timestamp storage {token!r}")
-        return cls(token, zone=zone)
+        return cls(token, zone=zone, zero=zero)
 
     def zoned(self, zone: str) -> Storage:
         """This storage with naive values read as wall-clock times of ``zone``."""
@@ -230,7 +243,7 @@ class Storage:
             "epoch": "epoch seconds",
             "epoch_ms": "epoch milliseconds",
             "julianday": "julianday numbers",
-        }[self.format]
+        }[self.format] + (" (0 is the epoch itself: expired)" if self.zero else "")
 
     # -- the cutoff in the column's storage (SQLite binds these; PostgreSQL
     # converts its timestamptz parameter in SQL, see target.py) --------------------

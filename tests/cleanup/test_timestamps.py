@@ -434,3 +434,34 @@ def test_python_reads_stored_values_independently() -> None:
     assert instant(date(2026, 11, 30)) == t - timedelta(hours=12)
     assert instant(0) is None
     assert instant("never") is None
+
+
+@pytest.mark.parametrize("stated", [True, False])
+def test_a_zero_in_a_stated_epoch_column_is_the_epoch_itself(
+    db: Db, apps: Apps, stated: bool
+) -> None:
+    """Nextcloud's oc_authtoken.last_activity defaults to 0. With timestamp_format
+    = "epoch" stated, 0 is 1970-01-01: expired, deleted with the other expired
+    rows (Nextcloud's own rule deletes them); unstated, a 0 is no epoch second
+    and the policy is refused with nothing deleted."""
+    db.execute("create table tokens (id bigint primary key, last_activity bigint not null)")
+    db.execute("create index tokens_last_activity on tokens (last_activity)")
+    now = epoch(now_utc())
+    values = {1: 0, 2: 0, 3: now - 86400, 4: now - 3600, 5: now + 3600, 6: now + 86400}
+    for key, value in values.items():
+        db.execute("insert into tokens (id, last_activity) values (%s, %s)", [key, value])
+    policy = {"table": "tokens", "timestamp": "last_activity", "where": None}
+    app = apps(db.url, {**policy, "timestamp_format": "epoch"} if stated else policy)
+    assert app.cleanup is not None
+    if not stated:
+        with pytest.raises(SchemaError, match="not all of one format"):
+            app.cleanup.open_run(POLICY)
+        assert db.ids("tokens") == set(values)
+        return
+    preview = app.cleanup.preview(POLICY)
+    assert preview.candidates == 4
+    assert "0 is the epoch itself" in preview.storage
+    opened = app.cleanup.open_run(POLICY)
+    drain(app)
+    assert db.ids("tokens") == {5, 6}
+    assert sum(row["rows"] for row in db.ledger(opened.run_id)) == 4

@@ -22,7 +22,7 @@ from typing import Any
 import pymysql
 
 from ...errors import ForeignKeyBlocked, SchemaError, TransientError
-from ...timestamps import NUMERIC_RANGES, Storage
+from ...timestamps import Storage
 from ...types import (
     Column,
     Index,
@@ -119,7 +119,7 @@ class MySQLTables(Engine):
             bound = "cast(ceil(unix_timestamp({p_cutoff}) * 1000) as signed)"
         else:
             return "{p_cutoff}", ""
-        return bound, f" and {{ts}} >= {NUMERIC_RANGES[storage.format][0]:.0f}"
+        return bound, f" and {storage.plausible()}"
 
     def cutoff_params(self, storage: Storage, cutoff: datetime) -> dict[str, Any]:
         # Naive wall-clock times of a zone: their bound, labelled UTC as this

@@ -19,7 +19,7 @@ from psycopg import errors, sql
 from psycopg.pq import TransactionStatus
 
 from ...errors import ForeignKeyBlocked
-from ...timestamps import NUMERIC_RANGES, Storage
+from ...timestamps import Storage
 from ...types import (
     Column,
     Index,
@@ -199,7 +199,7 @@ class PostgresTables(Engine):
             bound = "cast(ceil(extract(epoch from {p_cutoff}) * 1000) as bigint)"
         else:
             return "{p_cutoff}", ""
-        return bound, f" and {{ts}} >= {NUMERIC_RANGES[storage.format][0]:.0f}"
+        return bound, f" and {storage.plausible()}"
 
     def cutoff_params(self, storage: Storage, cutoff: datetime) -> dict[str, Any]:
         # Naive wall-clock times of a zone: their bound, labelled UTC as this

@@ -231,10 +231,12 @@ select * from expiry_ledger where key = :key;
 -- name: ledger_list
 -- A policy's ledger rows booked at or after since (null: all of them), oldest
 -- first: the evidence of what its runs deleted or archived (expiry evidence).
--- Through the policy's runs: both tables are indexed that way.
+-- Through the policy's runs: both tables are indexed that way. A time read
+-- back from its epoch seconds (a double) may come back a hair later than it
+-- was stored: a microsecond's slack keeps the row booked at `since` itself.
 select l.* from expiry_runs r join expiry_ledger l on l.run_id = r.id
 where r.policy = :policy
-  and (:since is null or l.applied_at >= :since)
+  and (:since is null or l.applied_at >= :since - 0.000001)
 order by l.applied_at, l.key;
 
 -- name: ledger_prune

@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from ...errors import ForeignKeyBlocked, SchemaError
-from ...timestamps import NUMERIC_RANGES, Storage
+from ...timestamps import Storage
 from ...types import (
     Column,
     Index,
@@ -59,8 +59,7 @@ class SQLiteTables(Engine):
             return "{p_cutoff}", (
                 " and typeof({ts}) = 'text' and julianday({ts}) < julianday({p_exact})"
             )
-        low = NUMERIC_RANGES[storage.format][0]
-        return "{p_cutoff}", f" and typeof({{ts}}) in ('integer', 'real') and {{ts}} >= {low:.0f}"
+        return "{p_cutoff}", f" and typeof({{ts}}) in ('integer', 'real') and {storage.plausible()}"
 
     def cutoff_params(self, storage: Storage, cutoff: datetime) -> dict[str, Any]:
         return {"cutoff": storage.bound(cutoff), "exact": storage.exact(cutoff)}
