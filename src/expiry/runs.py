@@ -89,15 +89,18 @@ class Runs:
         found = self.engine.run_list(policy, limit)
         return [s for r in found if (s := self.summary(r.id)) is not None]
 
-    def evidence(self, policy: str, since: datetime | None = None) -> list[dict[str, Any]]:
+    def evidence(
+        self, policy: str, since: datetime | None = None, limit: int = 100_000
+    ) -> list[dict[str, Any]]:
         """What ``policy``'s runs deleted or archived, per run, oldest first,
-        from the ledger rows booked at or after ``since``: each run's cutoff,
+        from the ledger rows booked at or after ``since`` (at most ``limit`` of
+        them: a caller pages on with the last one's time): each run's cutoff,
         times, outcome and totals, and every operation with its range, rows,
         time and worker (``expiry evidence``, ``GET /v1/evidence/{policy}``).
         Read in one transaction."""
         engine = self.engine
         with engine.read_transaction() as conn:
-            entries = engine.ledger_list(policy, since, conn=conn)
+            entries = engine.ledger_list(policy, since, limit=limit, conn=conn)
             ids = {e.run_id for e in entries if e.run_id is not None}
             runs = {rid: engine.run_get(rid, conn=conn) for rid in ids}
         found: dict[str, dict[str, Any]] = {}

@@ -32,11 +32,14 @@ def runs(app: App, policy: str | None = None, limit: int = 20) -> list[dict[str,
     return app.runs.recent(policy, limit)
 
 
-def evidence(app: App, policy: str, since: datetime | None = None) -> list[dict[str, Any]]:
+def evidence(
+    app: App, policy: str, since: datetime | None = None, limit: int = 100_000
+) -> list[dict[str, Any]]:
     """``Runs.evidence``, each run with its policy's table as the config names
     it now (None for a policy no longer in the config)."""
     tables = {p.name: p.table for p in (app.config.policy if app.config else [])}
-    return [{**run, "table": tables.get(run["policy"])} for run in app.runs.evidence(policy, since)]
+    found = app.runs.evidence(policy, since, limit)
+    return [{**run, "table": tables.get(run["policy"])} for run in found]
 
 
 def policies(app: App) -> list[dict[str, Any]]:

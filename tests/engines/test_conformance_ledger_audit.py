@@ -96,6 +96,7 @@ def test_ledger_list_is_a_policy_s_runs_bookings_since_oldest_first(engine: Engi
     since = found[1].applied_at
     assert [e.key for e in engine.ledger_list("p", since)] == ["p:2:a"]  # at or after
     assert engine.ledger_list("p", since + timedelta(seconds=1)) == []
+    assert [e.key for e in engine.ledger_list("p", limit=1)] == ["p:1:a"]  # the oldest
     assert [e.key for e in engine.ledger_list("q")] == ["q:1:a"]
     assert engine.ledger_list("nobody") == []
 

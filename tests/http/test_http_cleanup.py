@@ -166,6 +166,10 @@ def test_evidence_over_http_is_what_the_run_deleted_for_a_read_key(live: Live) -
         "keys (100, 200]",
         "keys (200, 300]",
     ]
+    # At most limit operations, oldest first; the next page starts at the last one's time.
+    [page] = reader.get(f"/v1/evidence/{POLICY}", params={"limit": 2}).json()
+    assert [op["range"] for op in page["operations"]] == ["keys (0, 100]", "keys (100, 200]"]
+    assert_error(reader.get(f"/v1/evidence/{POLICY}", params={"limit": 0}), 422)
     later = reader.get(f"/v1/evidence/{POLICY}", params={"since": "2999-01-01T00:00:00Z"})
     assert later.json() == []
     assert len(reader.get(f"/v1/evidence/{POLICY}", params={"since": "1h"}).json()) == 1

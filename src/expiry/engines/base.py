@@ -853,11 +853,21 @@ class Engine(abc.ABC):
         return None if row is None else self._ledger_entry(row)
 
     def ledger_list(
-        self, policy: str, since: datetime | None = None, *, conn: Any | None = None
+        self,
+        policy: str,
+        since: datetime | None = None,
+        *,
+        limit: int = 100_000,
+        conn: Any | None = None,
     ) -> list[LedgerEntry]:
         """The ledger rows of ``policy``'s runs booked at or after ``since``
-        (None: every one kept), oldest first: the evidence of deletion."""
-        params = {"policy": policy, "since": None if since is None else self.time_param(since)}
+        (None: every one kept), oldest first, at most ``limit``: the evidence of
+        deletion."""
+        params = {
+            "policy": policy,
+            "since": None if since is None else self.time_param(since),
+            "limit": limit,
+        }
         return [self._ledger_entry(row) for row in self._run(conn, "ledger_list", params)]
 
     def _ledger_entry(self, row: Row) -> LedgerEntry:

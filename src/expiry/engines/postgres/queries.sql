@@ -305,12 +305,14 @@ select * from expiry.ledger where key = %(key)s;
 
 -- name: ledger_list
 -- A policy's ledger rows booked at or after since (null: all of them), oldest
--- first: the evidence of what its runs deleted or archived (expiry evidence).
+-- first, at most limit of them: the evidence of what its runs deleted or
+-- archived (expiry evidence).
 -- Through the policy's runs: both tables are indexed that way.
 select l.* from expiry.runs r join expiry.ledger l on l.run_id = r.id
 where r.policy = %(policy)s
   and (%(since)s::timestamptz is null or l.applied_at >= %(since)s)
-order by l.applied_at, l.key;
+order by l.applied_at, l.key
+limit %(limit)s;
 
 -- name: ledger_prune
 -- Delete, a bounded batch at a time, the ledger rows of runs finished longer

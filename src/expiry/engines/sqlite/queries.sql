@@ -230,14 +230,16 @@ select * from expiry_ledger where key = :key;
 
 -- name: ledger_list
 -- A policy's ledger rows booked at or after since (null: all of them), oldest
--- first: the evidence of what its runs deleted or archived (expiry evidence).
+-- first, at most limit of them: the evidence of what its runs deleted or
+-- archived (expiry evidence).
 -- Through the policy's runs: both tables are indexed that way. A time read
 -- back from its epoch seconds (a double) may come back a hair later than it
 -- was stored: a microsecond's slack keeps the row booked at `since` itself.
 select l.* from expiry_runs r join expiry_ledger l on l.run_id = r.id
 where r.policy = :policy
   and (:since is null or l.applied_at >= :since - 0.000001)
-order by l.applied_at, l.key;
+order by l.applied_at, l.key
+limit :limit;
 
 -- name: ledger_prune
 -- Delete, a bounded batch at a time, the ledger rows of runs finished longer

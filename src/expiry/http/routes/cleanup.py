@@ -124,14 +124,16 @@ def evidence(
     _: Reader,
     app: ExpiryApp,
     since: Annotated[str | None, Query(max_length=64, pattern=m.NO_NUL)] = None,
+    limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
 ) -> list[dict[str, Any]]:
     """What the policy's runs deleted or archived, from the ledger booked at or
     after ``since`` (ISO-8601, or how long ago: ``30d``), oldest run first, each
-    with every operation: ``expiry evidence`` over HTTP."""
+    with its operations, at most ``limit`` operations in all (page on with
+    ``since`` = the last one's ``applied_at``): ``expiry evidence`` over HTTP."""
     start = None
     if since is not None:
         try:
             start = parse_since(since, app.engine.now())
         except ValueError as exc:
             raise ApiError(422, "invalid_since", f"since {exc}") from None
-    return status_view.evidence(app, policy, start)
+    return status_view.evidence(app, policy, start, limit)
