@@ -444,3 +444,25 @@ def test_metrics_labels_are_bounded_and_can_need_a_key(
     reader = key(guarded, "grafana", "read")
     assert reader.get("/metrics").status_code == 200
     assert_error(key(guarded, "writer", "queue:publish:*").get("/metrics"), 403)
+
+
+def test_a_key_with_surrounding_white_space_is_422_and_shadows_nothing_on_mariadb(
+    mysql_url: str, serve: Serve
+) -> None:
+    """MariaDB compares "invoice-43 " and "invoice-43" as one key (PAD SPACE): the
+    first, published by one key, made another's publish of the second fail with
+    500. Such a key is refused, on every engine, and the other's goes in."""
+    live = serve(mysql_url)
+    other = key(live, "billing", "queue:publish:billing")
+    for body in (
+        {"queue": "orders.x", "message": {}, "key": "invoice-43 "},
+        {"queue": "orders.x", "messages": [{}], "keys": [" invoice-43"]},
+    ):
+        path = "/v1/queue/publish" if "message" in body else "/v1/queue/publish_batch"
+        message = assert_error(live.client.post(path, json=body), 422)
+        assert "white space" in message
+    published = other.post(
+        "/v1/queue/publish", json={"queue": "billing", "message": {}, "key": "invoice-43"}
+    )
+    assert published.status_code == 200, published.text
+    assert published.json()["enqueued"] is True

@@ -69,6 +69,10 @@ def public_key(value: str | None) -> str | None:
             f"{value!r} is shaped like one of expiry's own job keys (policy:cutoff... or "
             "cron:...); choose another"
         )
+    if value is not None and value != value.strip():
+        # MySQL and MariaDB compare "k " and "k" as one key (PAD SPACE): such a key
+        # would stand for another publisher's.
+        raise ValueError(f"{value!r} begins or ends with white space; strip it")
     return value
 
 
