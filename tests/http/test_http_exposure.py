@@ -466,3 +466,42 @@ def test_a_key_with_surrounding_white_space_is_422_and_shadows_nothing_on_mariad
     )
     assert published.status_code == 200, published.text
     assert published.json()["enqueued"] is True
+
+
+def test_a_key_held_in_another_queue_is_said_not_silently_dropped(live: Live) -> None:
+    """Dedupe keys are unique across queues. One publisher's key in its queue
+    (ten years away) used to make another's publish of that key to its own
+    queue answer 200 enqueued:false: dropped, and its consumer never saw it.
+    Now the publish is 409 key_held_elsewhere, and a batch marks the message."""
+    pub = key(live, "pub", "queue:publish:orders.*")
+    other = key(live, "billing", "queue:publish:billing")
+    year = 366 * 86400
+    first = pub.post(
+        "/v1/queue/publish",
+        json={"queue": "orders.x", "message": {}, "key": "invoice-42", "delay_seconds": 10 * year},
+    )
+    assert first.json()["enqueued"] is True
+    message = assert_error(
+        other.post(
+            "/v1/queue/publish", json={"queue": "billing", "message": {}, "key": "invoice-42"}
+        ),
+        409,
+        "key_held_elsewhere",
+    )
+    assert "another queue" in message and "nothing was enqueued" in message
+    batch = other.post(
+        "/v1/queue/publish_batch",
+        json={"queue": "billing", "messages": [{}, {}], "keys": ["invoice-42", "invoice-44"]},
+    ).json()
+    # held_elsewhere is said where it is true only: the seeds' shape otherwise.
+    assert batch["results"] == [
+        {"key": "invoice-42", "queue": "billing", "enqueued": False, "held_elsewhere": True},
+        {"key": "invoice-44", "queue": "billing", "enqueued": True},
+    ]
+    assert (batch["enqueued"], batch["duplicates"], batch["held_elsewhere"]) == (1, 1, 1)
+    # A duplicate in the queue itself is the dedupe working: 200, enqueued false.
+    again = other.post(
+        "/v1/queue/publish", json={"queue": "billing", "message": {}, "key": "invoice-44"}
+    )
+    assert again.status_code == 200 and again.json()["enqueued"] is False
+    assert live.app.queue.pending("billing") == 1 and live.app.queue.pending("orders.x") == 1

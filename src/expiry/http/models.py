@@ -152,6 +152,14 @@ class Published(Body):
     enqueued: bool = Field(description="false when a job with this key existed already")
 
 
+class BatchPublished(Published):
+    held_elsewhere: bool = Field(
+        False,
+        description="true when the key is held by a job of another queue: dedupe keys are "
+        "unique across queues, and this message was enqueued nowhere",
+    )
+
+
 class PublishBatchRequest(Request):
     queue: str = Field(DEFAULT_QUEUE, pattern=QUEUE_NAME, description=QUEUE_FIELD)
     messages: list[dict[str, Any]] = Field(
@@ -179,9 +187,12 @@ class PublishBatchRequest(Request):
 
 
 class PublishedBatch(Body):
-    results: list[Published]
+    results: list[BatchPublished]
     enqueued: int
     duplicates: int
+    held_elsewhere: int = Field(
+        0, description="of the duplicates, those whose key a job of another queue holds"
+    )
 
 
 class ReceiveRequest(Request):

@@ -70,8 +70,11 @@ def consumer(key: Principal) -> None:
         raise forbidden(key, "queue:consume:PATTERN")
 
 
-@router.post("/publish", response_model=m.Published, responses=TOO_LARGE)
+@router.post("/publish", response_model=m.Published, responses={**TOO_LARGE, **CONFLICT})
 def publish(body: m.PublishRequest, key: Key, app: ExpiryApp) -> m.Published:
+    """Enqueue one message; a key a job of this queue holds already is a
+    duplicate (``enqueued: false``); one a job of another queue holds is 409
+    ``key_held_elsewhere``: the message is enqueued nowhere, said aloud."""
     may(key, "publish", body.queue)
     job = new_job(
         body.queue,
@@ -83,10 +86,25 @@ def publish(body: m.PublishRequest, key: Key, app: ExpiryApp) -> m.Published:
         max_attempts=body.max_attempts,
     )
     [result] = app.queue.enqueue_many([job])
+    if not result.enqueued and held_elsewhere(app, [result.key], body.queue):
+        raise ApiError(
+            409,
+            "key_held_elsewhere",
+            f"dedupe key {result.key!r} is held by a job of another queue (keys are unique "
+            "across queues): nothing was enqueued; choose a key of your own, e.g. prefixed "
+            "with the queue",
+        )
     return m.Published(key=result.key, queue=body.queue, enqueued=result.enqueued)
 
 
-@router.post("/publish_batch", response_model=m.PublishedBatch, responses=TOO_LARGE)
+# held_elsewhere appears only when a key is held by another queue: otherwise the
+# answer is exactly the seed articles' shape.
+@router.post(
+    "/publish_batch",
+    response_model=m.PublishedBatch,
+    response_model_exclude_defaults=True,
+    responses=TOO_LARGE,
+)
 def publish_batch(body: m.PublishBatchRequest, key: Key, app: ExpiryApp) -> m.PublishedBatch:
     may(key, "publish", body.queue)
     jobs = [
@@ -100,9 +118,26 @@ def publish_batch(body: m.PublishBatchRequest, key: Key, app: ExpiryApp) -> m.Pu
         for i, message in enumerate(body.messages)
     ]
     results = app.queue.enqueue_many(jobs)
-    shaped = [m.Published(key=r.key, queue=body.queue, enqueued=r.enqueued) for r in results]
+    elsewhere = held_elsewhere(app, [r.key for r in results if not r.enqueued], body.queue)
+    shaped = [
+        m.BatchPublished(
+            key=r.key, queue=body.queue, enqueued=r.enqueued, held_elsewhere=r.key in elsewhere
+        )
+        for r in results
+    ]
     fresh = sum(r.enqueued for r in results)
-    return m.PublishedBatch(results=shaped, enqueued=fresh, duplicates=len(results) - fresh)
+    return m.PublishedBatch(
+        results=shaped,
+        enqueued=fresh,
+        duplicates=len(results) - fresh,
+        held_elsewhere=sum(r.held_elsewhere for r in shaped),
+    )
+
+
+def held_elsewhere(app: ExpiryApp, keys: list[str], queue: str) -> set[str]:
+    """Of the keys a publish found taken, those a job of another queue holds
+    (a duplicate in the queue itself is the dedupe working)."""
+    return {k for k in keys if (job := app.queue.get(k)) is not None and job.queue != queue}
 
 
 @router.post("/receive", response_model=m.Received)
