@@ -504,3 +504,21 @@ def test_table_layout_and_estimate_rows_read_the_planners_statistics(engine: Eng
     assert after is not None and after.rows == 10 and after.correlation is not None
     assert estimate == 6
     assert engine.block_span is not None and engine.block_of_row is not None
+
+
+def test_postgres_sessions_carry_application_name_expiry_unless_named(pg_url: str) -> None:
+    """An operator finds expiry's sessions in pg_stat_activity by name."""
+    engine = open_engine(pg_url)
+    try:
+        with engine.transaction() as conn:
+            name = conn.execute("select current_setting('application_name') as n").fetchone()["n"]
+        assert name == "expiry"
+    finally:
+        engine.close()
+    named = open_engine(pg_url + ("&" if "?" in pg_url else "?") + "application_name=billing-gc")
+    try:
+        with named.transaction() as conn:
+            name = conn.execute("select current_setting('application_name') as n").fetchone()["n"]
+        assert name == "billing-gc"
+    finally:
+        named.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 import weakref
@@ -18,7 +19,7 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
@@ -146,6 +147,19 @@ def _probe(url: str) -> None:
         raise DatabaseUnavailable(f"cannot connect to PostgreSQL at {where}: {reason}") from exc
 
 
+def _named(url: str) -> str:
+    """``url`` with ``application_name = expiry`` for expiry's sessions, so that
+    an operator finds them in pg_stat_activity (and a DBA's pg_terminate_backend
+    can aim), unless the URL or PGAPPNAME names them already."""
+    if "application_name" in conninfo_to_dict(url) or os.environ.get("PGAPPNAME"):
+        return url
+    return make_conninfo(url, application_name=APPLICATION_NAME)
+
+
+APPLICATION_NAME = "expiry"
+"""The application_name expiry's PostgreSQL sessions carry by default."""
+
+
 @contextmanager
 def _autocommit(conn: psycopg.Connection[Any]) -> Iterator[None]:
     """The connection outside any transaction: each statement its own, unless the
@@ -229,8 +243,9 @@ class PostgresEngine(PostgresTables):
         self.queries = load_queries(__package__ or "expiry.engines.postgres")
         self.migrations = load_migrations(__package__ or "expiry.engines.postgres")
         _probe(url)
+        self._conninfo = _named(url)
         self.pool: ConnectionPool[psycopg.Connection[Row]] = ConnectionPool(
-            url,
+            self._conninfo,
             min_size=1,
             max_size=max(1, pool_size),
             kwargs={"row_factory": dict_row, "autocommit": False},
@@ -429,7 +444,7 @@ class PostgresEngine(PostgresTables):
     @contextmanager
     def connect(self) -> Iterator[psycopg.Connection[Row]]:
         """A dedicated connection outside the pool (rescuer, planner scans)."""
-        conn = psycopg.connect(self.url, row_factory=dict_row, autocommit=False)
+        conn = psycopg.connect(self._conninfo, row_factory=dict_row, autocommit=False)
         try:
             _configure(conn)
             yield conn
@@ -516,7 +531,7 @@ class PostgresEngine(PostgresTables):
         """The rescuer's own connection, reopened if it broke."""
         with self._maintenance_lock:
             if self._maintenance is None or self._maintenance.closed:
-                self._maintenance = psycopg.connect(self.url, row_factory=dict_row)
+                self._maintenance = psycopg.connect(self._conninfo, row_factory=dict_row)
                 _configure(self._maintenance)
             try:
                 with self._maintenance.transaction():
@@ -527,7 +542,7 @@ class PostgresEngine(PostgresTables):
 
     def _open_listener(self) -> psycopg.Connection[Any]:
         if self._listener is None or self._listener.closed:
-            self._listener = psycopg.connect(self.url, autocommit=True)
+            self._listener = psycopg.connect(self._conninfo, autocommit=True)
             self._listener.execute("listen expiry_jobs")
         return self._listener
 
@@ -576,7 +591,7 @@ class PostgresEngine(PostgresTables):
         with self._run_listener_lock:
             try:
                 if self._run_listener is None or self._run_listener.closed:
-                    self._run_listener = psycopg.connect(self.url, autocommit=True)
+                    self._run_listener = psycopg.connect(self._conninfo, autocommit=True)
                     self._run_listener.execute("listen expiry_runs")
                 for _ in self._run_listener.notifies(timeout=timeout, stop_after=1):
                     pass
