@@ -325,7 +325,7 @@ MUTANTS = [
     Mutant(
         "numeric-guard",
         "src/expiry/engines/sqlite/tables.py",
-        "f\" and typeof({{ts}}) in ('integer', 'real') and {{ts}} >= {low:.0f}\"",
+        "f\" and typeof({{ts}}) in ('integer', 'real') and {storage.plausible()}\"",
         '""',
         (
             f"{TIMESTAMPS}::test_a_row_written_in_another_storage_after_planning_is_never_deleted"
@@ -393,7 +393,7 @@ MUTANTS = [
     Mutant(
         "sample-check",
         "src/expiry/target.py",
-        "if when is None or not when < cutoff:",
+        "if when is None or not when < self.edge(cutoff):",
         "if when is None:",
         (
             f"{TIMESTAMPS}::test_the_sample_check_stops_a_run_whose_predicate_takes_live_rows[sqlite]",
@@ -576,8 +576,8 @@ MUTANTS = [
         also=(
             (
                 "src/expiry/target.py",
-                'when = instant(row["v"], storage.zone)',
-                'when = instant(row["v"])',
+                'when = UNIX_EPOCH if zero else instant(row["v"], storage.zone)',
+                'when = UNIX_EPOCH if zero else instant(row["v"])',
             ),
         ),
     ),
