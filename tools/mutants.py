@@ -457,8 +457,8 @@ MUTANTS = [
         "src/expiry/cleanup.py",
         "retry_within=defaults.SHRINK_RETRY_SECONDS,",
         "retry_within=None,",
-        (f"{TIMEOUTS}::test_a_held_row_is_isolated_in_seconds_with_the_backoff_as_shipped",),
-        "a window retried smaller after a timeout waits its growing backoff: minutes per held row",
+        (f"{TIMEOUTS}::test_a_slow_row_is_isolated_in_seconds_after_spent_attempts",),
+        "a window retried smaller after a timeout waits its growing backoff: minutes per slow row",
     ),
     Mutant(
         "shrink-spends-attempts",
@@ -494,7 +494,8 @@ MUTANTS = [
         "rows = max(1, -(-n // 2 ** min(halvings, 62)))",
         "rows = max(1, n)",
         (
-            f"{TIMEOUTS}::test_a_window_behind_a_held_row_shrinks_until_only_that_row_is_kept"
+            f"{TIMEOUTS}::test_the_rest_of_a_shrunk_window_starts_small_and_grows_back",
+            f"{TIMEOUTS}::test_a_row_slower_than_statement_timeout_is_kept_and_the_rest_deleted"
             "[postgres]",
         ),
         "a window retried after a timeout tries its whole span again: it shrinks only by the "
@@ -503,8 +504,8 @@ MUTANTS = [
     Mutant(
         "shrunk-rest-full-size",
         "src/expiry/cleanup.py",
-        "halvings=max(0, halvings - 1))",
-        "halvings=0)",
+        "halvings=max(0, halvings - 1), held=held)",
+        "halvings=0, held=held)",
         (f"{TIMEOUTS}::test_the_rest_of_a_shrunk_window_starts_small_and_grows_back",),
         "the rest of a window shrunk around a held row starts at full size again: every held "
         "row ahead costs log2(window) timeouts more (O(log² n)), its run open for minutes",
@@ -790,6 +791,38 @@ MUTANTS = [
         ),
         "a 0 in a stated epoch column is never deleted, though the policy reads it as 1970 "
         "(the run counts it and books fewer rows: Nextcloud's never-used tokens stay for ever)",
+    ),
+    Mutant(
+        "held-rows-halved",
+        "src/expiry/cleanup.py",
+        '        return bool(job.payload.get("held"))\n',
+        "        return False\n",
+        (
+            f"{TIMEOUTS}::test_a_window_behind_a_held_row_is_cut_around_it_after_one_lock_wait"
+            "[postgres]",
+            f"{TIMEOUTS}::test_rows_held_apart_in_one_window_cost_one_lock_wait[postgres]",
+        ),
+        "a window behind a held row is halved one lock wait at a time, never cut around it: "
+        "log2(window) lock timeouts a held row, the run open as long as the lock (the soak's "
+        "p99 miss)",
+    ),
+    Mutant(
+        "held-rest-dropped",
+        "src/expiry/cleanup.py",
+        "part, rest = (span, None) if held[0] == span.hi else span.split(held[0])",
+        "part, rest = (span, None) if held[0] == span.hi else (span, None)",
+        (f"{TIMEOUTS}::test_rows_held_apart_in_one_window_cost_one_lock_wait[postgres]",),
+        "the rows after a held one are dropped from the run: booked with the held row, never "
+        "deleted",
+    ),
+    Mutant(
+        "next-key-ignored",
+        "src/expiry/engines/mysql/engine.py",
+        "    next_key_reads = True\n",
+        "    next_key_reads = False\n",
+        (f"{TIMEOUTS}::test_rows_held_apart_in_one_window_cost_one_lock_wait[mysql]",),
+        "on MariaDB the part cut before a held row ends at the row below it: its range read "
+        "waits on the held row's lock, every cut times out again",
     ),
 ]
 

@@ -135,6 +135,9 @@ class _Part:
     span: Span
     rest: Span | None = None
     rows: int | None = None
+    held: str | None = None
+    """The rest follows a row another transaction holds (the database's words for
+    the lock wait): it probes first (_around_held)."""
 
 
 @dataclass
@@ -720,17 +723,28 @@ class Cleanup:
         cutoff, storage, span = parse_time(p["cutoff"]), _storage(p, target), Span.of(p)
         try:
             halvings = self._halvings(job)
-            part = self._paced(target, span, cutoff, tx, storage, halvings)
+            part, probed = _Part(span), False
             try:
+                if self._probes_held(job):
+                    probed = True
+                    around = self._around_held(job, tx, span, cutoff, storage)
+                    if around is not None:
+                        return around
+                part = self._paced(target, span, cutoff, tx, storage, halvings)
                 taken = self._take(job, tx, part, cutoff, storage, halvings)
             except Exception as exc:
                 kind = self.engine.classify(exc)[1]
                 if kind not in self.engine.window_timeouts:
                     raise
                 reason = self._timed_out(job, part, halvings, exc)
-                if reason is None:  # the next attempt, half the size, comes soon
+                if reason is None:  # the next attempt, smaller or cut, comes soon
                     raise TransientError(
-                        f"{_database_words(exc)}: retried with half the rows",
+                        _database_words(exc)
+                        + (
+                            HELD_RETRY
+                            if kind == "lock_timeout" and not probed
+                            else ": retried with half the rows"
+                        ),
                         kind=kind,
                         retry_within=defaults.SHRINK_RETRY_SECONDS,
                         spend=False,
@@ -774,7 +788,8 @@ class Cleanup:
             )
             # The delivery that booked the window's first part enqueues the rest.
             if part.rest is not None and taken is not None:
-                self.engine.job_insert_many([_rest_job(policy, p, part.rest, halvings)], tx)
+                rest = _rest_job(policy, p, part.rest, halvings, held=part.held)
+                self.engine.job_insert_many([rest], tx)
         return taken
 
     def _halvings(self, job: Job) -> int:
@@ -789,6 +804,60 @@ class Cleanup:
             count += 1
         return count
 
+    def _probes_held(self, job: Job) -> bool:
+        """Whether this attempt first asks which of its rows another transaction
+        holds (_around_held): its last attempt waited out the policy's
+        lock_timeout, or it is the rest of a window cut around a held row. Not
+        after an attempt whose cut waited out the lock again: that one halves,
+        as after any timeout, so that the window ends whatever the locks."""
+        if "lock_timeout" not in self.engine.window_timeouts:
+            return False  # no row locks (SQLite: one writer at a time)
+        if job.errors:
+            last = job.errors[-1]
+            return last.get("kind") == "lock_timeout" and str(last.get("error", "")).endswith(
+                HELD_RETRY
+            )
+        return bool(job.payload.get("held"))
+
+    def _around_held(
+        self, job: Job, tx: Any, span: Span, cutoff: datetime, storage: Storage
+    ) -> WindowResult | None:
+        """After a lock wait ran out: cut the window at once around the first
+        candidate another transaction holds, where halving would wait out one
+        lock_timeout a halving (log2(window) of them for each held row, and a
+        run as long as the lock). The free candidates before it are taken
+        (locked by the probe, so the delete waits for nobody); a held first
+        candidate is kept and booked as blocked, without another wait; the
+        rest of the window follows as a job that probes again. None when
+        nothing is held now: the attempt goes on as the halving would."""
+        p, policy = job.payload, self.policy(job.payload["policy"])
+        target = self.target(p["policy"], tx)
+        words = _lock_words(job)
+        with self.engine.atomic(tx):
+            self.engine.session_limits(
+                tx,
+                f"{int(policy.lock_timeout * 1000)}ms",
+                f"{int(policy.statement_timeout * 1000)}ms",
+            )
+            order, held = target.held(tx, cutoff, span, storage)
+            if self.engine.next_key_reads:  # the row before a held one waits on it too
+                skipped = set(held)
+                marked = {i for i, p in enumerate(order) if p in skipped}
+                held = [p for i, p in enumerate(order) if i in marked or i + 1 in marked]
+            if not held:
+                return None
+            first = order.index(held[0])
+            if first == 0:
+                part, rest = (span, None) if held[0] == span.hi else span.split(held[0])
+                limit = format_duration(policy.lock_timeout)
+                reason = f"{words} (lock_timeout {limit}; held by another transaction)"
+                return self._blocked(
+                    job, tx, part, cutoff, storage, reason, rest=rest, timed_out=True, held=words
+                )
+            part, rest = span.split(order[first - 1])
+            taken = self._take(job, tx, _Part(part, rest, first, held=words), cutoff, storage, 0)
+        return WindowResult(policy.name, taken, timed_out=True)
+
     def _timed_out(self, job: Job, part: _Part, halvings: int, exc: Exception) -> str | None:
         """After the window's delete failed with ``exc``: None to let the worker
         retry it (any other error; a timeout that the next, smaller attempt may
@@ -800,9 +869,10 @@ class Cleanup:
         if kind not in self.engine.window_timeouts:
             return None
         policy = self.policy(job.payload["policy"])
-        pace = self._pace(policy)
-        with pace.lock:
-            pace.chunk = max(MIN_CHUNK, min(pace.chunk, policy.window) // 2)
+        if kind == "statement_timeout":  # a size problem; a held row is not one
+            pace = self._pace(policy)
+            with pace.lock:
+                pace.chunk = max(MIN_CHUNK, min(pace.chunk, policy.window) // 2)
         alone = halvings > 0 and part.rows is not None and part.rows <= 1
         if not alone and job.attempt < job.max_attempts:
             return None
@@ -860,6 +930,7 @@ class Cleanup:
         rest: Span | None = None,
         timed_out: bool = False,
         halvings: int = 0,
+        held: str | None = None,
     ) -> WindowResult:
         """A foreign key refused the window's delete, or it timed out one last
         time (_timed_out); nothing was taken. Its good rows are not thrown
@@ -879,7 +950,7 @@ class Cleanup:
             else:
                 booked = self._book_kept(job, tx, span, cutoff, storage, reason if n else None)
             if booked and rest is not None:
-                engine.job_insert_many([_rest_job(policy, p, rest, halvings)], tx)
+                engine.job_insert_many([_rest_job(policy, p, rest, halvings, held=held)], tx)
             engine.job_complete(job, tx)
         _log_blocked(job, reason, split=halves is not None, timed_out=timed_out)
         return WindowResult(policy.name, 0 if booked else None, timed_out)
@@ -1199,6 +1270,7 @@ def _span_job(
     key: Callable[[str], str],
     *,
     halvings: int = 0,
+    held: str | None = None,
 ) -> NewJob:
     """A window job for ``span`` of the run (with the storage its planner read),
     keyed by ``key`` of the run id: a planned window, the rest of a paced one,
@@ -1206,9 +1278,10 @@ def _span_job(
     its first attempt halves it (_halvings)."""
     fields = {k: run[k] for k in ("policy", "run_id", "cutoff", "storage")}
     shrunk = {"halvings": halvings} if halvings else {}
+    probe = {"held": held} if held else {}
     return new_job(
         WINDOW,
-        {**fields, **span.payload(), **shrunk},
+        {**fields, **span.payload(), **shrunk, **probe},
         key=key(run["run_id"]),
         max_attempts=policy.max_attempts,
         priority=policy.priority,
@@ -1216,14 +1289,16 @@ def _span_job(
     )
 
 
-def _rest_job(policy: Policy, run: dict[str, Any], rest: Span, halvings: int) -> NewJob:
+def _rest_job(
+    policy: Policy, run: dict[str, Any], rest: Span, halvings: int, *, held: str | None = None
+) -> NewJob:
     """The continuation of a window whose part was taken (or kept) after
     ``halvings`` timeouts: it starts one halving fewer, as the part's success
     says the rows just past it are likely good, and doubles back to full size
     one success at a time. Started at full size, each continuation of a window
     around a held row timed out again from the top: O(log² n) timeouts where
     O(log n) suffice."""
-    return _span_job(policy, run, rest, rest.job_key, halvings=max(0, halvings - 1))
+    return _span_job(policy, run, rest, rest.job_key, halvings=max(0, halvings - 1), held=held)
 
 
 def _partition_job(policy: Policy, run: dict[str, Any], part: Partition, mode: str) -> NewJob:
@@ -1244,6 +1319,22 @@ def _storage(payload: dict[str, Any], target: Target) -> Storage:
     runs carried it use the storage of the process's check)."""
     token = payload.get("storage")
     return Storage.from_token(token) if token else target.storage
+
+
+HELD_RETRY = ": retried around the rows another transaction holds"
+"""How a window's lock wait that ran out is recorded (the database's words
+first): its next attempt cuts the window around the held rows (_around_held)."""
+
+
+def _lock_words(job: Job) -> str:
+    """The database's words for the lock wait a window met: carried by a rest
+    cut around a held row, else read back from its last attempt's error."""
+    carried = job.payload.get("held")
+    if isinstance(carried, str) and carried:
+        return carried
+    error = str(job.errors[-1].get("error", "")) if job.errors else ""
+    words = error.split(": ", 1)[-1].removesuffix(HELD_RETRY)
+    return words if error.endswith(HELD_RETRY) and words else "lock wait timed out"
 
 
 def _database_words(exc: BaseException) -> str:

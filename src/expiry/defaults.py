@@ -128,10 +128,12 @@ terminationGracePeriodSeconds is 30 s: keep ``--stop-grace`` below the time
 your supervisor gives before its SIGKILL, so that the exit is expiry's, logged."""
 
 SHRINK_RETRY_SECONDS = 1.0
-"""A window whose delete timed out is retried with half its rows within this
-long (full jitter), not after the attempt's growing backoff: each retry is
-smaller work, and a row held by another transaction is isolated in about
-log2(window) lock timeouts, so its run does not wait minutes on it."""
+"""A window whose delete timed out is retried within this long (full
+jitter), not after the attempt's growing backoff: each retry is smaller work.
+After a lock wait the retry cuts the window around the rows another
+transaction holds (one lock wait per window); after a statement timeout it
+takes half the rows, so a slow row is isolated in about log2(window) timeouts
+and its run does not wait minutes on it."""
 
 UNSPENT_SHRINK_SECONDS = 86400.0
 """A window retried smaller after a timeout spends no attempt for a day of

@@ -153,6 +153,26 @@ NTH_BLOCK = (
 )
 COUNT_SPAN = "select count(*) as n from {table} where {span} and {pred}"
 
+# Which candidates of a window another transaction holds: after a window waited
+# out its lock_timeout, its candidates in the window's order (ORDERED) beside
+# those this transaction can lock at once (FREE: the free ones, locked on the
+# way for the delete that follows; a held one is skipped, never waited for).
+# Around the held rows the window is cut at once, where halving it would wait
+# out one lock_timeout a halving (cleanup.py's _around_held).
+_POSITIONS = {
+    KEY: ("{key} as k", "{key}"),
+    BLOCKS: ("{block_of_row} as k", "ctid"),
+    TIME: ("{ts} as t, {tie} as k", "{ts}, {tie}"),
+}
+ORDERED = {
+    strategy: f"select {columns} from {{table}} where {{span}} and {{pred}} order by {order}"
+    for strategy, (columns, order) in _POSITIONS.items()
+}
+FREE = {
+    strategy: f"select {columns} from {{table}} where {{span}} and {{pred}} for update skip locked"
+    for strategy, (columns, _) in _POSITIONS.items()
+}
+
 # The candidates, as the planner estimates them (never run).
 CANDIDATES = "select 1 from {table} where {pred}"
 
@@ -425,6 +445,27 @@ class Target:
         """Candidates in ``span`` now."""
         params = self._span_params(span) | {"cutoff": cutoff}
         return int(self.run(conn, COUNT_SPAN, storage, _span_name(span), **params).fetchone()["n"])
+
+    def held(
+        self, conn: Any, cutoff: datetime, span: Span, storage: Storage | None = None
+    ) -> tuple[list[Any], list[Any]]:
+        """``span``'s candidates in its order, and those of them another
+        transaction holds locked now (never waited for): the others are locked
+        by ``conn``'s transaction on the way. Where the engine can skip a
+        locked row (``for update skip locked``: PostgreSQL, MariaDB)."""
+        params = self._span_params(span) | {"cutoff": cutoff}
+        name = _span_name(span)
+        ordered = self.run(conn, ORDERED[span.strategy], storage, name, **params).fetchall()
+        free = self.run(conn, FREE[span.strategy], storage, name, **params).fetchall()
+        order: list[Any]
+        unheld: set[Any]
+        if span.strategy == TIME:
+            order = [self._position(r["t"], r["k"]) for r in ordered]
+            unheld = {self._position(r["t"], r["k"]) for r in free}
+        else:
+            order = [int(r["k"]) for r in ordered]
+            unheld = {int(r["k"]) for r in free}
+        return order, [p for p in order if p not in unheld]
 
     def apply(
         self,

@@ -1,9 +1,12 @@
 """A window whose delete times out is retried smaller, never at the same size
-until it dies: each attempt after a timeout takes the first half of what the
-last one tried (the rest queued as a continuation with attempts of its own),
-down to one row; that row, still timing out alone, is kept and booked as
-blocked with the database's words, and the run finishes. A window at its last
-attempt is split instead of dead-lettered.
+until it dies. After a statement timeout each attempt takes the first half of
+what the last one tried (the rest queued as a continuation with attempts of its
+own), down to one row; that row, still timing out alone, is kept and booked as
+blocked with the database's words, and the run finishes. After a lock wait ran
+out, the next attempt asks which candidates another transaction holds (``for
+update skip locked``) and cuts the window around them at once: the free rows
+are taken, each held row kept as blocked, with one lock wait per window, not
+one per halving. A window at its last attempt is split instead of dead-lettered.
 
 On PostgreSQL and MariaDB, with real timeouts: a row held by another
 connection's SELECT ... FOR UPDATE past lock_timeout, and a row whose delete
@@ -101,6 +104,19 @@ def make_row_slow(db: Db, row: int) -> None:
         )
 
 
+def make_rows_slow(db: Db, rows: tuple[int, ...]) -> None:
+    """Deleting each of ``rows`` takes a second (PostgreSQL)."""
+    listed = ", ".join(str(r) for r in rows)
+    db.execute(
+        "create function slow_delete() returns trigger language plpgsql as $$"
+        f" begin if old.id in ({listed}) then perform pg_sleep(1); end if; return old; end $$"
+    )
+    db.execute(
+        "create trigger slow_delete before delete on sessions"
+        " for each row execute function slow_delete()"
+    )
+
+
 def drive(app: App, db: Db, run_id: str, rounds: int = 80) -> None:
     """Run a worker until it is idle, make the retries due at once (their
     backoff skipped), and again, until the run finished or nothing waits."""
@@ -155,13 +171,13 @@ def assert_only_the_held_row_remains(
     assert set(timeouts(db)) <= {kind}
 
 
-def test_a_window_behind_a_held_row_shrinks_until_only_that_row_is_kept(
+def test_a_window_behind_a_held_row_is_cut_around_it_after_one_lock_wait(
     server_db: Db, apps: Apps
 ) -> None:
-    """Each attempt after a lock timeout takes half of what the last one
-    tried; the rest of the window is deleted, the held row booked as blocked
-    with the database's words, and the run finishes, no job dead-lettered. A
-    redelivered window then changes nothing."""
+    """After one lock wait the window is cut around the held row: the rest of
+    the window is deleted, the held row booked as blocked with the database's
+    words, and the run finishes, no job dead-lettered. A redelivered window
+    then changes nothing."""
     db = server_db
     # InnoDB counts lock waits in whole seconds: fewer rows there, fewer waits.
     mariadb = db.dialect == "mysql"
@@ -177,10 +193,9 @@ def test_a_window_behind_a_held_row_shrinks_until_only_that_row_is_kept(
         opened = app.cleanup.open_run(POLICY)
         drive(app, db, opened.run_id)
         assert_only_the_held_row_remains(db, app, opened.run_id, doomed, "lock_timeout", 8, kept)
-        # Halving: n rows isolate one in about 2 log2(n) timeouts, never max_attempts
-        # of them at one size.
+        # One lock wait, then the probe: halving took about 2 log2(n) of them.
         print(f"{len(timeouts(db))} timeouts to isolate the held row among {len(doomed)}")
-        assert len(timeouts(db)) <= 3 * math.log2(len(doomed)) + 2, timeouts(db)
+        assert len(timeouts(db)) == 1, timeouts(db)
 
     ledger = db.rows("select key, rows_affected, blocked from expiry.ledger order by key")
     for (key,) in db.rows("select key from expiry.jobs where handler = 'expiry.window'"):
@@ -247,9 +262,28 @@ def test_time_windows_shrink_by_rows_around_a_held_row(pg_db: Db, apps: Apps) ->
     assert blocked.startswith("row at (") and WORDS["postgres", "lock_timeout"] in blocked
 
 
-def test_a_timeout_halves_the_policys_keys_per_transaction(pg_db: Db, apps: Apps) -> None:
-    """The following windows start smaller: a timeout halves the policy's keys
-    per transaction (never under MIN_CHUNK), as a slow window does."""
+def test_a_statement_timeout_halves_the_policys_keys_per_transaction(pg_db: Db, apps: Apps) -> None:
+    """The following windows start smaller: a statement timeout halves the
+    policy's keys per transaction (never under MIN_CHUNK), as a slow window
+    does. A lock wait does not: a held row says nothing about the size."""
+    db = pg_db
+    db.create_sessions()
+    db.insert_sessions([(i, -3600.0, False) for i in range(1, 801)])
+    make_row_slow(db, 5)
+    app = apps(db.url, {"where": None, "window": 800, "statement_timeout": "200ms"})
+    assert app.cleanup is not None
+    pace = app.cleanup._pace(app.cleanup.policy(POLICY))
+    opened = app.cleanup.open_run(POLICY)
+    app.worker(until_idle=True, concurrency=1, poll=0.05).run()  # one timeout, then a retry
+    assert [j["kind"] for j in db.windows(opened.run_id)] == ["statement_timeout"]
+    assert pace.chunk == 400
+    db.execute("update expiry.jobs set run_at = {now} where state = 'retryable'")
+    app.worker(until_idle=True, concurrency=1, poll=0.05).run()
+    assert pace.chunk == 200
+    assert pace.chunk >= MIN_CHUNK
+
+
+def test_a_lock_wait_leaves_the_policys_keys_per_transaction_alone(pg_db: Db, apps: Apps) -> None:
     db = pg_db
     db.create_sessions()
     db.insert_sessions([(i, -3600.0, False) for i in range(1, 801)])
@@ -258,24 +292,19 @@ def test_a_timeout_halves_the_policys_keys_per_transaction(pg_db: Db, apps: Apps
     pace = app.cleanup._pace(app.cleanup.policy(POLICY))
     with row_held(db, 5):
         opened = app.cleanup.open_run(POLICY)
-        app.worker(until_idle=True, concurrency=1, poll=0.05).run()  # one timeout, then a retry
+        app.worker(until_idle=True, concurrency=1, poll=0.05).run()  # one lock wait
         assert [j["kind"] for j in db.windows(opened.run_id)] == ["lock_timeout"]
-        assert pace.chunk == 400
-        db.execute("update expiry.jobs set run_at = {now} where state = 'retryable'")
-        app.worker(until_idle=True, concurrency=1, poll=0.05).run()
-        assert pace.chunk == 200
-    assert pace.chunk >= MIN_CHUNK
+        assert pace.chunk == 800
 
 
 def test_a_held_row_is_isolated_in_seconds_with_the_backoff_as_shipped(
     pg_db: Db, apps: Apps
 ) -> None:
-    """No retry is made due by hand here: each smaller attempt comes within
-    SHRINK_RETRY_SECONDS of the last timeout, not after the attempt's growing
-    backoff (eight halvings of it would be minutes, the policy's next run
-    waiting behind), so the run finishes in a few seconds around a held row;
-    and spends no attempt (the 30-minute soak lost a worker on the eighth
-    attempt of a window halved seven times: dead-lettered)."""
+    """No retry is made due by hand here: the attempt after the lock wait comes
+    within SHRINK_RETRY_SECONDS, not after the attempt's growing backoff (the
+    policy's next run waiting behind), so the run finishes in a few seconds
+    around a held row; and spends no attempt (the 30-minute soak lost a worker
+    on the eighth attempt of a window halved seven times: dead-lettered)."""
     doomed = seed(pg_db)
     app = apps(pg_db.url, {"where": None, "window": ROWS, "lock_timeout": "100ms"})
     assert app.cleanup is not None
@@ -293,32 +322,93 @@ def test_a_held_row_is_isolated_in_seconds_with_the_backoff_as_shipped(
         took = time.monotonic() - began
     print(f"run finished around a held row in {took:.1f}s, {len(timeouts(pg_db))} timeouts")
     assert pg_db.ids() == doomed & {HELD}
-    # Each smaller retry spent no attempt: the window, halved six times and
-    # more, ends on its first, and a worker lost now cannot leave it dead.
-    assert len(timeouts(pg_db)) >= 6
+    # The retry spent no attempt: the window ends on its first, and a worker
+    # lost now cannot leave it dead.
+    assert len(timeouts(pg_db)) == 1
     assert {j["attempt"] for j in pg_db.jobs(run_id=opened.run_id)} == {1}
 
 
+def test_a_slow_row_is_isolated_in_seconds_after_spent_attempts(pg_db: Db, apps: Apps) -> None:
+    """A row slower than statement_timeout is isolated by halving, about
+    log2(64) = 6 timeouts, each retry due within SHRINK_RETRY_SECONDS with no
+    hand-made retry. The window has already spent four attempts (an earlier
+    deadlock streak, say): after its growing backoff each halving would wait
+    up to 2^5 s, and the run minutes; so it finishes in seconds. The slow row
+    is the first, so each halving is this job's (the rests are new jobs)."""
+    doomed = seed(pg_db)
+    make_row_slow(pg_db, 1)
+    app = apps(
+        pg_db.url,
+        {"where": None, "window": ROWS, "statement_timeout": "200ms", "max_attempts": 10},
+    )
+    assert app.cleanup is not None
+    opened = app.cleanup.open_run(POLICY)
+    app.worker(until_idle=True, concurrency=1, poll=0.05).run()  # planned; one timeout
+    spent = pg_db.execute(
+        "update expiry.jobs set attempt = 4 where handler = 'expiry.window' and state = 'retryable'"
+    )
+    assert spent == 1
+    worker = app.worker(concurrency=1, poll=0.05, rescue_every=0.2)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    began = time.monotonic()
+    thread.start()
+    try:
+        wait_for(lambda: pg_db.run_state(opened.run_id) == "finished", 20, "the run")
+    finally:
+        worker.stop()
+        thread.join(10)
+    took = time.monotonic() - began
+    print(f"run finished around a slow row in {took:.1f}s, {len(timeouts(pg_db))} timeouts")
+    assert pg_db.ids() == doomed & {1}
+    assert len(timeouts(pg_db)) >= 4  # halvings, each retried within a second
+
+
 def test_the_rest_of_a_shrunk_window_starts_small_and_grows_back(pg_db: Db, apps: Apps) -> None:
-    """Rows held far apart in one big window are isolated in O(log n)
-    timeouts each: the rest of a part taken after k halvings starts at k-1
-    (and doubles back one success at a time), not at full size, which timed
-    out from the top again at every held row still ahead (O(log² n) each)."""
+    """Slow rows far apart in one big window are isolated in O(log n)
+    statement timeouts each: the rest of a part taken after k halvings starts
+    at k-1 (and doubles back one success at a time), not at full size, which
+    timed out from the top again at every slow row still ahead (O(log² n) each)."""
     db = pg_db
+    n, slow = 1024, (100, 400, 700, 1000)
+    db.create_sessions()
+    db.insert_sessions([(i, -3600.0, False) for i in range(1, n + 1)])
+    make_rows_slow(db, slow)
+    app = apps(db.url, {"where": None, "window": n, "statement_timeout": "200ms"})
+    assert app.cleanup is not None
+    opened = app.cleanup.open_run(POLICY)
+    drive(app, db, opened.run_id, rounds=400)
+    spent = len(timeouts(db))
+    print(f"{spent} timeouts to isolate {len(slow)} slow rows among {n}")
+    assert db.ids() == set(slow)
+    assert db.run_state(opened.run_id) == "finished"
+    # From full size, every continuation climbs down log2(1024) = 10 halvings
+    # again for each slow row ahead of it: 4 rows cost over 100 timeouts so.
+    assert spent <= len(slow) * (2 * math.log2(n) + 2), spent
+
+
+def test_rows_held_apart_in_one_window_cost_one_lock_wait(server_db: Db, apps: Apps) -> None:
+    """Four rows held far apart in one window of 1,024: one lock wait, then the
+    window is cut around each held row as the probe finds it (halving waited
+    out about 2 log2(n) lock timeouts for each). The oracle: exactly the held
+    rows are left (on MariaDB also the row below each, whose range read meets
+    the held row's lock), each booked as blocked; the run finishes."""
+    db = server_db
+    mariadb = db.dialect == "mysql"
     n, held = 1024, (100, 400, 700, 1000)
     db.create_sessions()
     db.insert_sessions([(i, -3600.0, False) for i in range(1, n + 1)])
-    app = apps(db.url, {"where": None, "window": n, "lock_timeout": "50ms"})
+    app = apps(db.url, {"where": None, "window": n, "lock_timeout": "1s" if mariadb else "50ms"})
     assert app.cleanup is not None
     with ExitStack() as held_rows:
         for row in held:
             held_rows.enter_context(row_held(db, row))
         opened = app.cleanup.open_run(POLICY)
         drive(app, db, opened.run_id, rounds=400)
+        left = db.ids()
     spent = len(timeouts(db))
-    print(f"{spent} timeouts to isolate {len(held)} held rows among {n}")
-    assert db.ids() == set(held)
+    print(f"{spent} lock waits to cut around {len(held)} held rows among {n}; left {sorted(left)}")
+    assert set(held) <= left <= set(held) | {h - 1 for h in held} if mariadb else left == set(held)
     assert db.run_state(opened.run_id) == "finished"
-    # From full size, every continuation climbs down log2(1024) = 10 halvings
-    # again for each held row ahead of it: 4 rows cost over 100 timeouts so.
-    assert spent <= len(held) * (2 * math.log2(n) + 2), spent
+    blocked = db.scalar("select count(*) from expiry.ledger where blocked is not null")
+    assert blocked == len(left)
+    assert spent <= (len(left) if mariadb else 1), timeouts(db)

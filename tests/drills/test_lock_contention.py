@@ -2,10 +2,12 @@
 
 Foreground transactions lock expired rows in several windows (SELECT ... FOR
 UPDATE) and keep them for a few seconds. The windows that meet a lock give up
-after lock_timeout (200 ms), record a lock_timeout error and retry with
-backoff, each retry taking half of what the last one tried (the rest queued
-as a job of its own, which may meet the lock in turn); they finish once the
-locks go, and nothing is dead-lettered.
+after lock_timeout (200 ms), record a lock_timeout error and retry within a
+second, spending no attempt: the retry asks which rows are held (``for update
+skip locked``) and cuts the window around them, the free rows taken, each held
+row kept and booked as blocked. The run finishes while the locks stay; nothing
+is dead-lettered; the policy's next run, once the locks went, takes the rows
+they held.
 """
 
 from __future__ import annotations
@@ -66,21 +68,24 @@ def test_windows_behind_foreground_locks_retry_then_finish(
             scale(60, 600),
             "each locked window to time out on its lock",
         )
+        # The run does not wait for the locks: it finishes around the held rows.
+        wait_until(
+            lambda: _run_state(pg_url, opened.run_id) == "finished",
+            scale(60, 600),
+            "the run to finish while the rows are held",
+        )
         time.sleep(HOLD)
         assert _dead(pg_url) == 0
+        with connect(pg_url) as conn:
+            kept = conn.execute(
+                "select count(*) from sessions where id = any(%s)", (victims,)
+            ).fetchone()
+        assert kept == (LOCKED_WINDOWS,)  # held: kept, never waited for
         release.set()
-        deadline = time.monotonic() + scale(90, 600)
-        while time.monotonic() < deadline:
-            with connect(pg_url) as conn:
-                row = conn.execute(
-                    "select count(*) filter (where state not in ('completed', 'dead', 'cancelled')),"
-                    " count(*) filter (where state = 'dead') from expiry.jobs"
-                ).fetchone()
-            assert row is not None
-            assert row[1] == 0, "a job was dead-lettered while its attempts lasted"
-            if row[0] == 0:
-                break
-            time.sleep(0.2)
+        for thread in holders:
+            thread.join()
+        following = app.cleanup.open_run("expired-sessions")  # the policy's next run
+        _settle(pg_url)
     finally:
         release.set()
         worker.stop()
@@ -89,6 +94,7 @@ def test_windows_behind_foreground_locks_retry_then_finish(
             thread.join()
     elapsed = time.monotonic() - started
     print(f"all windows done {elapsed:.1f}s after the locks were taken")
+    assert _run_state(pg_url, following.run_id) == "finished"
 
     with connect(pg_url) as conn:
         blocked = conn.execute(
@@ -109,7 +115,13 @@ def test_windows_behind_foreground_locks_retry_then_finish(
         assert attempt == 1 and len(errors) >= 1, (key, attempt, errors)
         assert {e["kind"] for e in errors} == {"lock_timeout"}, errors
         assert all("lock timeout" in e["error"] for e in errors), errors
-    assert elapsed >= HOLD  # the locked windows could not finish before the locks went
+    assert elapsed >= HOLD  # the held rows could not go before the locks did
+    with connect(pg_url) as conn:
+        kept = conn.execute(
+            "select count(*) from expiry.ledger where run_id = %s and blocked is not null",
+            (opened.run_id,),
+        ).fetchone()
+    assert kept == (LOCKED_WINDOWS,), "each held row is booked as blocked by the first run"
 
     report = check(pg_url)
     assert report.jobs == {"completed": report.jobs["completed"]}
@@ -131,6 +143,29 @@ def _victims_met(url: str, victims: list[int]) -> int:
             (victims,),
         ).fetchone()
     return int(row[0]) if row else 0
+
+
+def _settle(url: str) -> None:
+    """Until no job is pending; none dead-lettered meanwhile."""
+    deadline = time.monotonic() + scale(90, 600)
+    while time.monotonic() < deadline:
+        with connect(url) as conn:
+            row = conn.execute(
+                "select count(*) filter (where state not in ('completed', 'dead', 'cancelled')),"
+                " count(*) filter (where state = 'dead') from expiry.jobs"
+            ).fetchone()
+        assert row is not None
+        assert row[1] == 0, "a job was dead-lettered while its attempts lasted"
+        if row[0] == 0:
+            return
+        time.sleep(0.2)
+    raise AssertionError("jobs still pending")
+
+
+def _run_state(url: str, run_id: str) -> str | None:
+    with connect(url) as conn:
+        row = conn.execute("select state from expiry.runs where id = %s", (run_id,)).fetchone()
+    return None if row is None else str(row[0])
 
 
 def _dead(url: str) -> int:

@@ -205,6 +205,12 @@ class Engine(abc.ABC):
     lock_timeout for a row that live traffic holds. A window whose attempts
     end in one is retried smaller, down to one row (cleanup.py)."""
 
+    next_key_reads: bool = False
+    """A locking range read (a window's delete) also waits on the lock of the
+    first row past its range (InnoDB): a window cut before a held row must end
+    one candidate earlier, and that candidate is kept with it (cleanup.py's
+    _around_held)."""
+
     concurrent_writers: bool = True
     """Two connections can write at once. A worker claims its next batch while
     it runs one only where they can: on SQLite (one writer at a time) that

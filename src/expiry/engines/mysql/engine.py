@@ -186,6 +186,7 @@ def _bind(params: Any) -> Any:
 
 class MySQLEngine(MySQLTables):
     dialect = "mysql"
+    next_key_reads = True
 
     def __init__(self, url: str, *, pool_size: int = 4) -> None:
         self.url = url
