@@ -816,6 +816,27 @@ MUTANTS = [
         "deleted",
     ),
     Mutant(
+        "probe-refusal-fatal",
+        "src/expiry/cleanup.py",
+        'if self.engine.classify(exc)[1] != "insufficient_privilege":',
+        "if True:",
+        (f"{TIMEOUTS}::test_a_role_that_may_not_lock_rows_halves_around_a_held_row",),
+        "a role without UPDATE (the README's worker grants) has its probe refused: the window "
+        "is dead-lettered at its first lock wait, the run never finishes",
+    ),
+    Mutant(
+        "scratch-kept",
+        "src/expiry/engines/postgres/engine.py",
+        "with conn.transaction(force_rollback=True):",
+        "with conn.transaction():",
+        (
+            "tests/engines/test_conformance_scratch.py::"
+            "test_what_a_scratch_block_writes_is_gone_after_it[postgres]",
+        ),
+        "the probe's savepoint is released, not rolled back: its row locks on the rest of the "
+        "window last to the commit, live transactions wait on expiry",
+    ),
+    Mutant(
         "next-key-ignored",
         "src/expiry/engines/mysql/engine.py",
         "    next_key_reads = True\n",

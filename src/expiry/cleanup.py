@@ -161,6 +161,7 @@ class Cleanup:
         self.runs = runs or Runs(engine)
         self._targets: dict[str, Target] = {}
         self._paces: dict[str, _Pace] = {}
+        self._probes_refused: set[str] = set()
         self._lock = threading.Lock()
         self.observer: Callable[[str, float], None] | None = None
         """Told (policy, seconds) after each window (the throttle's rate)."""
@@ -825,11 +826,16 @@ class Cleanup:
         """After a lock wait ran out: cut the window at once around the first
         candidate another transaction holds, where halving would wait out one
         lock_timeout a halving (log2(window) of them for each held row, and a
-        run as long as the lock). The free candidates before it are taken
-        (locked by the probe, so the delete waits for nobody); a held first
-        candidate is kept and booked as blocked, without another wait; the
-        rest of the window follows as a job that probes again. None when
-        nothing is held now: the attempt goes on as the halving would."""
+        run as long as the lock). The free candidates before it are taken; a
+        held first candidate is kept and booked as blocked, without another
+        wait; the rest of the window follows as a job that probes again. The
+        probe's row locks end with it (engine.scratch), so no live transaction
+        waits on the rest of the window meanwhile (InnoDB keeps them to the
+        commit); a row locked between the probe and the delete costs one more
+        lock wait, then halving. None when nothing is held now, or when the
+        role may not lock the table's rows (SELECT ... FOR UPDATE needs the
+        UPDATE privilege on PostgreSQL): the attempt goes on as the halving
+        would."""
         p, policy = job.payload, self.policy(job.payload["policy"])
         target = self.target(p["policy"], tx)
         words = _lock_words(job)
@@ -839,10 +845,17 @@ class Cleanup:
                 f"{int(policy.lock_timeout * 1000)}ms",
                 f"{int(policy.statement_timeout * 1000)}ms",
             )
-            order, held = target.held(tx, cutoff, span, storage)
+            try:
+                with self.engine.scratch(tx):
+                    order, held = target.held(tx, cutoff, span, storage)
+            except Exception as exc:
+                if self.engine.classify(exc)[1] != "insufficient_privilege":
+                    raise
+                self._probe_refused(job, exc)
+                return None
+            locked = set(held)
             if self.engine.next_key_reads:  # the row before a held one waits on it too
-                skipped = set(held)
-                marked = {i for i, p in enumerate(order) if p in skipped}
+                marked = {i for i, p in enumerate(order) if p in locked}
                 held = [p for i, p in enumerate(order) if i in marked or i + 1 in marked]
             if not held:
                 return None
@@ -850,13 +863,33 @@ class Cleanup:
             if first == 0:
                 part, rest = (span, None) if held[0] == span.hi else span.split(held[0])
                 limit = format_duration(policy.lock_timeout)
-                reason = f"{words} (lock_timeout {limit}; held by another transaction)"
+                whose = (
+                    "held by another transaction"
+                    if held[0] in locked
+                    else "next to a row another transaction holds"
+                )
+                reason = f"{words} (lock_timeout {limit}; {whose})"
                 return self._blocked(
                     job, tx, part, cutoff, storage, reason, rest=rest, timed_out=True, held=words
                 )
             part, rest = span.split(order[first - 1])
             taken = self._take(job, tx, _Part(part, rest, first, held=words), cutoff, storage, 0)
         return WindowResult(policy.name, taken, timed_out=True)
+
+    def _probe_refused(self, job: Job, exc: Exception) -> None:
+        """Say once a process that a policy's role may not lock its rows, so
+        its windows halve around held rows (a lock wait a halving)."""
+        name = job.payload["policy"]
+        if name in self._probes_refused:
+            return
+        self._probes_refused.add(name)
+        log.warning(
+            "this role may not lock the table's rows (%s): windows behind rows that other "
+            "transactions hold are halved, one lock wait a halving, not cut around them at "
+            "once (fix: grant update on the table to the role)",
+            _database_words(exc),
+            extra={"policy": name, "run": job.payload["run_id"], "job": job.key},
+        )
 
     def _timed_out(self, job: Job, part: _Part, halvings: int, exc: Exception) -> str | None:
         """After the window's delete failed with ``exc``: None to let the worker

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -30,6 +31,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from expiry.app import App
 from expiry.cleanup import MIN_CHUNK
@@ -196,6 +198,11 @@ def test_a_window_behind_a_held_row_is_cut_around_it_after_one_lock_wait(
         # One lock wait, then the probe: halving took about 2 log2(n) of them.
         print(f"{len(timeouts(db))} timeouts to isolate the held row among {len(doomed)}")
         assert len(timeouts(db)) == 1, timeouts(db)
+    said = dict(db.rows("select bounds, blocked from expiry.ledger where blocked is not null"))
+    assert said[f"keys ({HELD - 1}, {HELD}]"].endswith("; held by another transaction)")
+    if mariadb:  # kept for its neighbour's lock, and said so
+        below = said[f"keys ({HELD - 2}, {HELD - 1}]"]
+        assert below.endswith("; next to a row another transaction holds)"), below
 
     ledger = db.rows("select key, rows_affected, blocked from expiry.ledger order by key")
     for (key,) in db.rows("select key from expiry.jobs where handler = 'expiry.window'"):
@@ -412,3 +419,55 @@ def test_rows_held_apart_in_one_window_cost_one_lock_wait(server_db: Db, apps: A
     blocked = db.scalar("select count(*) from expiry.ledger where blocked is not null")
     assert blocked == len(left)
     assert spent <= (len(left) if mariadb else 1), timeouts(db)
+
+
+@contextmanager
+def role_without_update(db: Db) -> Iterator[str]:
+    """A login role with expiry's tables (migrated) and SELECT, DELETE on
+    sessions, as the README grants a worker, but not UPDATE: it may not lock
+    the table's rows (SELECT ... FOR UPDATE); yields its URL."""
+    role = f"expiry_nolock_{os.getpid()}"
+    with psycopg.connect(db.url, autocommit=True) as conn:
+        conn.execute(f"drop role if exists {role}")
+        conn.execute(f"create role {role} login")
+        conn.execute(f"grant usage on schema expiry to {role}")
+        conn.execute(
+            f"grant select, insert, update, delete on all tables in schema expiry to {role}"
+        )
+        conn.execute(f"grant usage, select on all sequences in schema expiry to {role}")
+        conn.execute(f"grant select, delete on sessions to {role}")
+    try:
+        params = conninfo_to_dict(db.url)
+        host, port = params.get("host", "127.0.0.1"), params.get("port", 5432)
+        yield f"postgresql://{role}@{host}:{port}/{params['dbname']}"
+    finally:
+        with psycopg.connect(db.url, autocommit=True) as conn:
+            conn.execute(
+                "select pg_terminate_backend(pid) from pg_stat_activity where usename = %s",
+                (role,),
+            )
+            conn.execute(f"drop owned by {role}")
+            conn.execute(f"drop role if exists {role}")
+
+
+def test_a_role_that_may_not_lock_rows_halves_around_a_held_row(
+    pg_db: Db, apps: Apps, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SELECT ... FOR UPDATE needs the UPDATE privilege on PostgreSQL: where the
+    role lacks it, the probe is refused, and the window is halved around the
+    held row as before (a lock wait a halving) instead of dead-lettered; the
+    refusal is said once, with the grant that fixes it."""
+    db = pg_db
+    doomed = seed(db)
+    apps(db.url).migrate()
+    caplog.set_level("WARNING", logger="expiry.cleanup")
+    with role_without_update(db) as url, row_held(db, HELD):
+        app = apps(url, {"where": None, "window": ROWS, "lock_timeout": "50ms"})
+        assert app.cleanup is not None
+        opened = app.cleanup.open_run(POLICY)
+        drive(app, db, opened.run_id)
+        assert_only_the_held_row_remains(db, app, opened.run_id, doomed, "lock_timeout", 8)
+        app.close()
+    assert len(timeouts(db)) > 2  # halvings, one lock wait each
+    said = [r.getMessage() for r in caplog.records if "may not lock" in r.getMessage()]
+    assert len(said) == 1 and "grant update on the table" in said[0], said

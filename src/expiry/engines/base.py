@@ -269,6 +269,20 @@ class Engine(abc.ABC):
         yield conn
 
     @contextmanager
+    def scratch(self, conn: Any) -> Iterator[Any]:
+        """Statements inside the caller's transaction whose changes end with
+        the block, whatever happens in it (a savepoint, rolled back): an error
+        inside leaves the transaction as it was before the block, and is
+        raised. Row locks taken inside end with it on PostgreSQL; InnoDB keeps
+        them to the transaction's end."""
+        conn.execute("savepoint expiry_scratch")
+        try:
+            yield conn
+        finally:
+            conn.execute("rollback to savepoint expiry_scratch")
+            conn.execute("release savepoint expiry_scratch")
+
+    @contextmanager
     def pinned(self) -> Iterator[None]:
         """The calling thread keeps one connection for the block: its
         transactions and statements run on it, one after another, instead of

@@ -417,6 +417,14 @@ class PostgresEngine(PostgresTables):
         else:
             yield conn
 
+    @contextmanager
+    def scratch(self, conn: Any) -> Iterator[Any]:
+        """A savepoint rolled back when the block ends (psycopg's own, so that
+        its view of the transaction stays right); the row locks taken inside
+        end with it."""
+        with conn.transaction(force_rollback=True):
+            yield conn
+
     def session_limits(self, conn: Any, lock_timeout: str, statement_timeout: str) -> None:
         """Bind the statements that follow on ``conn`` by a policy's limits. Outside
         a transaction, on the session, and only when they differ from what a window
