@@ -336,6 +336,14 @@ def config_data(
     return data
 
 
+def grant_expiry_tables(conn: Any, role: str) -> None:
+    """What a worker role needs of expiry's own tables on PostgreSQL (the
+    README's grants): the policies' tables are granted by each test."""
+    conn.execute(f"grant usage on schema expiry to {role}")
+    conn.execute(f"grant select, insert, update, delete on all tables in schema expiry to {role}")
+    conn.execute(f"grant usage, select on all sequences in schema expiry to {role}")
+
+
 def make_app(url: str, *policies: dict[str, Any], pool_size: int = 8) -> App:
     return App(config=parse_config(config_data(url, *policies)), pool_size=pool_size)
 

@@ -36,7 +36,7 @@ from psycopg.conninfo import conninfo_to_dict
 from expiry.app import App
 from expiry.cleanup import MIN_CHUNK
 
-from .support import Db, MySQLConn, wait_for
+from .support import Db, MySQLConn, grant_expiry_tables, wait_for
 
 Apps = Callable[..., App]
 POLICY = "expired-sessions"
@@ -131,6 +131,21 @@ def drive(app: App, db: Db, run_id: str, rounds: int = 80) -> None:
         )
         if not waiting:
             return
+
+
+def work_until_finished(app: App, db: Db, run_id: str, timeout: float) -> float:
+    """Seconds a worker, as shipped (no retry made due by hand), takes to
+    finish the run; fails past ``timeout``."""
+    worker = app.worker(concurrency=1, poll=0.05, rescue_every=0.2)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    began = time.monotonic()
+    thread.start()
+    try:
+        wait_for(lambda: db.run_state(run_id) == "finished", timeout, "the run")
+    finally:
+        worker.stop()
+        thread.join(10)
+    return time.monotonic() - began
 
 
 def timeouts(db: Db) -> list[str]:
@@ -317,16 +332,7 @@ def test_a_held_row_is_isolated_in_seconds_with_the_backoff_as_shipped(
     assert app.cleanup is not None
     with row_held(pg_db, HELD):
         opened = app.cleanup.open_run(POLICY)
-        worker = app.worker(concurrency=1, poll=0.05, rescue_every=0.2)
-        thread = threading.Thread(target=worker.run, daemon=True)
-        began = time.monotonic()
-        thread.start()
-        try:
-            wait_for(lambda: pg_db.run_state(opened.run_id) == "finished", 15, "the run")
-        finally:
-            worker.stop()
-            thread.join(10)
-        took = time.monotonic() - began
+        took = work_until_finished(app, pg_db, opened.run_id, 15)
     print(f"run finished around a held row in {took:.1f}s, {len(timeouts(pg_db))} timeouts")
     assert pg_db.ids() == doomed & {HELD}
     # The retry spent no attempt: the window ends on its first, and a worker
@@ -355,16 +361,7 @@ def test_a_slow_row_is_isolated_in_seconds_after_spent_attempts(pg_db: Db, apps:
         "update expiry.jobs set attempt = 4 where handler = 'expiry.window' and state = 'retryable'"
     )
     assert spent == 1
-    worker = app.worker(concurrency=1, poll=0.05, rescue_every=0.2)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    began = time.monotonic()
-    thread.start()
-    try:
-        wait_for(lambda: pg_db.run_state(opened.run_id) == "finished", 20, "the run")
-    finally:
-        worker.stop()
-        thread.join(10)
-    took = time.monotonic() - began
+    took = work_until_finished(app, pg_db, opened.run_id, 20)
     print(f"run finished around a slow row in {took:.1f}s, {len(timeouts(pg_db))} timeouts")
     assert pg_db.ids() == doomed & {1}
     assert len(timeouts(pg_db)) >= 4  # halvings, each retried within a second
@@ -430,11 +427,7 @@ def role_without_update(db: Db) -> Iterator[str]:
     with psycopg.connect(db.url, autocommit=True) as conn:
         conn.execute(f"drop role if exists {role}")
         conn.execute(f"create role {role} login")
-        conn.execute(f"grant usage on schema expiry to {role}")
-        conn.execute(
-            f"grant select, insert, update, delete on all tables in schema expiry to {role}"
-        )
-        conn.execute(f"grant usage, select on all sequences in schema expiry to {role}")
+        grant_expiry_tables(conn, role)
         conn.execute(f"grant select, delete on sessions to {role}")
     try:
         params = conninfo_to_dict(db.url)

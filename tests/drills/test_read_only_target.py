@@ -22,7 +22,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from cleanup.support import cli, drain, run_worker, write_config
+from cleanup.support import cli, drain, grant_expiry_tables, run_worker, write_config
 from expiry.app import App
 
 from .harness import connect, job_states, load_sessions, pending, scale, wait_until
@@ -51,11 +51,7 @@ def worker_role(pg_url: str) -> Iterator[str]:
     with connect(pg_url) as conn:
         conn.execute(f"drop role if exists {role}")
         conn.execute(f"create role {role} login")
-        conn.execute(f"grant usage on schema expiry to {role}")
-        conn.execute(
-            f"grant select, insert, update, delete on all tables in schema expiry to {role}"
-        )
-        conn.execute(f"grant usage, select on all sequences in schema expiry to {role}")
+        grant_expiry_tables(conn, role)
     params = conninfo_to_dict(pg_url)
     url = f"postgresql://{role}@{params.get('host', '127.0.0.1')}:{params.get('port', 5432)}/{params['dbname']}"
     yield url
