@@ -1,19 +1,25 @@
 """Drill 2: the PostgreSQL server restarts mid-run.
 
 Two `expiry worker` processes are cleaning when the server is restarted
-(``pg_ctlcluster ... restart``: every connection drops, in-flight transactions
+(``pg_ctl restart -m fast``: every connection drops, in-flight transactions
 roll back). The workers stay up, reconnect with backoff, lose nothing and
 finish; the invariants hold.
 
-This restarts the shared server, so it is the only module that does, and it is
-named to run after the other drills. It waits until the server answers again.
+The server is one of the test's own (tests/clusters.py: initdb in a temporary
+folder, its own port), so the shared server and the tests running beside this
+one are never touched.
 """
 
 from __future__ import annotations
 
-import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
+
+from clusters import Cluster, private_cluster
+from expiry.engines import open_engine
 
 from .harness import (
     config,
@@ -30,27 +36,29 @@ from .invariants import check, record_expected
 
 ROWS = scale(150_000, 3_000_000)
 RESTARTS = scale(1, 5)
-CLUSTER = ("15", "main")
 
 
-def pg_ready(host: str = "127.0.0.1", port: str = "5432") -> bool:
-    return subprocess.run(["pg_isready", "-q", "-h", host, "-p", port], check=False).returncode == 0
+@pytest.fixture
+def own_server() -> Iterator[tuple[Cluster, str]]:
+    """A server of the test's own with one migrated database: (cluster, url)."""
+    with private_cluster() as cluster:
+        cluster.sql("create database drill")
+        url = cluster.url.rsplit("/", 1)[0] + "/drill"
+        engine = open_engine(url)
+        engine.migrate()
+        engine.close()
+        yield cluster, url
 
 
-def restart_server() -> float:
-    """Restart the cluster and wait until it accepts connections; returns seconds."""
+def restart_server(cluster: Cluster) -> float:
+    """Restart the server (it accepts connections again on return); returns seconds."""
     started = time.monotonic()
-    subprocess.run(
-        ["pg_ctlcluster", "--skip-systemctl-redirect", *CLUSTER, "restart"],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-    wait_until(pg_ready, 120, "PostgreSQL to accept connections again", every=0.2)
+    cluster.restart("fast")
     return time.monotonic() - started
 
 
-def test_workers_ride_out_a_server_restart(pg_url: str, tmp_path: Path) -> None:
+def test_workers_ride_out_a_server_restart(own_server: tuple[Cluster, str], tmp_path: Path) -> None:
+    cluster, pg_url = own_server
     load_sessions(pg_url, ROWS)
     record_expected(pg_url)
     cfg = config(
@@ -73,7 +81,7 @@ def test_workers_ride_out_a_server_restart(pg_url: str, tmp_path: Path) -> None:
 
             wait_until(progressed, 60, "windows to be applied", on_timeout=workers[0].tail)
             assert pending(pg_url) > 0, "the run ended before the restart: make it bigger"
-            took = restart_server()
+            took = restart_server(cluster)
             print(f"restart {n + 1}: server back after {took:.1f}s; {job_states(pg_url)}")
         wait_until(
             lambda: pending(pg_url) == 0,
