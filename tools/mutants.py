@@ -51,6 +51,7 @@ TURNS = "tests/cleanup/test_run_turns.py"
 QUARANTINE = "tests/cleanup/test_quarantine.py"
 STALLED = "tests/cleanup/test_stalled.py"
 OUTAGE = "tests/cleanup/test_outage.py"
+DASHBOARD = "tests/dashboard/test_dashboard.py"
 
 UNBOOKED = (
     'UNBOOKED = WINDOW + " and not exists (select 1 from {ledger} where {ledger_key} = {p_key})"'
@@ -844,6 +845,23 @@ MUTANTS = [
         (f"{TIMEOUTS}::test_rows_held_apart_in_one_window_cost_one_lock_wait[mysql]",),
         "on MariaDB the part cut before a held row ends at the row below it: its range read "
         "waits on the held row's lock, every cut times out again",
+    ),
+    Mutant(
+        "reader-sees-every-queue",
+        "src/expiry/keys.py",
+        '        return self.can("dlq:manage") or self.can_queue("consume", queue)\n',
+        '        return self.can("read") or self.can_queue("consume", queue)\n',
+        (f"{DASHBOARD}::test_a_read_key_sees_in_the_dashboard_only_what_the_api_shows_it[sqlite]",),
+        "a read key sees in the dashboard the payloads and dead letters of every queue, as "
+        "the API never shows them",
+    ),
+    Mutant(
+        "audit-shows-every-cron",
+        "src/expiry/http/views.py",
+        '        return owners.get(str(detail.get("name"))) == who.name\n',
+        "        return True\n",
+        (f"{DASHBOARD}::test_a_read_key_sees_in_the_dashboard_only_what_the_api_shows_it[sqlite]",),
+        "the audit page shows a read key another key's cron target with the token in its URL",
     ),
 ]
 

@@ -29,7 +29,8 @@ REFRESH_SECONDS = 1.0
 
 SCOPES = {
     "admin": "everything, including other keys' cron targets",
-    "read": "read policies, runs, the queue's state and the dashboard's pages",
+    "read": "read policies, runs, the queue's state and the dashboard's pages "
+    "(another queue's jobs with its queue:consume scope)",
     "cleanup:trigger": "open, pause, resume and cancel runs of policies",
     "cron:manage": "create and manage the key's own cron targets",
     "dlq:manage": "review, redrive and discard every dead job, expiry's own too",
@@ -85,6 +86,15 @@ class Principal:
             for s in self.scopes
             if s.startswith(prefix)
         )
+
+    def can_see_queue(self, queue: str) -> bool:
+        """May read the jobs of ``queue`` (payloads, errors, keys) where the
+        dashboard shows them, as the API would: expiry's own queues with the read
+        scope (their payloads are a run's windows), any queue with dlq:manage,
+        else a queue it may consume."""
+        if queue.startswith(RESERVED_PREFIX):
+            return self.can("read") or self.can("dlq:manage")
+        return self.can("dlq:manage") or self.can_queue("consume", queue)
 
 
 def hash_key(secret: str) -> str:

@@ -324,6 +324,50 @@ def test_the_cron_page_shows_next_fire_overdue_last_response_and_calls_now(
     assert ("cron.called", f"dashboard:{dashboard.key_name}") in actions
 
 
+def test_a_read_key_sees_in_the_dashboard_only_what_the_api_shows_it(
+    dashboard: Dashboard,
+) -> None:
+    """A read key sees the cleanup (runs, their windows' job pages) but not the
+    jobs of a queue it may not consume (their pages answer 404, the lists and
+    the dead-letter queue leave them out) nor another key's cron target or a
+    key's events in the audit log; a key that may consume the queue sees its
+    payload, an admin key everything."""
+    app = dashboard.app
+    keys = app.keys
+    reader = keys.create("watcher", ["read"])
+    biller = keys.create("biller", ["read", "queue:consume:billing"])
+    app.queue.enqueue("charge", {"card": "4111-SECRET"}, 86400, key="invoice-42", queue="billing")
+    dead_job(dashboard, "billing-dead", queue="billing")
+    app.crons.create(
+        "theirs", dashboard.url("/v1/health?token=CRON-SECRET"), "@daily", owner="someone"
+    )
+    run = app.cleanup.open_run("expired-sessions") if app.cleanup else None
+    assert run is not None
+    [window, *_] = [j for j in app.engine.job_list(JobState.AVAILABLE) if j.queue != "billing"]
+    with dashboard.client() as client:
+        assert post_login(client, reader).status_code == 303
+        refused = client.get("/jobs/invoice-42")
+        assert refused.status_code == 404 and "4111-SECRET" not in refused.text
+        assert client.get("/jobs/billing-dead").status_code == 404
+        for path in ("/jobs?state=scheduled", "/jobs?state=scheduled&queue=billing", "/dlq"):
+            listed = client.get(path)
+            assert listed.status_code == 200, path
+            assert "invoice-42" not in listed.text and "billing-dead" not in listed.text, path
+        audit = client.get("/audit").text
+        assert "CRON-SECRET" not in audit and "biller" not in audit
+        assert client.get(f"/jobs/{quote(window.key, safe='')}").status_code == 200
+        assert run.run_id in client.get(f"/runs/{quote(run.run_id, safe='')}").text
+    with dashboard.client() as client:
+        assert post_login(client, biller).status_code == 303
+        assert "4111-SECRET" in client.get("/jobs/invoice-42").text
+        assert "billing-dead" in client.get("/dlq").text
+        assert "CRON-SECRET" not in client.get("/audit").text
+    with dashboard.signed_in_client() as admin:
+        audit = admin.get("/audit").text
+        assert "CRON-SECRET" in audit and "biller" in audit
+        assert "4111-SECRET" in admin.get("/jobs/invoice-42").text
+
+
 def test_the_dashboard_honours_the_keys_scopes(dashboard: Dashboard) -> None:
     """A read key reads every page and changes nothing (403 naming the scope it
     lacks); a key without read is refused the pages; cron targets show to

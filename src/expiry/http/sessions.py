@@ -29,7 +29,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from ..keys import Keys, hash_key
+from ..keys import Keys, Principal, hash_key
 from .security import RateLimiter
 
 COOKIE = "expiry_session"
@@ -54,7 +54,12 @@ class Session:
     is narrowed within a second)."""
 
     def can(self, scope: str) -> bool:
-        return "admin" in self.scopes or scope in self.scopes
+        return self.principal.can(scope)
+
+    @property
+    def principal(self) -> Principal:
+        """The key this session acts as, with the same rules as the API's."""
+        return Principal(self.key_name, self.scopes)
 
 
 def _b64(data: bytes) -> str:

@@ -13,14 +13,15 @@ import json
 import re
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from ..config import Policy
+from ..keys import Principal
 from ..times import parse_time
-from ..types import Job, JobState
+from ..types import AuditEvent, Job, JobState
 
 if TYPE_CHECKING:
     from ..app import App
@@ -280,19 +281,21 @@ def dead_groups(jobs: Sequence[Job]) -> list[dict[str, Any]]:
 def find_jobs(
     app: App,
     state: JobState,
+    who: Principal,
     *,
     queue: str | None = None,
     policy: str | None = None,
     run_id: str | None = None,
     error: str | None = None,
 ) -> tuple[list[Job], bool]:
-    """Jobs in ``state`` matching the filters (``error``: an error_group), newest
-    first; True if the scan was cut."""
+    """Jobs in ``state`` matching the filters (``error``: an error_group) on the
+    queues ``who`` may see, newest first; True if the scan was cut."""
     found = app.engine.job_list(state, queue, SCAN_LIMIT)
     keep = [
         j
         for j in found
-        if (policy is None or job_policy(j) == policy)
+        if who.can_see_queue(j.queue)
+        and (policy is None or job_policy(j) == policy)
         and (run_id is None or j.payload.get("run_id") == run_id)
         and (error is None or error_group(j) == error)
     ]
@@ -324,14 +327,25 @@ def attempts(job: Job) -> list[dict[str, Any]]:
 
 def audit_events(
     app: App,
+    who: Principal,
     *,
     policy: str | None = None,
     action: str | None = None,
     job_key: str | None = None,
     run_id: str | None = None,
 ) -> tuple[list[dict[str, Any]], bool]:
-    """Audit events matching the filters, newest first; True if the scan was cut."""
+    """Audit events matching the filters that ``who`` may see (``visible_event``),
+    newest first; True if the scan was cut."""
     events = app.engine.audit_list(policy, SCAN_LIMIT)
+    owners = {t["name"]: t["owner"] for t in app.crons.targets()} if not who.admin else {}
+    queues: dict[str, str | None] = {}
+
+    def queue_of(key: str) -> str | None:
+        if key not in queues:
+            job = app.queue.get(key)
+            queues[key] = job.queue if job else None
+        return queues[key]
+
     out = []
     for event in events:
         if action and event.action != action:
@@ -340,8 +354,35 @@ def audit_events(
             continue
         if run_id and event.run_id != run_id:
             continue
+        if not visible_event(event, who, owners, queue_of):
+            continue
         out.append({**asdict(event), "detail": event.detail or {}})
     return out, len(events) >= SCAN_LIMIT
+
+
+def visible_event(
+    event: AuditEvent,
+    who: Principal,
+    owners: dict[str, str],
+    queue_of: Callable[[str], str | None],
+) -> bool:
+    """May ``who`` see ``event``, as the API would show its subject: an admin key
+    every event; otherwise a cron target's events only for the target's owner
+    (``owners``: name to owner; they carry its URL and any token in it), a key's
+    or a sign-in's events only for that key, a job's events only where its
+    queue is visible (``queue_of``), and the cleanup's own events (runs,
+    windows, schedules, policies) to every reader."""
+    if who.admin:
+        return True
+    detail = event.detail or {}
+    if event.action.startswith("cron."):
+        return owners.get(str(detail.get("name"))) == who.name
+    if event.action.startswith(("key.", "dashboard.")):
+        return detail.get("name") == who.name or event.actor == f"dashboard:{who.name}"
+    if event.job_key and event.run_id is None:
+        queue = queue_of(event.job_key)
+        return queue is not None and who.can_see_queue(queue)
+    return True
 
 
 def plural(n: int, word: str = "job") -> str:

@@ -13,6 +13,7 @@ from fastapi.responses import Response
 from ... import status as status_view
 from ...app import App
 from ...errors import ExpiryError
+from ...keys import Principal
 from ...types import JobState
 from .. import views as v
 from ..deps import DashboardPages, ExpiryApp, History
@@ -79,8 +80,8 @@ def run(request: Request, run_id: str, app: ExpiryApp, pages: DashboardPages) ->
     summary = status_view.run_summary(app, run_id)
     if summary is None:
         return pages.render(request, "missing.html", session, status=404, what=f"run {run_id}")
-    dead, _ = v.find_jobs(app, JobState.DEAD, run_id=run_id)
-    events, _ = v.audit_events(app, policy=summary["policy"], run_id=run_id)
+    dead, _ = v.find_jobs(app, JobState.DEAD, session.principal, run_id=run_id)
+    events, _ = v.audit_events(app, session.principal, policy=summary["policy"], run_id=run_id)
     by_state = v.bars([(s, n, str(n)) for s, n in sorted(summary["jobs_by_state"].items())])
     return pages.render(
         request,
@@ -98,7 +99,7 @@ def queue(request: Request, app: ExpiryApp, pages: DashboardPages) -> Response:
     session = pages.reading(request)
     if not isinstance(session, Session):
         return session
-    return pages.render(request, "queue.html", session, **_queue_charts(app))
+    return pages.render(request, "queue.html", session, **_queue_charts(app, session.principal))
 
 
 @router.get("/crons")
@@ -135,7 +136,7 @@ def audit(
     session = pages.reading(request)
     if not isinstance(session, Session):
         return session
-    every, truncated = v.audit_events(app, policy=policy or None)
+    every, truncated = v.audit_events(app, session.principal, policy=policy or None)
     actions = sorted({e["action"] for e in every})
     chosen = [e for e in every if not action or e["action"] == action]
     listed = v.page_of(chosen, page_number(page), total=len(chosen), truncated=truncated)
@@ -167,7 +168,9 @@ def jobs(
         return session
     chosen = JobState(state) if state in JobState._value2member_map_ else JobState.AVAILABLE
     filters = {"queue": queue, "policy": policy, "run": run, "page": page}
-    return pages.render(request, "jobs.html", session, **_jobs(app, chosen, False, filters))
+    return pages.render(
+        request, "jobs.html", session, **_jobs(app, session.principal, chosen, False, filters)
+    )
 
 
 @router.get("/dlq")
@@ -185,7 +188,9 @@ def dlq(
     if not isinstance(session, Session):
         return session
     filters = {"queue": queue, "policy": policy, "run": run, "error": error, "page": page}
-    return pages.render(request, "jobs.html", session, **_jobs(app, JobState.DEAD, True, filters))
+    return pages.render(
+        request, "jobs.html", session, **_jobs(app, session.principal, JobState.DEAD, True, filters)
+    )
 
 
 @router.get("/jobs/{key:path}")
@@ -194,9 +199,10 @@ def job(request: Request, key: str, app: ExpiryApp, pages: DashboardPages) -> Re
     if not isinstance(session, Session):
         return session
     found = app.queue.get(key)
-    if found is None:
+    if found is None or not session.principal.can_see_queue(found.queue):
+        # a job on a queue the key may not see is answered as one that is not there
         return pages.render(request, "missing.html", session, status=404, what=f"job {key}")
-    events, truncated = v.audit_events(app, job_key=key)
+    events, truncated = v.audit_events(app, session.principal, job_key=key)
     return pages.render(
         request,
         "job.html",
@@ -240,8 +246,10 @@ def _policies(app: App, history: v.WatermarkHistory) -> tuple[list[dict[str, Any
     return policies, None
 
 
-def _queue_charts(app: App) -> dict[str, Any]:
+def _queue_charts(app: App, who: Principal) -> dict[str, Any]:
+    """The queue page's charts; the running jobs' keys only on queues ``who`` may see."""
     view = status_view.queue(app)
+    view["running"] = [r for r in view["running"] if who.can_see_queue(r["queue"])]
     now = app.engine.now()
     states = [s.value for s in JobState]
     due_ages: list[float] = []
@@ -274,12 +282,15 @@ def _queue_charts(app: App) -> dict[str, Any]:
     }
 
 
-def _jobs(app: App, state: JobState, dlq: bool, filters: dict[str, str]) -> dict[str, Any]:
-    """A page of jobs in ``state`` matching the filters (``dlq``: shown as the
-    dead-letter queue, with its jobs grouped by error above them)."""
+def _jobs(
+    app: App, who: Principal, state: JobState, dlq: bool, filters: dict[str, str]
+) -> dict[str, Any]:
+    """A page of the jobs ``who`` may see in ``state`` matching the filters
+    (``dlq``: shown as the dead-letter queue, its jobs grouped by error above)."""
     jobs, truncated = v.find_jobs(
         app,
         state,
+        who,
         queue=filters["queue"] or None,
         policy=filters["policy"] or None,
         run_id=filters.get("run") or None,
@@ -294,7 +305,7 @@ def _jobs(app: App, state: JobState, dlq: bool, filters: dict[str, str]) -> dict
         "state": state.value,
         "page": listed,
         "filters": filters,
-        "queues": sorted(app.queue.stats().by_state),
+        "queues": sorted(q for q in app.queue.stats().by_state if who.can_see_queue(q)),
         "policy_names": policy_names(app),
         "job_policy": v.job_policy,
     }

@@ -13,6 +13,7 @@ from fastapi.responses import Response
 
 from ...app import App
 from ...errors import ExpiryError
+from ...keys import Principal
 from ...types import JobState
 from .. import views as v
 from ..deps import DashboardPages, ExpiryApp
@@ -49,11 +50,13 @@ BULK_FILTERS = ("queue", "policy", "run", "error")
 error, the dead windows of one run)."""
 
 
-def matching(app: App, filters: dict[str, str]) -> tuple[list[str], bool]:
-    """The keys of the dead jobs a bulk action would touch; True if the scan was cut."""
+def matching(app: App, who: Principal, filters: dict[str, str]) -> tuple[list[str], bool]:
+    """The keys of the dead jobs a bulk action by ``who`` would touch; True if
+    the scan was cut."""
     jobs, truncated = v.find_jobs(
         app,
         JobState.DEAD,
+        who,
         queue=filters["queue"] or None,
         policy=filters["policy"] or None,
         run_id=filters["run"] or None,
@@ -77,7 +80,7 @@ def bulk_confirm(
     if session is None:
         return pages.to_login(request)
     filters = {"queue": queue, "policy": policy, "run": run, "error": error}
-    keys, truncated = matching(app, filters)
+    keys, truncated = matching(app, session.principal, filters)
     return pages.render(
         request,
         "bulk.html",
@@ -97,7 +100,7 @@ def bulk(request: Request, form: Form, app: ExpiryApp, pages: DashboardPages) ->
         return guarded
     action = "discard" if form.get("action") == "discard" else "redrive"
     filters = {name: form.get(name, "") for name in BULK_FILTERS}
-    keys, truncated = matching(app, filters)
+    keys, truncated = matching(app, guarded.principal, filters)
     if str(len(keys)) != form.get("expected"):
         return pages.render(
             request,
