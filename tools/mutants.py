@@ -52,6 +52,7 @@ QUARANTINE = "tests/cleanup/test_quarantine.py"
 STALLED = "tests/cleanup/test_stalled.py"
 OUTAGE = "tests/cleanup/test_outage.py"
 DASHBOARD = "tests/dashboard/test_dashboard.py"
+SCHEDULER = "tests/scheduler/test_scheduler.py"
 
 UNBOOKED = (
     'UNBOOKED = WINDOW + " and not exists (select 1 from {ledger} where {ledger_key} = {p_key})"'
@@ -862,6 +863,41 @@ MUTANTS = [
         "        return True\n",
         (f"{DASHBOARD}::test_a_read_key_sees_in_the_dashboard_only_what_the_api_shows_it[sqlite]",),
         "the audit page shows a read key another key's cron target with the token in its URL",
+    ),
+    Mutant(
+        "cron-busy-called-again",
+        "src/expiry/crons.py",
+        "                if unfinished.get(target.name, 0) > 0:\n",
+        "                if False:\n",
+        (
+            f"{SCHEDULER}::test_a_cron_target_whose_call_has_not_finished_is_not_called_again"
+            "[sqlite]",
+        ),
+        "a target whose call has not finished is called again at every fire: a slow or "
+        "failing target builds a backlog of calls, one a minute",
+    ),
+    Mutant(
+        "cron-owners-unfair",
+        "src/expiry/crons.py",
+        "            priority = ahead.get(target.owner, 0)\n",
+        "            priority = 0\n",
+        (
+            f"{SCHEDULER}::test_cron_calls_are_shared_fairly_across_the_keys_that_own_targets"
+            "[postgres]",
+        ),
+        "cron calls are claimed first come first served: one key's many targets delay "
+        "another key's call behind all of theirs",
+    ),
+    Mutant(
+        "cron-quota-ignored",
+        "src/expiry/crons.py",
+        "            if owner is not None:\n                self._check_quota(owner, conn)\n",
+        "",
+        (
+            "tests/http/test_http_exposure.py::"
+            "test_a_key_owns_at_most_its_quota_of_cron_targets",
+        ),
+        "one key creates cron targets without end and fills the cron threads",
     ),
 ]
 

@@ -252,6 +252,9 @@ class App:
                 self.engine,
                 list(http.allowed_hosts) if http else [],
                 call_timeout=http.call_timeout if http else defaults.CALL_TIMEOUT_SECONDS,
+                max_per_owner=(
+                    http.max_cron_targets_per_key if http else defaults.MAX_CRON_TARGETS_PER_KEY
+                ),
             )
         return self._crons
 

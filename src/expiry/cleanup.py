@@ -36,8 +36,8 @@ from .durations import format_duration
 from .engines import Engine
 from .errors import (
     CutoffRefused,
-    ExpiryError,
     ForeignKeyBlocked,
+    KeyConflict,
     PermanentError,
     SchemaError,
     Snooze,
@@ -311,7 +311,7 @@ class Cleanup:
             if created:
                 [planned] = engine.job_insert_many([_first_plan_job(policy, rid, cutoff)], tx)
                 if not planned.enqueued:  # the key is taken by a job outside the run
-                    raise ExpiryError(
+                    raise KeyConflict(
                         f"run {rid}: its planning job's key {planned.key!r} is held by "
                         "another job (not one of expiry's own); discard that job and trigger again"
                     )

@@ -132,6 +132,9 @@ class HttpConfig(Strict):
     X-Forwarded-Proto are believed; none by default, so the client address that
     per-address limits count is the connection's own."""
     call_timeout: Duration = defaults.CALL_TIMEOUT_SECONDS
+    max_cron_targets_per_key: int = Field(defaults.MAX_CRON_TARGETS_PER_KEY, ge=1)
+    """The most cron targets one API key may own (403 quota_exceeded past it);
+    targets an operator makes with the CLI belong to no key and do not count."""
     metrics_key: bool = False
     """True: GET /metrics needs a key with the read scope, like the API."""
     metrics_cache: Duration = 5.0

@@ -19,13 +19,13 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from . import defaults, webhooks
-from .cron import check_expression, cron_next
+from .cron import check_expression, cron_fires, cron_next
 from .engines import Engine
-from .errors import ConfigError, TransientError
+from .errors import ConfigError, QuotaExceeded, TransientError
 from .handlers import Handler
 from .queue import CRON_QUEUE, new_job
 from .times import format_time, parse_time
-from .types import AuditAction, CronCall, CronTarget, Job
+from .types import AuditAction, CronCall, CronTarget, Job, JobState
 
 log = logging.getLogger("expiry.crons")
 
@@ -33,6 +33,9 @@ CALL = "expiry.http_call"
 CALL_ATTEMPTS = 5
 OVERDUE_AFTER_SECONDS = 60.0
 """A fire still unclaimed this long after its time shows as overdue."""
+UNFINISHED = (JobState.SCHEDULED, JobState.AVAILABLE, JobState.RETRYABLE, JobState.RUNNING)
+"""A call in one of these states holds its target's next fire back."""
+SCAN_LIMIT = 10_000
 
 
 class Crons:
@@ -42,8 +45,11 @@ class Crons:
         allowed_hosts: list[str],
         *,
         call_timeout: float = defaults.CALL_TIMEOUT_SECONDS,
+        max_per_owner: int = defaults.MAX_CRON_TARGETS_PER_KEY,
     ) -> None:
         self.engine = engine
+        self.max_per_owner = max_per_owner
+        """The most targets one API key may own ([http] max_cron_targets_per_key)."""
         self.allowed_hosts = allowed_hosts
         """Non-global host:port pairs that targets may call ([http] allowed_hosts)."""
         self.call_timeout = call_timeout
@@ -77,6 +83,8 @@ class Crons:
         secret = webhooks.new_secret()
         engine = self.engine
         with engine.transaction() as conn:
+            if owner is not None:
+                self._check_quota(owner, conn)
             created = engine.cron_insert(
                 name, http_url, schedule, timezone, secret, owner=owner, conn=conn
             )
@@ -91,6 +99,15 @@ class Crons:
         target = self.get(name)
         assert target is not None
         return {**target, "secret": secret}
+
+    def _check_quota(self, owner: str, conn: Any) -> None:
+        owned = sum(1 for t in self.engine.cron_list(conn=conn) if t.owner == owner)
+        if owned >= self.max_per_owner:
+            raise QuotaExceeded(
+                f"key {owner!r} owns {owned} cron targets, the most "
+                f"[http] max_cron_targets_per_key = {self.max_per_owner} allows: delete one "
+                "first (DELETE /v1/cron/NAME), or an operator raises the limit"
+            )
 
     @staticmethod
     def _shape(target: CronTarget) -> dict[str, Any]:
@@ -193,10 +210,56 @@ class Crons:
 
     # -- firing (called by the scheduler) -------------------------------------------
 
-    def fire(self, target: CronTarget, fire_time: datetime, conn: Any) -> bool:
-        """Claim ``fire_time`` for a target and enqueue its call, in ``conn``."""
-        engine = self.engine
-        if not engine.cron_advance(target, fire_time, conn=conn):
+    def fire_due(self, now: datetime) -> list[tuple[str, datetime, bool]]:
+        """Fire every target due at ``now``: (name, fire time, called) for each.
+
+        One call per latest due fire (catch_up = latest; the older ones are
+        audited as missed). A target whose previous call has not finished
+        (waiting, retrying or running) is not called again: the fire is audited
+        as missed, so a slow or failing target holds at most one call. Calls are
+        shared fairly across owners: a call's priority is how many calls of its
+        owner's targets are unfinished before it, so one key's many targets wait
+        behind another key's first call instead of ahead of it."""
+        targets = [t for t in self.stored() if not t.paused and t.last_fire_at is not None]
+        if not targets:
+            return []
+        unfinished = self.unfinished()
+        owner_of = {t.name: t.owner for t in targets}
+        ahead: dict[str | None, int] = {}
+        for name, n in unfinished.items():
+            owner = owner_of.get(name)
+            ahead[owner] = ahead.get(owner, 0) + n
+        out = []
+        for target in targets:
+            if target.last_fire_at is None:
+                continue
+            try:
+                fires = cron_fires(target.schedule, target.timezone, target.last_fire_at, now)
+            except ValueError as exc:
+                log.error("cron target %s: %s", target.name, exc)
+                continue
+            if not fires:
+                continue
+            priority = ahead.get(target.owner, 0)
+            with self.engine.transaction() as conn:
+                if unfinished.get(target.name, 0) > 0:
+                    if self.engine.cron_advance(target, fires[-1], conn=conn):
+                        self._missed(conn, target.name, fires, "the previous call has not finished")
+                        out.append((target.name, fires[-1], False))
+                    continue
+                if not self.fire(target, fires[-1], conn, priority=priority):
+                    continue  # another scheduler fired it
+                self._missed(conn, target.name, fires[:-1], "a later fire was called")
+            ahead[target.owner] = priority + 1
+            out.append((target.name, fires[-1], True))
+        return out
+
+    def fire(
+        self, target: CronTarget, fire_time: datetime, conn: Any, *, priority: int = 0
+    ) -> bool:
+        """Claim ``fire_time`` for a target and enqueue its call, in ``conn``
+        (False: another scheduler claimed it first)."""
+        if not self.engine.cron_advance(target, fire_time, conn=conn):
             return False
         job = new_job(
             CALL,
@@ -204,9 +267,28 @@ class Crons:
             key=f"cron:{target.name}:{format_time(fire_time)}",
             max_attempts=CALL_ATTEMPTS,
             queue=CRON_QUEUE,
+            priority=priority,
         )
-        engine.job_insert_many([job], conn)
+        self.engine.job_insert_many([job], conn)
         return True
+
+    def unfinished(self) -> dict[str, int]:
+        """Calls not finished yet (waiting, retrying or running), by target name."""
+        out: dict[str, int] = {}
+        for state in UNFINISHED:
+            for job in self.engine.job_list(state, CRON_QUEUE, SCAN_LIMIT):
+                name = str(job.payload.get("name"))
+                out[name] = out.get(name, 0) + 1
+        return out
+
+    def _missed(self, conn: Any, name: str, fires: list[datetime], reason: str) -> None:
+        for missed in fires:
+            self.engine.audit_append(
+                conn,
+                AuditAction.CRON_MISSED,
+                actor="scheduler",
+                detail={"name": name, "fire_time": format_time(missed), "reason": reason},
+            )
 
     # -- the call job ---------------------------------------------------------------
 

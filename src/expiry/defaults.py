@@ -142,3 +142,8 @@ or one row kept as blocked) in about log2(window) of them; max_attempts,
 meant for failures that repeat, would dead-letter it first (eight attempts for
 the fourteen halvings of a 10,000-row window), and a worker lost on its last
 attempt would leave it dead."""
+
+MAX_CRON_TARGETS_PER_KEY = 50
+"""The most cron targets one API key may own ([http] max_cron_targets_per_key):
+enough for a team's jobs, few enough that one key's slow targets cannot fill
+the cron threads (calls are shared fairly across owners as well)."""

@@ -61,6 +61,14 @@ class PayloadTooLarge(ExpiryError):
     """The job payload is larger than the limit; carry identifiers, not records."""
 
 
+class KeyConflict(ExpiryError):
+    """A job's deterministic key is held by another job, not the one expected."""
+
+
+class QuotaExceeded(ExpiryError):
+    """A key already owns as many of something as its limit allows."""
+
+
 class LeaseLost(ExpiryError):
     """The job's lease expired or was taken over by another worker."""
 

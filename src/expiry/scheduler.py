@@ -41,7 +41,7 @@ from typing import Any
 from . import signals
 from .cleanup import Cleanup
 from .config import Policy
-from .cron import choose, cron_fires, cron_next, fires_between, next_fire
+from .cron import choose, cron_next, fires_between, next_fire
 from .crons import Crons
 from .engines import Engine
 from .errors import SchemaError
@@ -124,30 +124,12 @@ class Scheduler:
         return fired
 
     def _fire_crons(self, now: datetime) -> list[Fire]:
-        """HTTP cron targets: one call per latest due fire (catch_up = latest)."""
-        engine = self.engine
-        out = []
-        for target in self.crons.stored():
-            if target.paused or target.last_fire_at is None:
-                continue
-            try:
-                fires = cron_fires(target.schedule, target.timezone, target.last_fire_at, now)
-            except ValueError as exc:
-                log.error("cron target %s: %s", target.name, exc)
-                continue
-            if not fires:
-                continue
-            with engine.transaction() as conn:
-                if self.crons.fire(target, fires[-1], conn):
-                    for missed in fires[:-1]:
-                        engine.audit_append(
-                            conn,
-                            AuditAction.CRON_MISSED,
-                            actor="scheduler",
-                            detail={"name": target.name, "fire_time": format_time(missed)},
-                        )
-                    out.append(Fire(f"cron:{target.name}", fires[-1], None))
-        return out
+        """HTTP cron targets: the fires that called their target (Crons.fire_due)."""
+        return [
+            Fire(f"cron:{name}", fire_time, None)
+            for name, fire_time, called in self.crons.fire_due(now)
+            if called
+        ]
 
     def _record_missed(
         self, policy: Policy, missed: list[datetime], unlisted: int, conn: Any

@@ -90,6 +90,12 @@ def resolve(url: str, allowed_hosts: Sequence[str]) -> tuple[str, str, int, str]
     ``is_global``: not private, loopback, link-local, shared (100.64.0.0/10),
     6to4, site-local or otherwise reserved) unless ``host:port`` is allowed; the
     call then goes to the first of them (pinned)."""
+    if any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in url):
+        # urlsplit strips some of them, the request line would carry others:
+        # every call would fail, or be split
+        raise UnsafeTarget(
+            "http_url has a space or a control character: percent-encode it (%20, %0D)"
+        )
     try:
         parts = urlsplit(url)
         hostname, explicit_port = parts.hostname, parts.port
@@ -125,6 +131,7 @@ NOT_GLOBAL = tuple(
         "2002::/16",  # 6to4: wraps an IPv4 address, any of them
         "fec0::/10",  # IPv6 site-local (deprecated; ipaddress calls it global)
         "64:ff9b:1::/48",  # local-use NAT64
+        "::/96",  # IPv4-compatible IPv6 (deprecated): some stacks reach the IPv4 address
     )
 )
 """Blocks that Python's is_global lets through but no cron target needs."""

@@ -7,6 +7,7 @@ requests leaves /v1/health answering at once."""
 
 from __future__ import annotations
 
+import re
 import socket
 import statistics
 import threading
@@ -204,3 +205,37 @@ def test_a_flood_of_anonymous_forms_leaves_health_answering(sqlite_url: str, ser
     )
     assert set(sent) == {413}, set(sent)
     assert p95 < 0.5, f"/v1/health p95 {p95 * 1000:.0f} ms under an anonymous flood"
+
+
+def test_refused_sign_ins_from_many_addresses_do_not_grow_the_audit_log_without_end(
+    sqlite_url: str, serve: Serve
+) -> None:
+    """Each address has its own budget of refused sign-ins, so callers on many
+    addresses (here a trusted proxy's rotating X-Forwarded-For) could write an
+    audit row per try: past 60 at once (then one a second) they are logged
+    only, and a good sign-in is still audited."""
+
+    live = serve(sqlite_url, http={"trusted_proxies": ["127.0.0.0/8"]})
+    started = time.monotonic()
+    with outsider(live) as client:
+        for i in range(90):
+            form = client.get("/login")
+            found = re.search(r'name="csrf" value="([^"]+)"', form.text)
+            assert found
+            headers = {"X-Forwarded-For": f"198.51.100.{i}"}
+            data = {"key": "exp_wrong", "csrf": found.group(1)}
+            assert client.post("/login", data=data, headers=headers).status_code == 401
+    took = time.monotonic() - started
+
+    def audited(action: str) -> int:
+        return sum(1 for e in live.app.engine.audit_list(limit=1000) if e.action == action)
+
+    refused = audited("dashboard.sign_in_refused")
+    assert 60 <= refused <= 60 + took + 1, (refused, took)
+    with outsider(live) as client:
+        form = client.get("/login")
+        found = re.search(r'name="csrf" value="([^"]+)"', form.text)
+        assert found
+        data = {"key": live.key, "csrf": found.group(1)}
+        assert client.post("/login", data=data).status_code == 303
+    assert audited("dashboard.signed_in") == 1

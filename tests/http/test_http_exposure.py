@@ -111,7 +111,7 @@ def test_a_run_whose_planning_key_is_taken_says_so(live: Live) -> None:
     refused = live.client.post(
         "/v1/cleanup/trigger", json={"policy": POLICY, "cutoff": format_time(cutoff)}
     )
-    assert "held by another job" in assert_error(refused, 500)
+    assert "held by another job" in assert_error(refused, 409, "key_conflict")
     assert live.client.get("/v1/runs").json() == []
 
 
@@ -164,6 +164,28 @@ def test_cron_targets_belong_to_the_key_that_made_them(serve: Serve, sqlite_url:
     assert alice.delete("/v1/cron/alices").status_code == 200
 
 
+def test_a_key_owns_at_most_its_quota_of_cron_targets(serve: Serve, sqlite_url: str) -> None:
+    """Past [http] max_cron_targets_per_key a key's create gets 403
+    quota_exceeded naming the limit; another key and the operator's CLI still
+    create; deleting one makes room again."""
+    live = serve(sqlite_url, http={"allowed_hosts": ["127.0.0.1:*"], "max_cron_targets_per_key": 2})
+    alice = key(live, "alice", "cron:manage")
+    bob = key(live, "bob", "cron:manage")
+
+    def create(client: httpx.Client, name: str) -> httpx.Response:
+        body = {"name": name, "http_url": "http://127.0.0.1:9/", "schedule": "@daily"}
+        return client.post("/v1/cron/create", json=body)
+
+    assert [create(alice, n).status_code for n in ("a1", "a2")] == [201, 201]
+    refused = assert_error(create(alice, "a3"), 403, "quota_exceeded")
+    assert "max_cron_targets_per_key = 2" in refused and "'alice' owns 2" in refused
+    assert create(bob, "b1").status_code == 201
+    live.app.crons.create("operators", "http://127.0.0.1:9/", "@daily")  # no owner
+    assert alice.delete("/v1/cron/a1").status_code == 200
+    assert create(alice, "a3").status_code == 201
+    assert live.app.engine.cron_get("a3") is not None
+
+
 def test_a_read_key_reads_and_changes_nothing(live: Live) -> None:
     reader = key(live, "grafana", "read")
     assert reader.get("/v1/runs").status_code == 200
@@ -180,7 +202,12 @@ def test_a_consumer_works_the_dead_jobs_of_its_queues_only(live: Live) -> None:
     orders = key(live, "orders", "queue:consume:orders.*")
     assert [j["key"] for j in orders.get("/v1/dlq").json()] == ["o-1"]
     assert_error(orders.get("/v1/dlq", params={"queue": "emails"}), 403)
-    assert_error(orders.post("/v1/dlq/discard", json={"keys": ["e-1"]}), 403)
+    # Another queue's job is answered as one that is not there: nothing done,
+    # nothing told (it used to be 403, which said the key exists).
+    for verb in ("discard", "redrive"):
+        for name in ("e-1", "no-such-job"):
+            answer = orders.post(f"/v1/dlq/{verb}", json={"keys": [name]})
+            assert answer.status_code == 200 and answer.json()["keys"] == [], (verb, name)
     assert orders.post("/v1/dlq/redrive", json={"keys": ["o-1"]}).json()["keys"] == ["o-1"]
     assert sorted(j["key"] for j in live.client.get("/v1/dlq").json()) == ["e-1"]
 
@@ -206,6 +233,7 @@ def test_keys_made_before_scopes_keep_working_as_admin(live: Live) -> None:
         "http://[2002:7f00:1::]/",  # 6to4 wrapping 127.0.0.1
         "http://[fec0::1]/",  # IPv6 site-local
         "http://[64:ff9b::7f00:1]/",  # NAT64 wrapping 127.0.0.1
+        "http://[::127.0.0.1]/",  # IPv4-compatible IPv6 wrapping 127.0.0.1
         "http://127.0.0.1:2/",  # allowed is port 1 only
     ],
 )
@@ -222,6 +250,19 @@ def test_a_non_global_target_is_refused_unless_its_host_and_port_are_allowed(
         json={"name": "fine", "http_url": "http://127.0.0.1:1/", "schedule": "@daily"},
     )
     assert ok.status_code == 201, ok.text
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:1/a b", "http://127.0.0.1:1/a\r\nX-Evil: 1"])
+def test_a_cron_url_with_a_space_or_a_line_break_is_refused(
+    serve: Serve, sqlite_url: str, url: str
+) -> None:
+    """Such a URL was stored, then every call failed (or split the request)."""
+    live = serve(sqlite_url, http={"allowed_hosts": ["127.0.0.1:1"]})
+    refused = live.client.post(
+        "/v1/cron/create", json={"name": "spaced", "http_url": url, "schedule": "@daily"}
+    )
+    assert "percent-encode" in assert_error(refused, 422)
+    assert live.app.engine.cron_get("spaced") is None
 
 
 @contextmanager

@@ -677,3 +677,68 @@ def test_the_scheduler_wakes_for_cron_targets_not_only_policies(
         hour=0, minute=0, second=0, microsecond=0
     )
     assert later == (midnight - target.last_fire_at).total_seconds()
+
+
+# -- cron targets: one call at a time, shared fairly across owners --------------------
+
+
+def cron_calls(app: App) -> list[Any]:
+    """The calls of cron targets not finished yet, in the order a worker claims them."""
+    from expiry.queue import CRON_QUEUE
+    from expiry.types import JobState
+
+    waiting = app.engine.job_list(JobState.AVAILABLE, CRON_QUEUE, 1000)
+    return sorted(waiting, key=lambda j: (j.priority, j.run_at, j.id))
+
+
+def test_a_cron_target_whose_call_has_not_finished_is_not_called_again(
+    make_app: Callable[..., App],
+) -> None:
+    """A per-minute target whose call waits (or retries, or runs) is not called
+    at the next minutes: those fires are audited as missed with the reason, so a
+    slow or failing target holds one call, not a backlog (it held one a minute);
+    once the call finishes, the next fire calls it again."""
+    app = make_app(policy(schedule="@daily"))
+    app.crons.allowed_hosts = ["127.0.0.1:*"]
+    app.crons.create("minutely", "http://127.0.0.1:9/", "* * * * *")
+    target = app.engine.cron_get("minutely")
+    assert target is not None and target.last_fire_at is not None
+    start = target.last_fire_at
+    assert [called for _, _, called in app.crons.fire_due(start + timedelta(minutes=1))] == [True]
+    assert app.crons.fire_due(start + timedelta(minutes=3)) == [
+        ("minutely", minutes_between(start, start + timedelta(minutes=3))[-1], False)
+    ]
+    assert len(cron_calls(app)) == 1
+    missed = select(
+        app,
+        f"select detail from {table(app, 'audit')} where action = 'cron.missed' order by id",
+    )
+    reasons = [(json.loads(d) if isinstance(d, str) else d)["reason"] for (d,) in missed]
+    assert reasons == ["the previous call has not finished"] * 2
+    [call] = app.queue.claim(1, 30, queues=(cron_calls(app)[0].queue,), owner="test")
+    assert app.crons.fire_due(start + timedelta(minutes=4))[0][2] is False  # running
+    app.queue.complete(call)
+    assert app.crons.fire_due(start + timedelta(minutes=5))[0][2] is True
+    assert len(cron_calls(app)) == 1
+
+
+def test_cron_calls_are_shared_fairly_across_the_keys_that_own_targets(
+    make_app: Callable[..., App],
+) -> None:
+    """Five targets of one key and one of another fire together: the other key's
+    call is claimed among the first two (each owner's n-th unfinished call has
+    priority n), not after the first key's five."""
+    app = make_app(policy(schedule="@daily"))
+    app.crons.allowed_hosts = ["127.0.0.1:*"]
+    for n in range(5):
+        app.crons.create(f"flood-{n}", "http://127.0.0.1:9/", "* * * * *", owner="flooder")
+    app.crons.create("victim", "http://127.0.0.1:9/", "* * * * *", owner="other")
+    latest = max(t.last_fire_at for t in app.crons.stored() if t.last_fire_at)
+    fired = app.crons.fire_due(latest + timedelta(minutes=1))
+    assert sorted(name for name, _, called in fired if called) == [
+        "flood-0", "flood-1", "flood-2", "flood-3", "flood-4", "victim"
+    ]  # fmt: skip
+    first_two = [c.payload["name"] for c in cron_calls(app)[:2]]
+    assert "victim" in first_two, first_two
+    claimed = app.queue.claim(2, 30, queues=(cron_calls(app)[0].queue,), owner="test")
+    assert "victim" in [j.payload["name"] for j in claimed]

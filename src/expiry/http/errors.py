@@ -4,7 +4,10 @@
     RequestValidationError     422 invalid_request (bad JSON, wrong types, unknown fields)
     HTTPException (Starlette)  404 not_found, 405 method_not_allowed; 400 becomes 422
     PayloadTooLarge            413 message_too_large
-    ExpiryError                422 cutoff_refused / invalid_request, 409 LeaseLost, else 500
+    QuotaExceeded              403 quota_exceeded (the limit and the fix named)
+    ExpiryError                422 cutoff_refused / invalid_request, 409 lease_lost /
+                               key_conflict,
+                               503 unavailable (TransientError), else 500 internal
     any other exception        500 internal (logged)
     a database that cannot     503 unavailable with Retry-After (DatabaseUnavailable,
       serve now                  the outermost middleware)
@@ -29,9 +32,12 @@ from ..errors import (
     ConfigError,
     CutoffRefused,
     ExpiryError,
+    KeyConflict,
     LeaseLost,
     PayloadTooLarge,
+    QuotaExceeded,
     SchemaError,
+    TransientError,
 )
 from .models import ErrorResponse
 
@@ -114,7 +120,20 @@ async def expiry_error(request: Request, exc: ExpiryError) -> JSONResponse:
         )
     if isinstance(exc, ConfigError):
         return error_response(422, "invalid_request", str(exc))
-    return error_response(409 if isinstance(exc, LeaseLost) else 500, type(exc).__name__, str(exc))
+    if isinstance(exc, QuotaExceeded):
+        return error_response(403, "quota_exceeded", str(exc))
+    if isinstance(exc, LeaseLost):
+        return error_response(409, "lease_lost", str(exc))
+    if isinstance(exc, KeyConflict):
+        return error_response(409, "key_conflict", str(exc))
+    if isinstance(exc, TransientError):
+        log.warning("request failed, worth a retry: %s", exc)
+        return error_response(
+            503, "unavailable", "the database could not serve this now; retry", {"Retry-After": "1"}
+        )
+    # The text may quote SQL or a table: the log has it, the caller a plain answer.
+    log.error("request failed: %s %s: %s", request.method, request.url.path, exc)
+    return error_response(500, "internal", "the server failed; see its log")
 
 
 async def unexpected(request: Request, exc: Exception) -> JSONResponse:

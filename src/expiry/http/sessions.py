@@ -41,6 +41,9 @@ MAX_AGE_SECONDS = 12 * 3600
 SIGN_IN_FAILURES_PER_SECOND = 5 / 60
 SIGN_IN_FAILURES_BURST = 10
 """Ten refused sign-ins from one address, then one every 12 seconds."""
+REFUSALS_AUDITED_PER_SECOND = 1.0
+REFUSALS_AUDITED_BURST = 60
+"""At most 60 refused sign-ins audited at once, then one a second, all addresses together."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,10 @@ class Sessions:
         self.failures = RateLimiter(SIGN_IN_FAILURES_PER_SECOND, SIGN_IN_FAILURES_BURST)
         """Refused sign-ins per client address: past the burst, the form answers
         429 without checking the key, so guessing keys costs time."""
+        self.refusals_audited = RateLimiter(REFUSALS_AUDITED_PER_SECOND, REFUSALS_AUDITED_BURST)
+        """Refused sign-ins from every address together that get an audit row;
+        past it they are logged and counted only, so callers on many addresses
+        cannot grow the audit log without end."""
         self._ended: dict[str, int] = {}
         """Nonces of sessions signed out, with their issue time: refused until
         they would have expired anyway (kept in this process, like the secret)."""

@@ -15,6 +15,8 @@ the dashboard's routes is in the OpenAPI schema.
 
 from __future__ import annotations
 
+import logging
+
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
@@ -23,6 +25,7 @@ from ..deps import DashboardPages
 from ..render import STATIC, Form, local_path, secured, static_file
 from ..sessions import COOKIE, LOGIN_COOKIE, Session
 
+log = logging.getLogger("expiry.http")
 router = APIRouter(include_in_schema=False)
 
 
@@ -53,8 +56,10 @@ def login_form(request: Request, pages: DashboardPages, next: str = "/") -> Resp
 
 @router.post("/login")
 def login(request: Request, form: Form, pages: DashboardPages) -> Response:
-    """Sign in with an API key; every attempt is audited, and an address past
-    its refused attempts (Sessions.failures) gets 429 without a check."""
+    """Sign in with an API key. Every sign-in is audited, and refused ones up to
+    a bound for all addresses together (Sessions.refusals_audited; past it they
+    are logged); an address past its refused attempts (Sessions.failures) gets
+    429 without a check."""
     target = local_path(form.get("next"))
     client = request.client.host if request.client else "unknown"
     sessions = pages.sessions
@@ -67,11 +72,16 @@ def login(request: Request, form: Form, pages: DashboardPages) -> Response:
         return login_page(request, pages, 403, next=target, expired=True)
     cookie = sessions.sign_in(form.get("key", ""))
     session = sessions.read(cookie) if cookie else None
-    pages.audit(
-        AuditAction.SIGNED_IN if session else AuditAction.SIGN_IN_REFUSED,
-        actor=f"dashboard:{session.key_name}" if session else "dashboard",
-        detail={"client": client},
-    )
+    if session is not None:
+        pages.audit(
+            AuditAction.SIGNED_IN,
+            actor=f"dashboard:{session.key_name}",
+            detail={"client": client},
+        )
+    elif sessions.refusals_audited.take("all") == 0:
+        pages.audit(AuditAction.SIGN_IN_REFUSED, actor="dashboard", detail={"client": client})
+    else:
+        log.warning("sign-in refused, not audited (too many at once)", extra={"client": client})
     if cookie is None:
         sessions.failures.take(client)
         return login_page(request, pages, 401, next=target, error=True)

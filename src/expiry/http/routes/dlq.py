@@ -14,7 +14,6 @@ from ...keys import Principal
 from ...types import Job
 from .. import models as m
 from ..deps import ExpiryApp, Key, forbidden
-from ..errors import ApiError
 
 router = APIRouter(prefix="/v1/dlq", tags=["dlq"])
 
@@ -57,29 +56,26 @@ def dlq(key: Key, app: ExpiryApp, queue: QueueFilter = None, limit: int = 100) -
     return [shown for j in found if mine(key, j) and (shown := dead_job(j)) is not None]
 
 
-def own_keys(app: ExpiryApp, key: Principal, keys: list[str]) -> None:
-    """403 unless every job named is one the key may redrive or discard."""
+def own_keys(app: ExpiryApp, key: Principal, keys: list[str]) -> list[str]:
+    """The jobs named that the key may redrive or discard. A job on a queue it
+    may not consume is left out as one that is not there is: the answer (the
+    keys acted on) tells nothing of other queues' jobs."""
     if key.can("dlq:manage"):
-        return
-    for name in keys:
-        job = app.queue.get(name)
-        if job is not None and not mine(key, job):
-            raise ApiError(
-                403, "forbidden", f"job {name!r} is not in a queue key {key.name!r} consumes"
-            )
+        return keys
+    return [name for name in keys if (job := app.queue.get(name)) is not None and mine(key, job)]
 
 
 @router.post("/redrive", response_model=m.Keys)
 def redrive(body: m.RedriveRequest, key: Key, app: ExpiryApp) -> m.Keys:
     if (body.all or body.policy) and not key.can("dlq:manage"):
         raise forbidden(key, "dlq:manage")
-    own_keys(app, key, body.keys)
+    named = own_keys(app, key, body.keys)
     return m.Keys(
-        keys=app.queue.redrive(body.keys, all=body.all, policy=body.policy, actor=f"api:{key.name}")
+        keys=app.queue.redrive(named, all=body.all, policy=body.policy, actor=f"api:{key.name}")
     )
 
 
 @router.post("/discard", response_model=m.Keys)
 def discard(body: m.DiscardRequest, key: Key, app: ExpiryApp) -> m.Keys:
-    own_keys(app, key, body.keys)
-    return m.Keys(keys=app.queue.discard(body.keys, actor=f"api:{key.name}"))
+    named = own_keys(app, key, body.keys)
+    return m.Keys(keys=app.queue.discard(named, actor=f"api:{key.name}"))
