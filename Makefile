@@ -20,8 +20,14 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check src tests bench examples tools
 	$(VENV)/bin/mypy
 
+# The suite runs in TEST_WORKERS processes (pytest-xdist): most tests wait on a
+# database, a socket or a subprocess, so four share two cores well. Every test
+# makes its own databases, servers and ports; none touches the shared servers'
+# configuration or restarts them, so any test may run beside any other.
+TEST_WORKERS ?= 4
+
 test: lint
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS)
 
 # The queue benchmark with all its peers: Oban-py needs Python >= 3.12, so a venv
 # of its own from the first such interpreter found (PYTHON_BENCH to choose).

@@ -899,6 +899,18 @@ MUTANTS = [
         ),
         "one key creates cron targets without end and fills the cron threads",
     ),
+    Mutant(
+        "unserved-silent",
+        "src/expiry/roll.py",
+        "        if queue in stats.oldest_due_seconds and queue not in worked:\n",
+        "        if queue in stats.oldest_due_seconds and queue in worked:\n",
+        (
+            "tests/dashboard/test_pages.py::"
+            "test_due_work_that_no_live_worker_serves_is_said_on_every_surface[sqlite]",
+        ),
+        "with every worker down the overview, status and /metrics stay quiet while the "
+        "policy's jobs wait: nothing cleans and nobody is told",
+    ),
 ]
 
 

@@ -527,7 +527,11 @@ def show_preview(args: argparse.Namespace, preview: PlanPreview) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     app = reading(args)
-    data: dict[str, Any] = {"policies": status.policies(app), "queue": status.queue(app)}
+    data: dict[str, Any] = {
+        "policies": status.policies(app),
+        "queue": status.queue(app),
+        "workers_alive": status.workers_alive(app),
+    }
     emit(args, data, lambda: print_status(data))
     return 0
 

@@ -244,8 +244,15 @@ def print_status(data: dict[str, Any]) -> None:
                 f"STALLED: {p['name']}: a run has been open {p['oldest_open_run_seconds']:.0f}s"
                 f" (stall_after {p['stall_after']}): `expiry runs show RUN` says why it waits"
             )
+        if p.get("unserved_seconds") is not None:
+            out.print(
+                f"UNSERVED: {p['name']}: jobs due for {p['unserved_seconds']:.0f}s and no live "
+                "worker works its queue: start one (`expiry worker`)"
+            )
         if line := _throttle_line(p):
             out.print(line)
+    if "workers_alive" in data:
+        out.print(f"workers alive: {data['workers_alive']}")
     q = data["queue"]
     by_state = q["jobs_by_queue_and_state"].items()
     rows = (

@@ -20,7 +20,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from . import defaults
+from . import roll
 from .config import Policy
 from .engines import Engine
 from .health import merge_throttles
@@ -87,8 +87,10 @@ class ExpiryCollector(Collector):
         return queue if self.named(queue) else OTHER
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        yield from self._queue(self.queue.stats())
+        stats = self.queue.stats()
+        yield from self._queue(stats)
         yield from self._ledger()
+        yield from self._liveness(stats)
         if self.cleanup is not None:
             yield self._watermarks(self.cleanup)
             yield self._quarantined(self.cleanup)
@@ -96,14 +98,31 @@ class ExpiryCollector(Collector):
             yield from self._throttles()
             yield from self._vacuum(self.cleanup)
 
+    def _liveness(self, stats: QueueStats) -> Iterator[GaugeMetricFamily]:
+        """The live workers, and each policy's due work that none of them serves
+        (alert on either: nothing cleans until a worker starts)."""
+        live = roll.alive(self.engine.worker_list())
+        yield GaugeMetricFamily(
+            "expiry_workers_alive",
+            "Worker processes seen on the roll lately (0: nothing claims jobs)",
+            value=len(live),
+        )
+        if self.cleanup is None:
+            return
+        names = [p.name for p in self.cleanup.policies]
+        unserved = roll.unserved(names, live, stats)
+        gauge = GaugeMetricFamily(
+            "expiry_policy_unserved",
+            "1 while the policy has due jobs and no live worker works its queue, else 0",
+            labels=["policy"],
+        )
+        for name in names:
+            gauge.add_metric([name], 1.0 if name in unserved else 0.0)
+        yield gauge
+
     def _throttles(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         """Held time by reason and the rate limit, as the live workers report them."""
-        live = [
-            w
-            for w in self.engine.worker_list()
-            if w.seen_seconds_ago <= defaults.WORKER_STALE_SECONDS
-        ]
-        merged = merge_throttles(live)
+        merged = merge_throttles(roll.alive(self.engine.worker_list()))
         held = CounterMetricFamily(
             "expiry_throttled_seconds",
             "Seconds a policy's windows were held, by reason (replica_lag, active_backends, "

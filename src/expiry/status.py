@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from . import defaults
+from . import defaults, roll
 from .cron import next_fire
 from .durations import format_duration
 from .errors import SchemaError
@@ -51,7 +51,9 @@ def policies(app: App) -> list[dict[str, Any]]:
         return []
     schedules = {s.policy: s for s in app.engine.schedule_list()}
     now = app.engine.now()
-    throttles = throttle_by_policy(app)
+    live = roll.alive(app.engine.worker_list())
+    throttles = merge_throttles(live)
+    unserved = roll.unserved([p.name for p in cleanup.policies], live, app.queue.stats())
     ages = cleanup.open_run_ages()
     out = []
     for policy in cleanup.policies:
@@ -76,6 +78,7 @@ def policies(app: App) -> list[dict[str, Any]]:
                 "stalled": age is not None and age > policy.stall_seconds,
                 "broken": broken,
                 "throttle": throttles.get(policy.name),
+                "unserved_seconds": unserved.get(policy.name),
                 "vacuum": None if broken else vacuum(app, policy.table),
             }
         )
@@ -96,8 +99,12 @@ def _watermark(cleanup: Cleanup, name: str) -> tuple[str | None, float | None]:
 
 def throttle_by_policy(app: App) -> dict[str, dict[str, Any]]:
     """Each policy's throttle as the live workers on the roll report it."""
-    live = [w for w in app.engine.worker_list() if w.seen_seconds_ago <= STALE_AFTER_SECONDS]
-    return merge_throttles(live)
+    return merge_throttles(roll.alive(app.engine.worker_list()))
+
+
+def workers_alive(app: App) -> int:
+    """The worker processes seen on the roll lately (roll.alive)."""
+    return len(roll.alive(app.engine.worker_list()))
 
 
 def vacuum(app: App, table: str) -> dict[str, Any] | None:

@@ -4,12 +4,16 @@ JavaScript, and photographed in the browser (artifacts/dashboard/*.png)."""
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 from urllib.parse import quote
 
 import pytest
 from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.common.by import By
+
+from expiry import status
+from expiry.queue import policy_queue
 
 from .conftest import Dashboard, screenshot, sign_in
 from .html_check import check_html
@@ -175,3 +179,50 @@ def test_the_workers_page_shows_each_worker_and_what_it_holds(
         thread.join(30)
     page.get(dashboard.url("/workers"))
     assert "No worker has said it is running" in page.page_source
+
+
+def test_due_work_that_no_live_worker_serves_is_said_on_every_surface(
+    page: WebDriver, dashboard: Dashboard
+) -> None:
+    """A run's jobs due and no worker: the overview says in red that nothing is
+    cleaning the policy and counts 0 workers alive, `status` data and /metrics
+    say it too. A live worker that works other queues only changes the count;
+    one that works the policy's queue ends the alarm, the jobs still due."""
+    app = dashboard.app
+    assert app.cleanup is not None
+    app.cleanup.open_run("expired-sessions")
+
+    def said() -> tuple[bool, str]:
+        page.get(dashboard.url("/"))
+        banner = page.find_elements(By.ID, "unserved")
+        alive = page.find_element(By.CSS_SELECTOR, "a[href='/workers'] .big").text
+        [row] = status.policies(app)
+        assert (row["unserved_seconds"] is not None) == bool(banner)
+        return bool(banner), alive
+
+    def metrics_say(*lines: str) -> None:
+        """/metrics holds every line within its cache time ([http] metrics_cache)."""
+        deadline = time.monotonic() + 15
+        with dashboard.client() as client:
+            while True:
+                text = client.get("/metrics").text
+                if all(line in text for line in lines):
+                    return
+                assert time.monotonic() < deadline, f"/metrics never said {lines}:\n{text}"
+                time.sleep(0.5)
+
+    sign_in(page, dashboard)
+    assert said() == (True, "0")
+    assert "Nothing is cleaning expired-sessions" in page.find_element(By.ID, "unserved").text
+    metrics_say("expiry_workers_alive 0.0", 'expiry_policy_unserved{policy="expired-sessions"} 1.0')
+    screenshot(page, "overview-unserved")
+
+    roll = {"host": "box", "pid": 7, "threads": 2, "resting": {}, "holding": 0}
+    app.engine.worker_seen("box:7:other", queues=["exports"], **roll)
+    assert said() == (True, "1")
+    metrics_say("expiry_workers_alive 1.0", 'expiry_policy_unserved{policy="expired-sessions"} 1.0')
+
+    app.engine.worker_seen("box:8:cleaner", queues=[policy_queue("expired-sessions")], **roll)
+    assert said() == (False, "2")
+    metrics_say("expiry_workers_alive 2.0", 'expiry_policy_unserved{policy="expired-sessions"} 0.0')
+    assert app.queue.stats().oldest_due_seconds  # still due: served, not done

@@ -46,6 +46,8 @@ def overview(request: Request, app: ExpiryApp, pages: DashboardPages, history: H
         totals=totals,
         has_config=app.cleanup is not None,
         crons=len(app.crons.targets()),
+        workers_alive=status_view.workers_alive(app),
+        stale_after=status_view.STALE_AFTER_SECONDS,
     )
 
 
