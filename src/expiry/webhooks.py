@@ -90,12 +90,6 @@ def resolve(url: str, allowed_hosts: Sequence[str]) -> tuple[str, str, int, str]
     ``is_global``: not private, loopback, link-local, shared (100.64.0.0/10),
     6to4, site-local or otherwise reserved) unless ``host:port`` is allowed; the
     call then goes to the first of them (pinned)."""
-    if any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in url):
-        # urlsplit strips some of them, the request line would carry others:
-        # every call would fail, or be split
-        raise UnsafeTarget(
-            "http_url has a space or a control character: percent-encode it (%20, %0D)"
-        )
     try:
         parts = urlsplit(url)
         hostname, explicit_port = parts.hostname, parts.port
@@ -103,6 +97,12 @@ def resolve(url: str, allowed_hosts: Sequence[str]) -> tuple[str, str, int, str]
         raise UnsafeTarget("http_url is not a valid URL") from None
     if parts.scheme not in ("http", "https") or not hostname:
         raise UnsafeTarget("use an http:// or https:// URL with a host")
+    if any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in url):
+        # urlsplit strips some of them, the request line would carry others:
+        # every call would fail, or be split
+        raise UnsafeTarget(
+            "http_url has a space or a control character: percent-encode it (%20, %0D)"
+        )
     if parts.username or parts.password:
         raise UnsafeTarget("credentials in the URL are not allowed")
     host = hostname
