@@ -893,10 +893,7 @@ MUTANTS = [
         "src/expiry/crons.py",
         "            if owner is not None:\n                self._check_quota(owner, conn)\n",
         "",
-        (
-            "tests/http/test_http_exposure.py::"
-            "test_a_key_owns_at_most_its_quota_of_cron_targets",
-        ),
+        ("tests/http/test_http_exposure.py::test_a_key_owns_at_most_its_quota_of_cron_targets",),
         "one key creates cron targets without end and fills the cron threads",
     ),
     Mutant(
