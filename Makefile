@@ -23,11 +23,15 @@ lint: $(STAMP)
 # The suite runs in TEST_WORKERS processes (pytest-xdist): most tests wait on a
 # database, a socket or a subprocess, so four share two cores well. Every test
 # makes its own databases, servers and ports; none touches the shared servers'
-# configuration or restarts them, so any test may run beside any other.
+# configuration or restarts them. The few marked serial read the whole
+# server's load, which the others would disturb: they run alone afterwards.
 TEST_WORKERS ?= 4
 
 test: lint
-	$(VENV)/bin/pytest -q -n $(TEST_WORKERS)
+	@status=0; \
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) -m "not serial" || status=1; \
+	$(VENV)/bin/pytest -q -m serial || status=1; \
+	exit $$status
 
 # The queue benchmark with all its peers: Oban-py needs Python >= 3.12, so a venv
 # of its own from the first such interpreter found (PYTHON_BENCH to choose).

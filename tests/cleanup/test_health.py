@@ -183,6 +183,7 @@ def test_a_canary_slow_one_run_in_five_holds_the_policy(
         wait_for(lambda: db.run_state(opened.run_id) == "finished", timeout=120)
 
 
+@pytest.mark.serial  # the server's active backends: the other tests' would hold it stopped
 def test_a_critical_reading_stops_the_policy_until_an_operator_resumes_it(
     pg_db: Db, apps: Apps
 ) -> None:
