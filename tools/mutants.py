@@ -53,6 +53,8 @@ STALLED = "tests/cleanup/test_stalled.py"
 OUTAGE = "tests/cleanup/test_outage.py"
 DASHBOARD = "tests/dashboard/test_dashboard.py"
 SCHEDULER = "tests/scheduler/test_scheduler.py"
+PGBOUNCER = "tests/drills/test_pgbouncer.py"
+PGBOUNCER_RUN = "test_a_run_through_pgbouncer_in_transaction_mode_deletes_exactly_the_expired_rows"
 
 UNBOOKED = (
     'UNBOOKED = WINDOW + " and not exists (select 1 from {ledger} where {ledger_key} = {p_key})"'
@@ -907,6 +909,35 @@ MUTANTS = [
         ),
         "with every worker down the overview, status and /metrics stay quiet while the "
         "policy's jobs wait: nothing cleans and nobody is told",
+    ),
+    Mutant(
+        "pooler-prepares",
+        "src/expiry/engines/postgres/engine.py",
+        '{"prepare_threshold": None} if self.transaction_pooler else {}',
+        "{}",
+        (f"{PGBOUNCER}::{PGBOUNCER_RUN}",),
+        "behind pgbouncer in transaction mode statements are prepared on lent server "
+        "connections: another client's finds the name taken, the plan job dead-letters",
+    ),
+    Mutant(
+        "pooler-session-limits",
+        "src/expiry/engines/postgres/engine.py",
+        "        if self.transaction_pooler:\n            # Never on the session",
+        "        if False:\n            # Never on the session",
+        (f"{PGBOUNCER}::{PGBOUNCER_RUN}",),
+        "a window's lock_timeout and statement_timeout are set on the session: the pooler "
+        "lends that server connection to the application, whose statements then time out",
+    ),
+    Mutant(
+        "pooler-timezone-dropped",
+        "src/expiry/engines/postgres/engine.py",
+        '    connection and stay there for the pooler\'s other clients."""\n'
+        "    conn.execute(\"set timezone to 'UTC'\")\n",
+        '    connection and stay there for the pooler\'s other clients."""\n',
+        (f"{PGBOUNCER}::{PGBOUNCER_RUN}",),
+        "behind a pooler expiry's sessions keep the database's default time zone: naive "
+        "deadlines are read in it, and the run refuses (or, east of UTC, would read live "
+        "rows as expired)",
     ),
 ]
 

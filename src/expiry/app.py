@@ -104,6 +104,7 @@ class App:
         config: Config | None = None,
         pool_size: int = 8,
         read_only: bool = False,
+        pooler: str | None = None,
     ) -> None:
         self.config = config
         self.read_only = read_only
@@ -113,6 +114,8 @@ class App:
         if not self.url:
             raise ConfigError("no database url: set [database] url or EXPIRY_DATABASE_URL")
         self.pool_size = pool_size
+        self.pooler = pooler or (config.database.pooler if config is not None else "none")
+        """What stands between expiry and the database ([database] pooler)."""
         self.config_file: Path | None = None
         self.handlers: dict[str, Handler] = {}
         self._engine: Engine | None = None
@@ -207,7 +210,9 @@ class App:
     def _open(self) -> Engine:
         if self._opened is None:
             assert self.url is not None
-            self._opened = open_engine(self.url, pool_size=self.pool_size, read_only=self.read_only)
+            self._opened = open_engine(
+                self.url, pool_size=self.pool_size, read_only=self.read_only, pooler=self.pooler
+            )
         return self._opened
 
     @property

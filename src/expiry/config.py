@@ -80,6 +80,12 @@ class Strict(BaseModel):
 
 class DatabaseConfig(Strict):
     url: str
+    pooler: Literal["none", "session", "transaction"] = "none"
+    """What stands between expiry and PostgreSQL: "transaction" for pgbouncer
+    (or a managed pooler) in transaction mode, where each transaction may get
+    another server connection: no prepared statements, no session settings
+    (a window's limits are set for its transaction), workers poll instead of
+    LISTEN. "session" and "none" change nothing."""
     timestamp_zone: str | None = None
     """The IANA zone whose wall-clock times the policies' naive timestamp
     columns hold, for each policy that does not state its own (columns that
@@ -89,6 +95,17 @@ class DatabaseConfig(Strict):
     @classmethod
     def _timestamp_zone(cls, value: str | None) -> str | None:
         return None if value is None else check_zone(value)
+
+    @model_validator(mode="after")
+    def _pooler_on_postgres(self) -> DatabaseConfig:
+        if self.pooler == "transaction" and not self.url.startswith(
+            ("postgresql://", "postgres://")
+        ):
+            raise ValueError(
+                'pooler = "transaction" is for PostgreSQL behind pgbouncer or the like: '
+                "remove it for this database"
+            )
+        return self
 
     @field_validator("url")
     @classmethod

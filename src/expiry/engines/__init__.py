@@ -9,17 +9,26 @@ from ..errors import ConfigError
 from .base import Engine
 
 
-def open_engine(url: str, *, pool_size: int = 4, read_only: bool = False) -> Engine:
+def open_engine(
+    url: str, *, pool_size: int = 4, read_only: bool = False, pooler: str = "none"
+) -> Engine:
     """Open the engine for a database URL: postgresql://..., mysql://... (or
     mariadb://...) or sqlite:///path. ``read_only``: for the commands that only
     read. An SQLite file is then taken as it is (a missing one is refused, not
     created) and refuses writes; a server's sessions are left as they are (a
     session setting would outlive the session behind a transaction pooler):
-    there the reads use read_transaction() where it matters."""
+    there the reads use read_transaction() where it matters. ``pooler``: what
+    stands between expiry and PostgreSQL ("none", "session", "transaction":
+    postgres.engine.POOLERS); the other engines take "none" only."""
     if url.startswith(("postgresql://", "postgres://")):
         from .postgres import PostgresEngine
 
-        return PostgresEngine(url, pool_size=pool_size)
+        return PostgresEngine(url, pool_size=pool_size, pooler=pooler)
+    if pooler not in ("none", "session"):
+        raise ConfigError(
+            f"[database] pooler = {pooler!r} is for PostgreSQL behind pgbouncer or the "
+            "like: remove it for this database"
+        )
     if url.startswith(("mysql://", "mariadb://")):
         try:
             from .mysql import MySQLEngine

@@ -71,13 +71,30 @@ _MIGRATION_LOCK = 0x65787069
 
 
 def _configure(conn: psycopg.Connection[Any]) -> None:
-    # UTC so that a target's "timestamp without time zone" compares as UTC.
+    # UTC so that a target's "timestamp without time zone" compares as UTC (a
+    # transaction pooler carries TimeZone to every server connection it lends:
+    # pgbouncer tracks it, as it tracks application_name).
     conn.execute("set timezone to 'UTC'")
     # A statement whose client has gone fails within a second instead of running
     # on: the backend of a worker killed during a window rolls it back rather
     # than committing it by itself (a window is one statement, its own transaction).
     conn.execute("set client_connection_check_interval to '1s'")
     conn.commit()
+
+
+def _configure_pooled(conn: psycopg.Connection[Any]) -> None:
+    """``_configure`` behind a transaction pooler: the time zone only, which the
+    pooler carries; any other session setting would land on one server
+    connection and stay there for the pooler's other clients."""
+    conn.execute("set timezone to 'UTC'")
+    conn.commit()
+
+
+POOLERS = ("none", "session", "transaction")
+"""What may stand between expiry and PostgreSQL ([database] pooler): nothing,
+a pooler in session mode (a session keeps its server connection: nothing
+changes), or one in transaction mode (each transaction may get another server
+connection: no prepared statements, no session settings, no LISTEN)."""
 
 
 # The limits (lock_timeout, statement_timeout) a window last set on a pooled
@@ -237,9 +254,19 @@ def _clear_limits(conn: psycopg.Connection[Any]) -> None:
 class PostgresEngine(PostgresTables):
     dialect = "postgres"
 
-    def __init__(self, url: str, *, pool_size: int = 4) -> None:
+    def __init__(self, url: str, *, pool_size: int = 4, pooler: str = "none") -> None:
+        if pooler not in POOLERS:
+            raise ValueError(f"pooler {pooler!r}: use one of {', '.join(POOLERS)}")
         self._applies: dict[str, str] = {}
         self.url = url
+        self.transaction_pooler = pooler == "transaction"
+        """Behind a pooler in transaction mode ([database] pooler = "transaction")."""
+        self._connect_options: dict[str, Any] = (
+            # psycopg prepares no statement at all (prepare=True included): the
+            # pooler's next client on that server connection would find it
+            {"prepare_threshold": None} if self.transaction_pooler else {}
+        )
+        self._configure = _configure_pooled if self.transaction_pooler else _configure
         self.queries = load_queries(__package__ or "expiry.engines.postgres")
         self.migrations = load_migrations(__package__ or "expiry.engines.postgres")
         _probe(url)
@@ -248,8 +275,8 @@ class PostgresEngine(PostgresTables):
             self._conninfo,
             min_size=1,
             max_size=max(1, pool_size),
-            kwargs={"row_factory": dict_row, "autocommit": False},
-            configure=_configure,
+            kwargs={"row_factory": dict_row, "autocommit": False, **self._connect_options},
+            configure=self._configure,
             open=True,
             check=_check_if_idle,
         )
@@ -355,6 +382,13 @@ class PostgresEngine(PostgresTables):
         if statement:
             with _autocommit(conn):
                 yield
+                # Behind a transaction pooler a window's limits opened a
+                # transaction (session_limits): its statement commits with them.
+                if (
+                    self.transaction_pooler
+                    and conn.info.transaction_status == TransactionStatus.INTRANS
+                ):
+                    conn.execute("commit")
             return
         if conn in _session_limits:  # never a chained one: a job transaction reset them
             _reset_limits(conn)
@@ -432,6 +466,19 @@ class PostgresEngine(PostgresTables):
         starts); inside one, for that transaction."""
         limits = (lock_timeout, statement_timeout)
         idle = conn.info.transaction_status == TransactionStatus.IDLE
+        if self.transaction_pooler:
+            # Never on the session, which the pooler lends to other clients: the
+            # limits and the statements they bind go in one transaction, opened
+            # here in statement mode (the statement mode commits it at its end).
+            if idle and conn.autocommit:
+                conn.execute("begin")
+            conn.execute(
+                "select set_config('lock_timeout', %s, true),"
+                " set_config('statement_timeout', %s, true)",
+                (lock_timeout, statement_timeout),
+                prepare=False,
+            )
+            return
         if idle and _session_limits.get(conn) == limits:
             return
         conn.execute(
@@ -452,9 +499,11 @@ class PostgresEngine(PostgresTables):
     @contextmanager
     def connect(self) -> Iterator[psycopg.Connection[Row]]:
         """A dedicated connection outside the pool (rescuer, planner scans)."""
-        conn = psycopg.connect(self._conninfo, row_factory=dict_row, autocommit=False)
+        conn = psycopg.connect(
+            self._conninfo, row_factory=dict_row, autocommit=False, **self._connect_options
+        )
         try:
-            _configure(conn)
+            self._configure(conn)
             yield conn
         finally:
             conn.close()
@@ -539,8 +588,10 @@ class PostgresEngine(PostgresTables):
         """The rescuer's own connection, reopened if it broke."""
         with self._maintenance_lock:
             if self._maintenance is None or self._maintenance.closed:
-                self._maintenance = psycopg.connect(self._conninfo, row_factory=dict_row)
-                _configure(self._maintenance)
+                self._maintenance = psycopg.connect(
+                    self._conninfo, row_factory=dict_row, **self._connect_options
+                )
+                self._configure(self._maintenance)
             try:
                 with self._maintenance.transaction():
                     yield self._maintenance
@@ -556,7 +607,11 @@ class PostgresEngine(PostgresTables):
 
     def listen(self) -> None:
         """Open the LISTEN connection now: a hint sent after this call wakes the
-        next wait_for_jobs even when it arrives before that wait starts."""
+        next wait_for_jobs even when it arrives before that wait starts. Behind
+        a transaction pooler, nothing: a LISTEN there would be heard by whichever
+        client the pooler lends its server connection to next, so workers poll."""
+        if self.transaction_pooler:
+            return
         with self._listener_lock:
             try:
                 self._open_listener()
@@ -570,7 +625,11 @@ class PostgresEngine(PostgresTables):
         """LISTEN for enqueue hints; polling remains the source of truth.
 
         One thread at a time listens on the one listener connection (two would
-        race to open it and leak one); the others wait until it wakes."""
+        race to open it and leak one); the others wait until it wakes. Behind a
+        transaction pooler: polling only."""
+        if self.transaction_pooler:
+            super().wait_for_jobs(timeout)
+            return
         if not self._listener_lock.acquire(blocking=False):
             with self._woken:
                 self._woken.wait(timeout)
@@ -590,12 +649,16 @@ class PostgresEngine(PostgresTables):
                 self._woken.notify_all()
 
     def hints_seen(self) -> int | None:
-        return self._hints
+        return None if self.transaction_pooler else self._hints
 
     def wait_for_runs(self, timeout: float) -> None:
         """LISTEN for runs finishing, on a connection of its own (a worker's job
         hints are not consumed here, nor these there). The first call opens it;
-        the state in expiry.runs remains the source of truth."""
+        the state in expiry.runs remains the source of truth. Behind a
+        transaction pooler: polling only."""
+        if self.transaction_pooler:
+            super().wait_for_runs(timeout)
+            return
         with self._run_listener_lock:
             try:
                 if self._run_listener is None or self._run_listener.closed:
