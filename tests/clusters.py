@@ -81,6 +81,11 @@ class Cluster:
             *action,
         )
 
+    def promote(self) -> None:
+        """A standby becomes a primary (``pg_ctl promote``); returns once it
+        accepts writes."""
+        as_postgres(BIN / "pg_ctl", "-D", self.data, "-w", "promote")
+
     def stop(self) -> None:
         with contextlib.suppress(RuntimeError):
             as_postgres(BIN / "pg_ctl", "-D", self.data, "-m", "immediate", "-w", "stop")

@@ -939,6 +939,18 @@ MUTANTS = [
         "deadlines are read in it, and the run refuses (or, east of UTC, would read live "
         "rows as expired)",
     ),
+    Mutant(
+        "pooler-mismatch-permanent",
+        "src/expiry/engines/postgres/engine.py",
+        '    "42P05": "pooler_mismatch",\n    "26000": "pooler_mismatch",\n',
+        "",
+        (
+            f"{PGBOUNCER}::test_behind_pgbouncer_without_the_setting_nothing_dead_letters_and_"
+            "the_log_says_the_fix",
+        ),
+        "behind an undeclared transaction pooler a taken statement name is the job's "
+        "permanent failure: the plan job dead-letters and nothing says why",
+    ),
 ]
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -55,11 +56,11 @@ def load_tokens(url: str) -> tuple[int, set[int]]:
     return len(kept), {i for i, o in kept.items() if o > 0}
 
 
-def write_config(path: Path, url: str) -> Path:
+def write_config(path: Path, url: str, pooler: str = "transaction") -> Path:
     path.write_text(
         "[database]\n"
         f'url = "{url}"\n'
-        'pooler = "transaction"\n'
+        f'pooler = "{pooler}"\n'
         "\n[worker]\nconcurrency = 2\n"
         "\n[[policy]]\n"
         'name = "expired-tokens"\n'
@@ -198,3 +199,55 @@ def test_queue_jobs_through_pgbouncer_run_once_each(pg_url: str) -> None:
         [(effects,)] = conn.execute("select count(*) from effects").fetchall()
         states = dict(conn.execute("select state, count(*) from expiry.jobs group by 1").fetchall())
     assert effects == 300 and states == {"completed": 300}, (effects, states)
+
+
+def test_behind_pgbouncer_without_the_setting_nothing_dead_letters_and_the_log_says_the_fix(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """Statements prepared on lent server connections fail (taken by another
+    client, or gone): a failure of the set-up, not of the job. The worker says
+    the fix (once in its log, or as its last word if it meets the failure while
+    starting) and no job is dead-lettered; with the setting, the same run then
+    finishes."""
+    dbname = pg_url.rsplit("/", 1)[1]
+    loaded, live = load_tokens(pg_url)
+    with pgbouncer("transaction", pool_size=2) as bouncer:
+        wrong = write_config(tmp_path / "wrong.toml", bouncer.url(dbname), pooler="none")
+        expiry("migrate", config=write_config(tmp_path / "right.toml", bouncer.url(dbname)))
+        run = subprocess.run(
+            expiry_cmd("trigger", "expired-tokens", "--config", str(wrong)),
+            env=cli_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        worker = subprocess.Popen(
+            expiry_cmd("worker", "--config", str(wrong)),
+            env=cli_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            time.sleep(6)
+        finally:
+            worker.terminate()
+            _, err = worker.communicate(timeout=30)
+        assert 'set [database] pooler = "transaction"' in err, err[-3000:]
+        # Said once by the engine's log, or as the worker's last word when the
+        # failure met it before its loop (it exits 1 with the fix, not silently).
+        said = [line for line in err.splitlines() if "ERROR expiry.engine" in line]
+        assert len(said) <= 1, said
+        with psycopg.connect(pg_url) as conn:
+            [(dead,)] = conn.execute(
+                "select count(*) from expiry.jobs where state = 'dead'"
+            ).fetchall()
+        assert dead == 0
+        right = tmp_path / "right.toml"
+        if run.returncode != 0:  # the trigger itself failed on a taken name: again
+            expiry("trigger", "expired-tokens", config=right)
+        expiry("worker", "--until-idle", config=right)
+    with psycopg.connect(pg_url) as conn:
+        left = {r[0] for r in conn.execute("select id from tokens")}
+    assert left == live

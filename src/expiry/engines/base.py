@@ -88,11 +88,13 @@ OUTAGE_KINDS = frozenset(
         "too_many_connections",
         "read_only",
         "disk_full",
+        "pooler_mismatch",
     }
 )
 """Error kinds that say the database, not the job, is failing: down, restarting,
-failed over (read-only), full. A job they fail spends no attempt while the
-outage budget lasts (worker.py)."""
+failed over (read-only), full, or behind a transaction pooler expiry was not
+told of. A job they fail spends no attempt while the outage budget lasts
+(worker.py)."""
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 

@@ -24,7 +24,13 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
-from ...errors import AlreadyApplied, DatabaseUnavailable, LeaseLost, MigrationError
+from ...errors import (
+    AlreadyApplied,
+    DatabaseUnavailable,
+    LeaseLost,
+    MigrationError,
+    TransientError,
+)
 from ...types import Job, NewJob
 from ..base import (
     Row,
@@ -53,6 +59,10 @@ TRANSIENT_SQLSTATES = {
     "57P01": "admin_shutdown",
     "57P02": "crash_shutdown",
     "57P03": "cannot_connect_now",
+    # A statement prepared on a server connection is taken or gone: a pooler in
+    # transaction mode lends that connection to others ([database] pooler).
+    "42P05": "pooler_mismatch",
+    "26000": "pooler_mismatch",
 }
 
 PERMANENT_SQLSTATES = {
@@ -89,6 +99,13 @@ def _configure_pooled(conn: psycopg.Connection[Any]) -> None:
     conn.execute("set timezone to 'UTC'")
     conn.commit()
 
+
+POOLER_FIX = (
+    "{}: a pooler in transaction mode (pgbouncer) stands between expiry and PostgreSQL; "
+    'set [database] pooler = "transaction" (jobs wait meanwhile, spending no attempt)'
+)
+"""What a statement prepared on a lent server connection and found taken or
+gone says (SQLSTATE 42P05, 26000)."""
 
 POOLERS = ("none", "session", "transaction")
 """What may stand between expiry and PostgreSQL ([database] pooler): nothing,
@@ -260,6 +277,7 @@ class PostgresEngine(PostgresTables):
         self._applies: dict[str, str] = {}
         self.url = url
         self.transaction_pooler = pooler == "transaction"
+        self._pooler_said = False
         """Behind a pooler in transaction mode ([database] pooler = "transaction")."""
         self._connect_options: dict[str, Any] = (
             # psycopg prepares no statement at all (prepare=True included): the
@@ -365,6 +383,8 @@ class PostgresEngine(PostgresTables):
             except psycopg.Error as exc:
                 if exc.sqlstate == LEASE_LOST:  # window_apply: the job is no longer ours
                     raise LeaseLost(exc.diag.message_primary or "lease lost") from exc
+                if TRANSIENT_SQLSTATES.get(exc.sqlstate or "") == "pooler_mismatch":
+                    raise TransientError(POOLER_FIX.format(exc), kind="pooler_mismatch") from exc
                 raise
 
     @contextmanager
@@ -569,6 +589,12 @@ class PostgresEngine(PostgresTables):
             self._rows(conn, "job_notify", {"queue": queue})
 
     def classify(self, exc: BaseException) -> tuple[bool, str]:
+        transient, kind = self._classified(exc)
+        if kind == "pooler_mismatch":
+            self._say_pooler(exc)
+        return transient, kind
+
+    def _classified(self, exc: BaseException) -> tuple[bool, str]:
         known = classify_exception(exc)
         if known:
             return known
@@ -582,6 +608,13 @@ class PostgresEngine(PostgresTables):
         if isinstance(exc, OSError):
             return True, "connection_lost"
         return True, type(exc).__name__
+
+    def _say_pooler(self, exc: BaseException) -> None:
+        """Once per process: the fix for statements lost behind a pooler."""
+        if self._pooler_said:
+            return
+        self._pooler_said = True
+        log.error(str(exc) if isinstance(exc, TransientError) else POOLER_FIX.format(exc))
 
     @contextmanager
     def maintenance_transaction(self) -> Iterator[psycopg.Connection[Row]]:
