@@ -83,7 +83,10 @@ def test_max_rows_per_second_rests_the_policy_for_the_rows_taken(db: Db, apps: A
     with pytest.raises(Snooze) as snoozed:
         app.cleanup.before_window(job)
     since = time.monotonic() - began
-    assert 0.3 - since - 0.005 <= snoozed.value.delay <= 0.3 - since + 0.005
+    # The rest began somewhere inside after_window (a loaded machine takes a few
+    # ms there): what is left of it is at most the whole rest, and at least the
+    # rest less everything since before after_window.
+    assert 0.3 - since - 0.005 <= snoozed.value.delay <= 0.3 + 0.001
 
 
 def test_a_resting_policy_holds_back_its_windows_not_the_thread_that_ran_them(
