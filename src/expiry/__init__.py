@@ -1,4 +1,4 @@
-"""expiry: durable, idempotent retention cleanup for PostgreSQL and SQLite.
+"""expiry: durable, idempotent retention cleanup for PostgreSQL, MySQL/MariaDB and SQLite.
 
 The public API. Everything else is an implementation detail.
 """

@@ -191,24 +191,6 @@ class HttpConfig(Strict):
         return value
 
 
-HEALTH_FIELDS = (
-    "max_replica_lag",
-    "critical_replica_lag",
-    "max_active_backends",
-    "critical_active_backends",
-    "throttle_query",
-    "pause_file",
-    "canary",
-    "max_latency_ratio",
-    "critical_latency_ratio",
-    "latency_quantile",
-    "max_dead_tuple_ratio",
-    "vacuum_after",
-    "health_interval",
-)
-"""The throttle's knobs: set in [worker] for every policy, or per policy."""
-
-
 class HealthSettings(Strict):
     """When to hold a policy's windows, read from the database's health every
     ``health_interval`` (health.py; the controller is throttle.py)."""
@@ -267,6 +249,10 @@ class HealthSettings(Strict):
             if limit is not None and stop is not None and stop < limit:
                 raise ValueError(f"critical_{name} must not be below max_{name}")
         return self
+
+
+HEALTH_FIELDS = tuple(HealthSettings.model_fields)
+"""The throttle's knobs: set in [worker] for every policy, or per policy."""
 
 
 class ReplicaConfig(Strict):

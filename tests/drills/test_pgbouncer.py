@@ -91,20 +91,41 @@ def expiry(*args: str, config: Path) -> subprocess.CompletedProcess[str]:
 def test_a_run_through_pgbouncer_in_transaction_mode_deletes_exactly_the_expired_rows(
     pg_url: str, tmp_path: Path
 ) -> None:
+    neighbour, servers = clean_through("transaction", pg_url, tmp_path)
+    assert neighbour.turns > 10 and neighbour.saw == set(), neighbour.saw
+    assert 1 <= servers <= 2  # two server connections, lent in turn
+
+
+def test_a_run_through_pgbouncer_in_session_mode_needs_nothing_but_its_connections(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """Session mode: each expiry session keeps a server connection of its own
+    (pooler = "session" changes nothing), and the pooler resets it before
+    another client gets it."""
+    neighbour, servers = clean_through("session", pg_url, tmp_path)
+    assert neighbour.turns > 10 and neighbour.saw == set(), neighbour.saw
+    assert servers >= 3  # expiry's sessions and the neighbour's, each its own
+
+
+def clean_through(mode: str, pg_url: str, tmp_path: Path) -> tuple[Neighbour, int]:
+    """Trigger, work until idle and read the status through a pgbouncer in
+    ``mode`` with an application session beside them, on a database whose own
+    zone is Asia/Tokyo; check exactly the expired rows went, as the ledger
+    books, and that nothing of expiry's is left on the server connections.
+    Returns the neighbour and how many server connections the pooler held."""
     dbname = pg_url.rsplit("/", 1)[1]
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute(f"alter database \"{dbname}\" set timezone = 'Asia/Tokyo'")
     loaded, live = load_tokens(pg_url)
-    with pgbouncer("transaction", pool_size=2) as bouncer:
-        config = write_config(tmp_path / "expiry.toml", bouncer.url(dbname))
+    # Session mode lends a server connection for a whole session: room for all.
+    with pgbouncer(mode, pool_size=2 if mode == "transaction" else 30) as bouncer:
+        config = write_config(tmp_path / "expiry.toml", bouncer.url(dbname), pooler=mode)
         with Neighbour(bouncer.url(dbname)) as neighbour:
             expiry("trigger", "expired-tokens", config=config)
             expiry("worker", "--until-idle", config=config)
-        assert neighbour.turns > 10 and neighbour.saw == set(), neighbour.saw
+            servers = len(bouncer.admin("show servers"))
         status = expiry("status", "--json", config=config)
         assert '"state": "finished"' in status.stdout
-        servers = bouncer.admin("show servers")
-        assert 1 <= len(servers) <= 2, servers  # two server connections, lent in turn
         leftovers = after_expiry(bouncer.url(dbname))
     with psycopg.connect(pg_url) as conn:
         left = {r[0] for r in conn.execute("select id from tokens")}
@@ -117,6 +138,7 @@ def test_a_run_through_pgbouncer_in_transaction_mode_deletes_exactly_the_expired
     )
     assert booked == loaded - len(live)
     assert leftovers == {"lock_timeout": "0", "statement_timeout": "0", "prepared": 0}
+    return neighbour, servers
 
 
 class Neighbour(threading.Thread):

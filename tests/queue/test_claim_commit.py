@@ -34,6 +34,7 @@ def wal_writes(engine: PostgresEngine, admin: psycopg.Connection[tuple[int]]) ->
     return int(row[0])
 
 
+@pytest.mark.serial  # pg_stat_wal is the server's: the other tests' commits write WAL too
 def test_claims_do_not_wait_for_a_wal_flush_but_durable_commits_do(
     engine: PostgresEngine, pg_url: str
 ) -> None:

@@ -22,11 +22,11 @@ from fastapi import Depends, FastAPI, Request
 
 from ..app import App
 from ..config import HttpConfig
-from ..keys import Keys, Principal
+from ..keys import Principal
 from .errors import ApiError
-from .render import Pages
+from .render import PageRefused, Pages
 from .security import RateLimiter
-from .sessions import Sessions
+from .sessions import Session, Sessions
 from .views import WatermarkHistory
 
 
@@ -53,11 +53,6 @@ async def get_app(request: Request) -> App:
     return app
 
 
-async def get_keys(request: Request) -> Keys:
-    keys: Keys = request.app.state.keys
-    return keys
-
-
 async def get_pages(request: Request) -> Pages:
     pages: Pages = request.app.state.pages
     return pages
@@ -68,10 +63,21 @@ async def get_history(request: Request) -> WatermarkHistory:
     return history
 
 
+def reading_session(request: Request, pages: Annotated[Pages, Depends(get_pages)]) -> Session:
+    """The session of a dashboard reading page (Pages.reading); else PageRefused
+    with the sign-in redirect or the 403 page. A plain function: reading the
+    session may read the keys from the database."""
+    found = pages.reading(request)
+    if not isinstance(found, Session):
+        raise PageRefused(found)
+    return found
+
+
 ExpiryApp = Annotated[App, Depends(get_app)]
-ApiKeys = Annotated[Keys, Depends(get_keys)]
 DashboardPages = Annotated[Pages, Depends(get_pages)]
 History = Annotated[WatermarkHistory, Depends(get_history)]
+Reading = Annotated[Session, Depends(reading_session)]
+"""The signed-in session of a reading page, which needs the read scope."""
 
 
 async def require_key(request: Request) -> Principal:
@@ -121,15 +127,9 @@ async def _cron_manager(principal: Key) -> Principal:
     return holding(principal, "cron:manage")
 
 
-async def _dlq_manager(principal: Key) -> Principal:
-    return holding(principal, "dlq:manage")
-
-
 Reader = Annotated[Principal, Depends(_reader)]
 """A key with the read scope: policies, runs, the queue's state."""
 Trigger = Annotated[Principal, Depends(_trigger)]
 """A key with cleanup:trigger: open, pause, resume and cancel runs."""
 CronManager = Annotated[Principal, Depends(_cron_manager)]
 """A key with cron:manage: its own cron targets."""
-DlqManager = Annotated[Principal, Depends(_dlq_manager)]
-"""A key with dlq:manage: the whole dead-letter queue."""

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -40,6 +40,7 @@ from ..errors import (
     TransientError,
 )
 from .models import ErrorResponse
+from .render import PageRefused
 
 if TYPE_CHECKING:
     from ..engines import Engine
@@ -136,17 +137,22 @@ async def expiry_error(request: Request, exc: ExpiryError) -> JSONResponse:
     return error_response(500, "internal", "the server failed; see its log")
 
 
+async def page_refused(request: Request, exc: PageRefused) -> Response:
+    return exc.response
+
+
 async def unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("request failed: %s %s", request.method, request.url.path)
     return error_response(500, "internal", "the server failed; see its log")
 
 
-Handler = Callable[[Request, Any], Awaitable[JSONResponse]]
+Handler = Callable[[Request, Any], Awaitable[Response]]
 HANDLERS: tuple[tuple[type[Exception], Handler], ...] = (
     (ApiError, api_error),
     (RequestValidationError, invalid_request),
     (StarletteHTTPException, http_error),
     (PayloadTooLarge, too_large),
+    (PageRefused, page_refused),
     (ExpiryError, expiry_error),
     (Exception, unexpected),
 )

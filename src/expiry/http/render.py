@@ -210,6 +210,16 @@ class Pages:
         return session
 
 
+class PageRefused(Exception):  # noqa: N818 (an answer, not an error)
+    """The answer a page gives instead of itself: the sign-in redirect, or the
+    403 page naming the missing scope (raised by the ``Reading`` dependency,
+    answered by http/errors.py)."""
+
+    def __init__(self, response: Response) -> None:
+        super().__init__("page refused")
+        self.response = response
+
+
 def secured(response: RedirectResponse) -> RedirectResponse:
     response.headers.update(SECURITY_HEADERS)
     return response

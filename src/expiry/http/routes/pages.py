@@ -16,9 +16,8 @@ from ...errors import ExpiryError
 from ...keys import Principal
 from ...types import JobState
 from .. import views as v
-from ..deps import DashboardPages, ExpiryApp, History
+from ..deps import DashboardPages, ExpiryApp, History, Reading
 from ..render import page_number
-from ..sessions import Session
 
 router = APIRouter(include_in_schema=False)
 
@@ -28,10 +27,9 @@ def policy_names(app: App) -> list[str]:
 
 
 @router.get("/")
-def overview(request: Request, app: ExpiryApp, pages: DashboardPages, history: History) -> Response:
-    session = pages.reading(request)
-    if not isinstance(session, Session):
-        return session
+def overview(
+    request: Request, app: ExpiryApp, pages: DashboardPages, session: Reading, history: History
+) -> Response:
     policies, error = _policies(app, history)
     totals: dict[str, int] = {}
     for states in app.queue.stats().by_state.values():
@@ -53,11 +51,13 @@ def overview(request: Request, app: ExpiryApp, pages: DashboardPages, history: H
 
 @router.get("/runs")
 def runs(
-    request: Request, app: ExpiryApp, pages: DashboardPages, policy: str = "", page: str = "1"
+    request: Request,
+    app: ExpiryApp,
+    pages: DashboardPages,
+    session: Reading,
+    policy: str = "",
+    page: str = "1",
 ) -> Response:
-    session = pages.reading(request)
-    if not isinstance(session, Session):
-        return session
     number = page_number(page)
     limit = min(number * v.PAGE_SIZE + 1, v.SCAN_LIMIT)
     found = app.engine.run_list(policy or None, limit)
@@ -75,10 +75,9 @@ def runs(
 
 
 @router.get("/runs/{run_id:path}")
-def run(request: Request, run_id: str, app: ExpiryApp, pages: DashboardPages) -> Response:
-    session = pages.reading(request)
-    if not isinstance(session, Session):
-        return session
+def run(
+    request: Request, run_id: str, app: ExpiryApp, pages: DashboardPages, session: Reading
+) -> Response:
     summary = status_view.run_summary(app, run_id)
     if summary is None:
         return pages.render(request, "missing.html", session, status=404, what=f"run {run_id}")
@@ -97,18 +96,12 @@ def run(request: Request, run_id: str, app: ExpiryApp, pages: DashboardPages) ->
 
 
 @router.get("/queue")
-def queue(request: Request, app: ExpiryApp, pages: DashboardPages) -> Response:
-    session = pages.reading(request)
-    if not isinstance(session, Session):
-        return session
+def queue(request: Request, app: ExpiryApp, pages: DashboardPages, session: Reading) -> Response:
     return pages.render(request, "queue.html", session, **_queue_charts(app, session.principal))
 
 
 @router.get("/crons")
-def crons(request: Request, app: ExpiryApp, pages: DashboardPages) -> Response:
-    session = pages.reading(request)
-    if not isinstance(session, Session):
-        return session
+def crons(request: Request, app: ExpiryApp, pages: DashboardPages, session: Reading) -> Response:
     mine = "admin" in session.scopes
     targets = [t for t in app.crons.targets() if mine or t["owner"] == session.key_name]
     now = app.engine.now()
@@ -119,10 +112,7 @@ def crons(request: Request, app: ExpiryApp, pages: DashboardPages) -> Response:
 
 
 @router.get("/workers")
-def workers(request: Request, app: ExpiryApp, pages: DashboardPages) -> Response:
-    session = pages.reading(request)
-    if not isinstance(session, Session):
-        return session
+def workers(request: Request, app: ExpiryApp, pages: DashboardPages, session: Reading) -> Response:
     return pages.render(request, "workers.html", session, **status_view.workers(app))
 
 
@@ -131,13 +121,11 @@ def audit(
     request: Request,
     app: ExpiryApp,
     pages: DashboardPages,
+    session: Reading,
     policy: str = "",
     action: str = "",
     page: str = "1",
 ) -> Response:
-    session = pages.reading(request)
-    if not isinstance(session, Session):
-        return session
     every, truncated = v.audit_events(app, session.principal, policy=policy or None)
     actions = sorted({e["action"] for e in every})
     chosen = [e for e in every if not action or e["action"] == action]
@@ -159,15 +147,13 @@ def jobs(
     request: Request,
     app: ExpiryApp,
     pages: DashboardPages,
+    session: Reading,
     state: str = "available",
     queue: str = "",
     policy: str = "",
     run: str = "",
     page: str = "1",
 ) -> Response:
-    session = pages.reading(request)
-    if not isinstance(session, Session):
-        return session
     chosen = JobState(state) if state in JobState._value2member_map_ else JobState.AVAILABLE
     filters = {"queue": queue, "policy": policy, "run": run, "page": page}
     return pages.render(
@@ -180,15 +166,13 @@ def dlq(
     request: Request,
     app: ExpiryApp,
     pages: DashboardPages,
+    session: Reading,
     queue: str = "",
     policy: str = "",
     run: str = "",
     error: str = "",
     page: str = "1",
 ) -> Response:
-    session = pages.reading(request)
-    if not isinstance(session, Session):
-        return session
     filters = {"queue": queue, "policy": policy, "run": run, "error": error, "page": page}
     return pages.render(
         request, "jobs.html", session, **_jobs(app, session.principal, JobState.DEAD, True, filters)
@@ -196,10 +180,9 @@ def dlq(
 
 
 @router.get("/jobs/{key:path}")
-def job(request: Request, key: str, app: ExpiryApp, pages: DashboardPages) -> Response:
-    session = pages.reading(request)
-    if not isinstance(session, Session):
-        return session
+def job(
+    request: Request, key: str, app: ExpiryApp, pages: DashboardPages, session: Reading
+) -> Response:
     found = app.queue.get(key)
     if found is None or not session.principal.can_see_queue(found.queue):
         # a job on a queue the key may not see is answered as one that is not there
