@@ -104,6 +104,8 @@ class Dashboard:
     base: str
     key: str
     key_name: str
+    server: Server | None = None
+    """The uvicorn serving it (a test may stop it; the fixture's end stops it too)."""
 
     def url(self, path: str) -> str:
         return self.base + path
@@ -170,7 +172,7 @@ def dashboard(db_url: str) -> Iterator[Dashboard]:
     while not server.started:
         assert time.monotonic() < deadline, "uvicorn did not start"
         time.sleep(0.02)
-    yield Dashboard(app, f"http://127.0.0.1:{port}", key, "ops")
+    yield Dashboard(app, f"http://127.0.0.1:{port}", key, "ops", server)
     server.should_exit = True
     thread.join(10)
     sock.close()

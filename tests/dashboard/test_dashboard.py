@@ -215,6 +215,27 @@ def test_live_pages_refresh_in_place(page: WebDriver, dashboard: Dashboard) -> N
     assert page.execute_script("return window.notReloaded === true;")  # swapped, not reloaded
 
 
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_live_page_says_when_the_server_stops_answering(
+    page: WebDriver, dashboard: Dashboard
+) -> None:
+    """The footer's database time moves with each refresh; once the server
+    stops, the page keeps its numbers but says how old they are and that the
+    server is not answering (it used to go on under "Auto-refresh on")."""
+    sign_in(page, dashboard)
+    page.get(dashboard.url("/queue"))
+    footer = text(page, "#footer")
+    WebDriverWait(page, 25).until(lambda b: text(b, "#footer") != footer)
+    assert not page.find_element(By.ID, "refresh-status").is_displayed()
+    assert dashboard.server is not None
+    dashboard.server.should_exit = True
+    WebDriverWait(page, 30).until(lambda b: b.find_element(By.ID, "refresh-status").is_displayed())
+    said = text(page, "#refresh-status")
+    assert said.startswith("Last updated ") and "the server is not answering" in said, said
+    assert "stale" in (page.find_element(By.TAG_NAME, "body").get_attribute("class") or "")
+    screenshot(page, "queue-server-gone")
+
+
 def test_sign_out_ends_the_session_on_the_server_and_sign_ins_are_audited(
     dashboard: Dashboard,
 ) -> None:
