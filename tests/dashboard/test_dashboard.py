@@ -216,6 +216,17 @@ def test_live_pages_refresh_in_place(page: WebDriver, dashboard: Dashboard) -> N
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_audit_details_read_as_they_were_written(dashboard: Dashboard) -> None:
+    """An event's detail shows "&" and ">" as themselves (they read \\u0026 and
+    \\u003e), escaped for HTML only."""
+    dashboard.app.crons.create("report", dashboard.url("/v1/health?a=1&b=>2"), "@daily")
+    with dashboard.signed_in_client() as client:
+        page = client.get("/audit").text
+    assert "/v1/health?a=1&amp;b=&gt;2" in page
+    assert "\\u0026" not in page and "\\u003e" not in page
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_a_live_page_says_when_the_server_stops_answering(
     page: WebDriver, dashboard: Dashboard
 ) -> None:

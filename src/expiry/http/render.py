@@ -100,6 +100,7 @@ def templates() -> Environment:
     env.filters["quote"] = lambda text: quote(str(text), safe="")
     env.filters["duration"] = v.short_duration
     env.filters["pretty"] = v.pretty_json
+    env.filters["compact"] = v.compact_json
     env.filters["plural"] = v.plural
     env.globals.update(nav=NAV, static_version=_static_version(), states=list(JobState))
     return env

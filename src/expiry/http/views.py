@@ -391,3 +391,9 @@ def plural(n: int, word: str = "job") -> str:
 
 def pretty_json(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True, default=str)
+
+
+def compact_json(value: Any) -> str:
+    """JSON on one line as a person reads it (">" and "é" as themselves, not
+    \u003e: the template escapes it for HTML)."""
+    return json.dumps(value, sort_keys=True, default=str, ensure_ascii=False)
