@@ -140,12 +140,16 @@ def queue(app: App) -> dict[str, Any]:
 
 
 STALE_AFTER_SECONDS = defaults.WORKER_STALE_SECONDS
+GONE_SHOWN_SECONDS = 3600.0
+"""A worker not seen for longer than this (it crashed an hour ago, or was
+moved) is only counted on the workers page; the roll forgets it after a day."""
 
 
 def workers(app: App, limit: int = 5000) -> dict[str, Any]:
-    """Each worker process on the roll with the jobs it holds now (key,
-    policy, attempt, held for, lease left), and the running jobs held by
-    no worker on the roll (HTTP pull consumers, a worker gone)."""
+    """The live worker processes with the jobs each holds now (key, policy,
+    attempt, held for, lease left); those not seen lately (``gone``: within the
+    last hour; ``forgotten``: how many older); and the running jobs held by no
+    worker on the roll (HTTP pull consumers, a worker gone)."""
     engine = app.engine
     now = engine.now()
     held: dict[str, list[dict[str, Any]]] = {}
@@ -177,7 +181,15 @@ def workers(app: App, limit: int = 5000) -> dict[str, Any]:
             }
         )
     others = [{"owner": owner or None, **job} for owner, jobs in held.items() for job in jobs]
-    return {"workers": roll, "other_holders": others}
+    live = [w for w in roll if not w["stale"]]
+    gone = [w for w in roll if w["stale"] and w["seen_seconds_ago"] <= GONE_SHOWN_SECONDS]
+    return {
+        "workers": live,
+        "gone": gone,
+        "forgotten": len(roll) - len(live) - len(gone),
+        "other_holders": others,
+        "stale_after": STALE_AFTER_SECONDS,
+    }
 
 
 def _seconds(now: datetime, then: datetime | None) -> float:

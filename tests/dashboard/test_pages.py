@@ -3,8 +3,10 @@ JavaScript, and photographed in the browser (artifacts/dashboard/*.png)."""
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
+from contextlib import closing
 from datetime import timedelta
 from urllib.parse import quote
 
@@ -226,3 +228,31 @@ def test_due_work_that_no_live_worker_serves_is_said_on_every_surface(
     assert said() == (False, "2")
     metrics_say("expiry_workers_alive 2.0", 'expiry_policy_unserved{policy="expired-sessions"} 0.0')
     assert app.queue.stats().oldest_due_seconds  # still due: served, not done
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_the_workers_page_says_when_none_is_alive_and_lets_gone_ones_age_out(
+    page: WebDriver, dashboard: Dashboard
+) -> None:
+    """Workers not seen lately are listed apart (and, past an hour, only
+    counted: crashed workers used to stay listed as if running); with no live
+    one the page says in red that nothing claims jobs."""
+    app = dashboard.app
+    roll = {"host": "box", "threads": 2, "queues": ["default"], "resting": {}, "holding": 0}
+    app.engine.worker_seen("box:1:crashed", pid=1, **roll)
+    app.engine.worker_seen("box:2:long-gone", pid=2, **roll)
+    path = str(app.url).removeprefix("sqlite:///")
+    with closing(sqlite3.connect(path)) as lite, lite:
+        lite.execute("update expiry_workers set seen_at = seen_at - 300 where pid = 1")
+        lite.execute("update expiry_workers set seen_at = seen_at - 7200 where pid = 2")
+    sign_in(page, dashboard)
+    page.get(dashboard.url("/workers"))
+    assert "No worker is alive" in page.find_element(By.ID, "no-worker").text
+    gone = page.find_element(By.ID, "gone").text
+    assert "box:1:crashed" in gone and "box:2:long-gone" not in gone
+    assert "1 more not seen for over an hour" in page.page_source
+    screenshot(page, "workers-none-alive")
+    app.engine.worker_seen("box:3:alive", pid=3, **roll)
+    page.get(dashboard.url("/workers"))
+    assert not page.find_elements(By.ID, "no-worker")
+    assert "box:3:alive" in page.find_element(By.CSS_SELECTOR, "section.worker").text
