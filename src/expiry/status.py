@@ -164,7 +164,7 @@ def workers(app: App, limit: int = 5000) -> dict[str, Any]:
                 "lease_left_seconds": -_seconds(now, job.lease_expires_at),
             }
         )
-    roll = []
+    roll: list[dict[str, Any]] = []
     for w in engine.worker_list():
         roll.append(
             {
