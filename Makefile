@@ -29,7 +29,7 @@ TEST_WORKERS ?= 4
 
 test: lint
 	@status=0; \
-	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) -m "not serial" || status=1; \
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) -m "not serial" --durations=15 || status=1; \
 	$(VENV)/bin/pytest -q -m serial || status=1; \
 	exit $$status
 

@@ -183,6 +183,7 @@ def test_the_workers_page_shows_each_worker_and_what_it_holds(
     assert "No worker has said it is running" in page.page_source
 
 
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # the roll reads alike on each
 def test_due_work_that_no_live_worker_serves_is_said_on_every_surface(
     page: WebDriver, dashboard: Dashboard
 ) -> None:

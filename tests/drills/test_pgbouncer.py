@@ -229,10 +229,10 @@ def test_behind_pgbouncer_without_the_setting_nothing_dead_letters_and_the_log_s
     """Statements prepared on lent server connections fail (taken by another
     client, or gone): a failure of the set-up, not of the job. The worker says
     the fix (once in its log, or as its last word if it meets the failure while
-    starting) and no job is dead-lettered; with the setting, the same run then
-    finishes."""
+    starting) and no job is dead-lettered (with the setting, the runs above
+    finish)."""
     dbname = pg_url.rsplit("/", 1)[1]
-    loaded, live = load_tokens(pg_url)
+    _, live = load_tokens(pg_url)
     with pgbouncer("transaction", pool_size=2) as bouncer:
         wrong = write_config(tmp_path / "wrong.toml", bouncer.url(dbname), pooler="none")
         expiry("migrate", config=write_config(tmp_path / "right.toml", bouncer.url(dbname)))
@@ -266,10 +266,7 @@ def test_behind_pgbouncer_without_the_setting_nothing_dead_letters_and_the_log_s
                 "select count(*) from expiry.jobs where state = 'dead'"
             ).fetchall()
         assert dead == 0
-        right = tmp_path / "right.toml"
-        if run.returncode != 0:  # the trigger itself failed on a taken name: again
-            expiry("trigger", "expired-tokens", config=right)
-        expiry("worker", "--until-idle", config=right)
+        assert run.returncode == 0 or "pooler" in run.stderr, run.stderr
     with psycopg.connect(pg_url) as conn:
         left = {r[0] for r in conn.execute("select id from tokens")}
-    assert left == live
+    assert live <= left  # nothing live went meanwhile
