@@ -20,17 +20,21 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check src tests bench examples tools
 	$(VENV)/bin/mypy
 
-# The suite runs in TEST_WORKERS processes (pytest-xdist): most tests wait on a
-# database, a socket or a subprocess, so four share two cores well. Every test
-# makes its own databases, servers and ports; none touches the shared servers'
-# configuration or restarts them. The few marked serial read the whole
-# server's load, which the others would disturb: they run alone afterwards.
-TEST_WORKERS ?= 4
+# TEST_WORKERS=4 runs the suite in four processes (pytest-xdist), then the
+# tests marked serial (they read the whole server's load) alone. Every test
+# makes its own databases, servers and ports, so any may run beside any other;
+# on two cores, though, the load still makes a timing-sensitive test fail now
+# and then, so one process stays the default until those are made robust.
+TEST_WORKERS ?= 1
 
 test: lint
 	@status=0; \
-	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) -m "not serial" --durations=15 || status=1; \
-	$(VENV)/bin/pytest -q -m serial || status=1; \
+	if [ "$(TEST_WORKERS)" = 1 ]; then \
+	  $(VENV)/bin/pytest -q --durations=15 || status=1; \
+	else \
+	  $(VENV)/bin/pytest -q -n $(TEST_WORKERS) -m "not serial" --durations=15 || status=1; \
+	  $(VENV)/bin/pytest -q -m serial || status=1; \
+	fi; \
 	exit $$status
 
 # The queue benchmark with all its peers: Oban-py needs Python >= 3.12, so a venv
