@@ -54,6 +54,10 @@ OUTAGE = "tests/cleanup/test_outage.py"
 DASHBOARD = "tests/dashboard/test_dashboard.py"
 SCHEDULER = "tests/scheduler/test_scheduler.py"
 PGBOUNCER = "tests/drills/test_pgbouncer.py"
+PARTITION_HELD = (
+    "tests/cleanup/test_real_tables.py::test_a_partition_behind_a_long_read_waits_its_short_"
+    "lock_timeout_and_spends_no_attempt"
+)
 PGBOUNCER_RUN = "test_a_run_through_pgbouncer_in_transaction_mode_deletes_exactly_the_expired_rows"
 
 UNBOOKED = (
@@ -950,6 +954,24 @@ MUTANTS = [
         ),
         "behind an undeclared transaction pooler a taken statement name is the job's "
         "permanent failure: the plan job dead-letters and nothing says why",
+    ),
+    Mutant(
+        "partition-waits-lock-timeout",
+        "src/expiry/cleanup.py",
+        "lock_timeout_ms=int(policy.partition_lock_timeout * 1000),",
+        "lock_timeout_ms=int(policy.lock_timeout * 1000),",
+        (PARTITION_HELD,),
+        "a partition's detach waits the policy's 2 s lock_timeout: the application's "
+        "queries queue behind it for 2 s at each try while a long read holds the table",
+    ),
+    Mutant(
+        "partition-lock-spends-attempts",
+        "src/expiry/cleanup.py",
+        '        kind="lock_timeout",\n        retry_within=within,\n        spend=False,\n',
+        '        kind="lock_timeout",\n        retry_within=within,\n        spend=True,\n',
+        (PARTITION_HELD,),
+        "each try of a partition's detach behind a long read spends an attempt: the "
+        "partition is dead-lettered while the read lasts",
     ),
 ]
 

@@ -1070,10 +1070,14 @@ class Cleanup:
                     policy.table,
                     current,
                     drop=p["mode"] == "drop",
-                    lock_timeout_ms=int(policy.lock_timeout * 1000),
+                    lock_timeout_ms=int(policy.partition_lock_timeout * 1000),
                 )
             except SchemaError as exc:
                 raise PermanentError(str(exc)) from exc
+            except Exception as exc:
+                if self.engine.classify(exc)[1] != "lock_timeout":
+                    raise
+                raise _partition_held(job, policy, name, exc) from exc
         # Booked after the removal, strictly: a concurrent delivery that removed
         # it first owns the key, and this transaction (its removal) rolls back.
         booked = self.engine.ledger_insert(
@@ -1377,6 +1381,32 @@ def _database_words(exc: BaseException) -> str:
     if len(args) == 2 and isinstance(args[0], int) and isinstance(args[1], str):
         return args[1]
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def _partition_held(job: Job, policy: Policy, name: str, exc: Exception) -> TransientError:
+    """A partition's removal waited out partition_lock_timeout behind the
+    application's own transactions on the table: tried again within 2, 4, 8 ...
+    seconds (at most PARTITION_LOCK_RETRY_CAP_SECONDS), each try stalling the
+    table's traffic for at most that timeout, and no attempt spent for
+    UNSPENT_PARTITION_LOCK_SECONDS of such tries."""
+    streak = 1
+    for error in reversed(job.errors):
+        if error.get("kind") != "lock_timeout":
+            break
+        streak += 1
+    within = min(
+        defaults.PARTITION_LOCK_RETRY_CAP_SECONDS,
+        defaults.SHRINK_RETRY_SECONDS * 2.0 ** min(streak, 30),
+    )
+    return TransientError(
+        f"partition {name}: {_database_words(exc)} (partition_lock_timeout "
+        f"{format_duration(policy.partition_lock_timeout)}; the table is in use: "
+        "tried again soon, no attempt spent)",
+        kind="lock_timeout",
+        retry_within=within,
+        spend=False,
+        unspent_for=defaults.UNSPENT_PARTITION_LOCK_SECONDS,
+    )
 
 
 def _log_blocked(job: Job, reason: str, *, split: bool, timed_out: bool) -> None:

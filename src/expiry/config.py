@@ -332,6 +332,10 @@ class Policy(HealthSettings):
     max_catch_up: int = Field(10, ge=1, le=1000)
     max_attempts: int = Field(defaults.MAX_ATTEMPTS, ge=1, le=100)
     lock_timeout: Duration = parse_duration(defaults.LOCK_TIMEOUT)
+    partition_lock_timeout: Duration = parse_duration(defaults.PARTITION_LOCK_TIMEOUT)
+    """How long a partition's detach waits for the parent table's lock (the
+    application's queries on the table queue behind it meanwhile), then
+    retries later without spending an attempt for an hour."""
     statement_timeout: Duration = parse_duration(defaults.STATEMENT_TIMEOUT)
     target_transaction: Duration = defaults.TARGET_TRANSACTION_SECONDS
     max_rows_per_second: float | None = Field(None, gt=0)
@@ -386,7 +390,7 @@ class Policy(HealthSettings):
             check_expression(value)
         return value
 
-    @field_validator("lock_timeout", "statement_timeout")
+    @field_validator("lock_timeout", "partition_lock_timeout", "statement_timeout")
     @classmethod
     def _limit(cls, value: float) -> float:
         if value < 0.001:  # PostgreSQL takes whole milliseconds: less is 0

@@ -69,6 +69,17 @@ workers start deleting within milliseconds of the run's opening."""
 LOCK_TIMEOUT = "2s"
 """A window waits this long for a row lock held by live traffic, then retries later."""
 
+PARTITION_LOCK_TIMEOUT = "100ms"
+"""A partition's detach waits this long for the parent table's lock, then
+retries later. Short: DETACH asks for ACCESS EXCLUSIVE on the parent, and every
+query of the application's that comes after it queues behind it while it
+waits (a 2 s wait behind one long read stalls the table's traffic 2 s)."""
+
+PARTITION_LOCK_RETRY_CAP_SECONDS = 30.0
+"""A partition whose detach waited out its lock is retried within 2, 4, 8 ...
+seconds of the last try, at most this long: each try stalls the table's
+traffic for at most partition_lock_timeout."""
+
 STATEMENT_TIMEOUT = "30s"
 """No cleanup statement runs longer than this."""
 
@@ -134,6 +145,12 @@ After a lock wait the retry cuts the window around the rows another
 transaction holds (one lock wait per window); after a statement timeout it
 takes half the rows, so a slow row is isolated in about log2(window) timeouts
 and its run does not wait minutes on it."""
+
+UNSPENT_PARTITION_LOCK_SECONDS = 3600.0
+"""A partition whose detach waits out its lock behind live traffic spends no
+attempt for an hour of such tries (a long report holding the table): past it,
+each spends one, so a partition held for ever ends in the dead-letter queue,
+said aloud, and never silently."""
 
 UNSPENT_SHRINK_SECONDS = 86400.0
 """A window retried smaller after a timeout spends no attempt for a day of

@@ -87,6 +87,7 @@ class TransientError(JobError):
         kind: str | None = None,
         retry_within: float | None = None,
         spend: bool = True,
+        unspent_for: float | None = None,
     ) -> None:
         super().__init__(message)
         self.kind = kind
@@ -97,6 +98,9 @@ class TransientError(JobError):
         self.spend = spend
         """False: the failure spends no attempt (the next attempt is smaller work,
         and the work shrinks to an end by itself)."""
+        self.unspent_for = unspent_for
+        """With spend False: how long a streak of such failures spends no attempt
+        (None: UNSPENT_SHRINK_SECONDS); past it, each spends one."""
 
 
 class PermanentError(JobError):

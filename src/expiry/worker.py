@@ -789,10 +789,13 @@ class Worker:
         """How long a streak of failures like this one spends no attempt (None:
         it spends one): a database outage for the outage budget; a failure
         that says so (TransientError(spend=False): a window retried smaller,
-        which ends by itself in about log2(window) attempts) for a day."""
+        which ends by itself in about log2(window) attempts) for a day, or for
+        the time it names (a partition waiting for its table's lock)."""
         if kind in OUTAGE_KINDS:
             return self.outage_budget
         if isinstance(exc, TransientError) and not exc.spend:
+            if exc.unspent_for is not None:
+                return exc.unspent_for
             return defaults.UNSPENT_SHRINK_SECONDS
         return None
 

@@ -236,11 +236,11 @@ class Db:
 
     def jobs(self, handler: str | None = None, run_id: str | None = None) -> list[dict[str, Any]]:
         found = self.rows(
-            "select key, handler, state, attempt, payload, run_id, last_error_kind, last_error"
-            " from expiry.jobs order by id"
+            "select key, handler, state, attempt, payload, run_id, last_error_kind, last_error,"
+            " errors from expiry.jobs order by id"
         )
         out = []
-        for key, name, state, attempt, payload, rid, kind, error in found:
+        for key, name, state, attempt, payload, rid, kind, error, errors in found:
             data = payload if isinstance(payload, dict) else json.loads(payload)
             if (handler is None or name == handler) and (run_id is None or rid == run_id):
                 out.append(
@@ -253,6 +253,7 @@ class Db:
                         "run_id": rid,
                         "kind": kind,
                         "error": error,
+                        "errors": errors if isinstance(errors, list) else json.loads(errors),
                     }
                 )
         return out

@@ -14,12 +14,15 @@ import math
 import random
 import signal
 import subprocess
+import threading
+import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from expiry.app import App
@@ -361,6 +364,75 @@ def test_a_removed_partition_books_the_rows_it_held_not_the_estimate(
     )
     assert summary["rows_affected"] == sum(held.values()) + windows
     assert int(db.scalar("select count(*) from events where created_at < %s", [cutoff])) == 0
+
+
+def test_a_partition_behind_a_long_read_waits_its_short_lock_timeout_and_spends_no_attempt(
+    pg_db: Db, apps: Apps
+) -> None:
+    """A report holds the table (ACCESS SHARE) for seconds: each try to detach
+    an expired partition waits partition_lock_timeout (50 ms here, not the
+    policy's 2 s lock_timeout), so the application's own queries, queued behind
+    the waiting detach, stall at most about that long; the tries spend no
+    attempt (max_attempts = 2 and more lock timeouts than that: nothing dead),
+    and once the read ends every expired partition goes, booked exactly."""
+    db = pg_db
+    create_events(db)
+    cutoff = datetime(2026, 11, 10, tzinfo=UTC)
+    held = int(db.scalar("select count(*) from events where created_at < %s", [cutoff]))
+    app = apps(db.url, {**EVENTS, "max_attempts": 2, "partition_lock_timeout": "50ms"})
+    assert app.cleanup is not None
+    reader = psycopg.connect(db.url)
+    reader.execute("select count(*) from events").fetchone()  # its transaction stays open
+    stalls: list[float] = []
+    done = threading.Event()
+
+    def application() -> None:  # the app's reads, each 20 ms, as live traffic
+        with psycopg.connect(db.url, autocommit=True) as conn:
+            while not done.is_set():
+                began = time.monotonic()
+                conn.execute("select count(*) from events where created_at >= %s", [cutoff])
+                stalls.append(time.monotonic() - began)
+                time.sleep(0.02)
+
+    traffic = threading.Thread(target=application)
+    traffic.start()
+    opened = app.cleanup.open_run(POLICY, cutoff)
+    cleaning = threading.Thread(target=drain, args=(app,), kwargs={"timeout": 120})
+    cleaning.start()
+    try:
+        # Hold the read until some partition's detach has waited out its lock
+        # at least twice: with attempts spent, that job would be dead.
+        def timeouts() -> int:
+            return max(
+                (
+                    len([e for e in j["errors"] if e.get("kind") == "lock_timeout"])
+                    for j in db.jobs(PARTITION, opened.run_id)
+                ),
+                default=0,
+            )
+
+        wait_for(lambda: timeouts() >= 3, timeout=60)
+        assert {j["state"] for j in db.jobs(PARTITION, opened.run_id)} <= {
+            "available",
+            "retryable",
+            "running",
+        }
+    finally:
+        reader.rollback()
+        reader.close()
+    cleaning.join(timeout=150)
+    done.set()
+    traffic.join()
+    assert not cleaning.is_alive()
+
+    jobs = db.jobs(PARTITION, opened.run_id)
+    assert len(jobs) == 10 and {j["state"] for j in jobs} == {"completed"}
+    worst = max(stalls)
+    assert worst < 1.0, f"the application waited {worst:.3f}s behind a detach"
+    assert int(db.scalar("select count(*) from events where created_at < %s", [cutoff])) == 0
+    booked = sum(int(r["rows"]) for r in db.ledger(opened.run_id))
+    assert booked == held
+    assert db.run_state(opened.run_id) == "finished"
 
 
 def test_a_partition_that_ends_after_the_cutoff_is_cleaned_by_windows(
