@@ -54,6 +54,10 @@ OUTAGE = "tests/cleanup/test_outage.py"
 DASHBOARD = "tests/dashboard/test_dashboard.py"
 SCHEDULER = "tests/scheduler/test_scheduler.py"
 PGBOUNCER = "tests/drills/test_pgbouncer.py"
+REFERENCED = (
+    "tests/cleanup/test_real_tables.py::test_many_referenced_rows_split_no_window_and_every_"
+    "run_counts_them"
+)
 PARTITION_HELD = (
     "tests/cleanup/test_real_tables.py::test_a_partition_behind_a_long_read_waits_its_short_"
     "lock_timeout_and_spends_no_attempt"
@@ -972,6 +976,33 @@ MUTANTS = [
         (PARTITION_HELD,),
         "each try of a partition's detach behind a long read spends an attempt: the "
         "partition is dead-lettered while the read lasts",
+    ),
+    Mutant(
+        "referenced-rows-split",
+        "src/expiry/cleanup.py",
+        "        if not target.skips_referenced:\n            return None\n        first =",
+        "        if target.skips_referenced:\n            return None\n        first =",
+        (REFERENCED,),
+        "a window a foreign key refuses is split in halves down to each referenced row, "
+        "two jobs a referenced row, every run",
+    ),
+    Mutant(
+        "referenced-kept-uncounted",
+        "src/expiry/cleanup.py",
+        "        kept = target.count_span(tx, cutoff, span, storage)\n        if kept:",
+        "        kept = target.count_span(tx, cutoff, span, storage)\n        if not kept:",
+        (REFERENCED,),
+        "the rows a window left out because other tables reference them are not counted: "
+        "the ledger and the run's rows_blocked say nothing was kept",
+    ),
+    Mutant(
+        "referenced-skip-forgotten",
+        "src/expiry/cleanup.py",
+        "        skip = policy.name in self._referenced and target.skips_referenced\n",
+        "        skip = False\n",
+        (REFERENCED,),
+        "a policy's windows never leave referenced rows out from the start: each pays a "
+        "refused delete, then the split",
     ),
 ]
 

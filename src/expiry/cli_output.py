@@ -110,6 +110,7 @@ EVIDENCE_COLUMNS = (
     "rows",
     "applied_at",
     "worker",
+    "kept",
     "blocked",
 )
 """The columns of ``expiry evidence --format csv``: a row an operation."""

@@ -138,6 +138,7 @@ class Runs:
                     "rows": entry.rows_affected,
                     "applied_at": format_time(entry.applied_at),
                     "worker": entry.worker,
+                    "kept": entry.kept,
                     "blocked": entry.blocked,
                 }
             )

@@ -280,18 +280,30 @@ class Target:
         self.relation: Relation | None = None
         self._not_key: str | None = None
         self._declared = ""
-        self._texts: dict[tuple[str, str, str], str] = {}
+        self._texts: dict[tuple[str, str, str, bool], str] = {}
+        self.restricting: list[Reference] = []
+        """Other tables' foreign keys to this one that refuse a referenced row's
+        delete (RESTRICT, NO ACTION): what ``skip_referenced`` steps around."""
 
     # -- building statements -----------------------------------------------------
 
-    def statement(self, template: str, *, storage: Storage | None = None, span: str = "key") -> str:
+    def statement(
+        self,
+        template: str,
+        *,
+        storage: Storage | None = None,
+        span: str = "key",
+        unreferenced: bool = False,
+    ) -> str:
         """The statement of ``template`` for this policy, ``storage`` (default:
         the checked one) and a window ``span`` (SPANS), in the engine's quoting
-        and parameter style."""
+        and parameter style; ``unreferenced``: its candidates exclude the rows
+        that other tables' rows reference (``skip_referenced``)."""
         p, engine = self.policy, self.engine
         bound, guard = engine.time_predicate(storage or self.storage)
         pred = PREDICATE.format(ts="{ts}", bound=bound, guard=guard)
         pred += " and ({where})" if p.where else ""
+        pred += self._unreferenced() if unreferenced else ""
         names = ["cutoff", "exact", "after", "max", "window", "page", "lo", "hi", "key", "skip"]
         ts_type, tie_type = self.types.get(p.timestamp, ""), self.types.get(self.tie, "")
         typed = {
@@ -321,16 +333,50 @@ class Target:
             **typed,
         )
 
-    def text(self, template: str, storage: Storage | None = None, span: str = "key") -> str:
+    def text(
+        self,
+        template: str,
+        storage: Storage | None = None,
+        span: str = "key",
+        unreferenced: bool = False,
+    ) -> str:
         """The statement, built once per template, storage and span (the schema
         check builds them afresh, as the columns may have changed)."""
         storage = storage or self.storage
         compares = "{pred}" in template or "{bound}" in template
-        cache = (template, storage.token if compares else "", span)
+        cache = (template, storage.token if compares else "", span, unreferenced)
         text = self._texts.get(cache)
         if text is None:
-            text = self._texts[cache] = self.statement(template, storage=storage, span=span)
+            text = self._texts[cache] = self.statement(
+                template, storage=storage, span=span, unreferenced=unreferenced
+            )
         return text
+
+    @property
+    def skips_referenced(self) -> bool:
+        """Whether a window can step around the rows other tables reference
+        (``apply(unreferenced=True)``): some other table's foreign key refuses
+        their delete. A table's reference to itself is left to the split
+        (MySQL refuses a DELETE whose subquery reads the table it deletes from)."""
+        return bool(self._others())
+
+    def _others(self) -> list[Reference]:
+        own = self.policy.table.split(".")[-1].lower()
+        return [r for r in self.restricting if r.table.split(".")[-1].lower() != own]
+
+    def _unreferenced(self) -> str:
+        """The candidates' clause that leaves out the rows other tables'
+        RESTRICT or NO ACTION foreign keys reference, in the engine's quoting
+        (its braces doubled: the statement's format() undoes them)."""
+        q, table = self.engine.quote, self.engine.quote(self.policy.table)
+        clauses = []
+        for ref in self._others():
+            match = " and ".join(
+                f"r.{q(c)} = {table}.{q(r)}"
+                for c, r in zip(ref.columns, ref.referenced, strict=True)
+            )
+            clauses.append(f" and not exists (select 1 from {q(ref.table)} r where {match})")
+        return "".join(clauses).replace("{", "{{").replace("}", "}}")
 
     def edge(self, cutoff: datetime) -> datetime:
         """The bound every comparison with a run's cutoff uses: the cutoff itself
@@ -478,6 +524,7 @@ class Target:
         worker: str | None,
         job: Job | None = None,
         storage: Storage | None = None,
+        unreferenced: bool = False,
     ) -> int | None:
         """Delete (or archive) the window's rows that are expired right now and book
         the window under ``key`` (its ledger row, or a duplicate's audit event),
@@ -487,9 +534,10 @@ class Target:
         key was booked before (nothing changed). Raises AlreadyApplied when rows
         were taken but the key was booked meanwhile: the transaction must roll
         back; ForeignKeyBlocked when a foreign key refused the delete (nothing
-        was taken, the transaction is usable)."""
+        was taken, the transaction is usable). ``unreferenced``: leave out the
+        rows other tables reference (``skips_referenced``)."""
         storage = storage or self.storage
-        window = self._window(cutoff, span, key, run_id, worker, job, storage)
+        window = self._window(cutoff, span, key, run_id, worker, job, storage, unreferenced)
         return self.engine.window_apply(conn, window)
 
     def _window(
@@ -501,16 +549,18 @@ class Target:
         worker: str | None,
         job: Job | None,
         storage: Storage,
+        unreferenced: bool = False,
     ) -> WindowApply:
         p = self.policy
         archive = p.action == "archive"
         name = _span_name(span)
         params = self._span_params(span)
         timed = span.strategy == TIME
+        skip = unreferenced
         return WindowApply(
-            delete=self.text(DELETE, storage, name),
-            move=self.text(ARCHIVE_MOVE, storage, name) if archive else None,
-            copy=self.text(ARCHIVE_COPY, storage, name) if archive else None,
+            delete=self.text(DELETE, storage, name, skip),
+            move=self.text(ARCHIVE_MOVE, storage, name, skip) if archive else None,
+            copy=self.text(ARCHIVE_COPY, storage, name, skip) if archive else None,
             label=f"expiry window: delete from {p.table}"
             + (f", archive into {p.archive_table}" if archive else ""),
             params=params | {"key": key} | self.engine.cutoff_params(storage, self.edge(cutoff)),
@@ -824,14 +874,28 @@ class Target:
         )
 
     def _references(self, conn: Any, warnings: list[str]) -> list[str]:
-        """Tables whose foreign keys reference this one: RESTRICT and NO ACTION
-        ones are warnings with the where that avoids them; CASCADE and SET
+        """Tables whose foreign keys reference this one: other tables' RESTRICT
+        and NO ACTION ones are notes (windows step around the rows they
+        reference: skips_referenced), a table's reference to itself a warning
+        with the where that avoids it; CASCADE and SET
         NULL ones are notes, and warnings too when no index of the referencing
         table leads with its columns (_unindexed)."""
         p, notes = self.policy, []
+        self.restricting = []
         for ref in self.engine.table_references(conn, p.table):
             cols, refd = ", ".join(ref.columns), ", ".join(ref.referenced)
             named = f"{ref.table} ({cols}) references {p.table} ({refd}) on delete {ref.on_delete}"
+            if ref.on_delete in ("restrict", "no action"):
+                self.restricting.append(ref)
+            if ref.on_delete in ("restrict", "no action") and self._others()[-1:] == [ref]:
+                notes.append(
+                    f"{named}: a window whose delete it refuses is applied again at once "
+                    f"without the rows {ref.table} references, which are kept and counted in "
+                    "the ledger (rows kept); a later run tries them again"
+                )
+                if not ref.indexed:
+                    warnings.append(self._unindexed(ref, named))
+                continue
             if ref.on_delete in ("restrict", "no action"):
                 match = " and ".join(
                     f"r.{c} = {p.table.split('.')[-1]}.{r}"

@@ -324,7 +324,9 @@ class LedgerEntry:
     """A range that is not two integer keys: a time window's (timestamp, key)
     positions, or a dropped or detached partition's name."""
     blocked: str | None = None
-    """The row a foreign key kept this window from deleting, and the reason."""
+    """The rows a foreign key kept this window from deleting, and the reason."""
+    kept: int = 0
+    """How many expired rows the window kept (referenced by other tables' rows)."""
 
 
 class AuditAction(enum.StrEnum):

@@ -192,9 +192,9 @@ def test_each_statement_of_a_window_is_built_once(
     built: list[tuple[str, str]] = []
     statement = Target.statement
 
-    def spy(self: Target, template: str, *, storage: Any = None, span: str = "key") -> Any:
+    def spy(self: Target, template: str, *, span: str = "key", **kwargs: Any) -> Any:
         built.append((template, span))
-        return statement(self, template, storage=storage, span=span)
+        return statement(self, template, span=span, **kwargs)
 
     monkeypatch.setattr(Target, "statement", spy)
     app = apps(db.url)

@@ -77,6 +77,29 @@ def test_ledger_insert_rolled_back_books_nothing(engine: Engine) -> None:
     assert engine.ledger_get("p:1:0") is None
 
 
+def test_ledger_keep_counts_the_kept_rows_on_the_booking_in_its_transaction(
+    engine: Engine,
+) -> None:
+    with engine.transaction() as conn:
+        engine.ledger_insert(conn, "k:1:0", run_id="k:1", action="delete", rows=90)
+        engine.ledger_keep(conn, "k:1:0", 10, "10 rows kept: referenced by rows of orders")
+        engine.ledger_insert(conn, "k:1:1", run_id="k:1", blocked="id 7: refused", kept=1)
+    with pytest.raises(RuntimeError), engine.transaction() as conn:
+        engine.ledger_insert(conn, "k:1:2", run_id="k:1", action="delete", rows=5)
+        engine.ledger_keep(conn, "k:1:2", 3, "3 rows kept")
+        raise RuntimeError("roll back")
+    entry = engine.ledger_get("k:1:0")
+    assert entry is not None
+    assert (entry.rows_affected, entry.kept, entry.blocked) == (
+        90,
+        10,
+        "10 rows kept: referenced by rows of orders",
+    )
+    assert engine.ledger_get("k:1:2") is None
+    totals = engine.run_ledger("k:1")
+    assert (totals.windows, totals.rows, totals.blocked) == (2, 90, 11)
+
+
 def test_ledger_list_is_a_policy_s_runs_bookings_since_oldest_first(engine: Engine) -> None:
     cutoff = datetime(2026, 1, 1, tzinfo=UTC)
     for run_id, policy in (("p:1", "p"), ("p:2", "p"), ("q:1", "q")):

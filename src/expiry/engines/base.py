@@ -190,7 +190,12 @@ def index_leads(indexes: Sequence[Index], columns: Sequence[str]) -> bool:
 def ledger_params(key: str, **fields: Any) -> dict[str, Any]:
     """The ledger_insert query's parameters: ``key`` and whichever fields are known."""
     named = ("policy", "run_id", "lo", "hi", "bounds", "blocked", "action", "worker")
-    return {"key": key, **{f: fields.get(f) for f in named}, "rows": fields.get("rows", 0)}
+    return {
+        "key": key,
+        **{f: fields.get(f) for f in named},
+        "rows": fields.get("rows", 0),
+        "kept": fields.get("kept", 0),
+    }
 
 
 class Engine(abc.ABC):
@@ -844,9 +849,11 @@ class Engine(abc.ABC):
         action: str | None = None,
         worker: str | None = None,
         rows: int = 0,
+        kept: int = 0,
     ) -> bool:
         """True if this transaction now owns ``key``; False if it committed before.
-        ``rows``: how many rows the operation affected, when that is known already.
+        ``rows``: how many rows the operation affected, when that is known already;
+        ``kept``: how many expired rows it kept (``blocked`` says why).
         ``strict``: the caller has acted already and must own ``key``; should it
         not, AlreadyApplied is raised, so that its transaction rolls back.
         ``bounds``: a range that is not two integer keys (a time window's
@@ -863,11 +870,18 @@ class Engine(abc.ABC):
             action=action,
             worker=worker,
             rows=rows,
+            kept=kept,
         )
         booked = bool(self._rows(conn, "ledger_insert", params))
         if strict and not booked:
             raise AlreadyApplied(f"{key}: a concurrent delivery booked it first")
         return booked
+
+    def ledger_keep(self, conn: Any, key: str, kept: int, blocked: str) -> None:
+        """Record on ``key``'s ledger row, booked in ``conn``'s transaction, the
+        ``kept`` expired rows it did not take and why (``blocked``): rows that
+        other tables' rows reference, skipped by the window's delete."""
+        self._run(conn, "ledger_keep", {"key": key, "kept": kept, "blocked": blocked})
 
     def ledger_get(self, key: str, *, conn: Any | None = None) -> LedgerEntry | None:
         """The ledger row of ``key``, or None when no operation booked it."""
@@ -901,6 +915,7 @@ class Engine(abc.ABC):
             hi=row["hi"],
             bounds=row["bounds"],
             blocked=row["blocked"],
+            kept=int(row.get("rows_kept") or 0),
             action=row["action"],
             rows_affected=int(row["rows_affected"]),
             worker=row["worker"],
@@ -1057,7 +1072,8 @@ class Engine(abc.ABC):
         ]
 
     def run_ledger(self, run_id: str, *, conn: Any | None = None) -> RunTotals:
-        """What a run has applied, from the ledger (zeros before its first window)."""
+        """What a run has applied, from the ledger (zeros before its first window);
+        ``blocked``: the expired rows its windows kept (foreign keys)."""
         row = self._one(conn, "run_ledger", {"id": run_id}) or {"windows": 0, "rows": 0}
         return RunTotals(
             windows=int(row["windows"]), rows=int(row["rows"]), blocked=int(row.get("blocked") or 0)

@@ -263,14 +263,20 @@ where (state = 'running'
 -- nothing else. A key another transaction holds uncommitted waits for it
 -- (innodb_lock_wait_timeout), as on PostgreSQL.
 insert into expiry_ledger
-    (`key`, policy, run_id, lo, hi, bounds, blocked, action, worker, rows_affected, applied_at)
+    (`key`, policy, run_id, lo, hi, bounds, blocked, action, worker, rows_affected, rows_kept, applied_at)
 values (%(key)s, %(policy)s, %(run_id)s, %(lo)s, %(hi)s, %(bounds)s, %(blocked)s, %(action)s,
-        %(worker)s, %(rows)s, $now);
+        %(worker)s, %(rows)s, %(kept)s, $now);
 select %(key)s as `key` from dual;
 
 -- name: ledger_get
 -- One ledger row.
 select * from expiry_ledger where `key` = %(key)s;
+
+-- name: ledger_keep
+-- The rows a booked window kept (referenced by other tables' rows) and why,
+-- counted in the transaction that booked it.
+update expiry_ledger set rows_kept = %(kept)s, blocked = %(blocked)s
+where `key` = %(key)s;
 
 -- name: ledger_list
 -- A policy's ledger rows booked at or after since (null: all of them), oldest
@@ -408,7 +414,7 @@ from expiry_jobs where run_id = %(id)s group by handler, state;
 
 -- name: run_ledger
 -- What a run has applied: windows, rows, and rows a foreign key kept.
-select count(*) as windows, coalesce(sum(rows_affected), 0) as `rows`, count(blocked) as blocked
+select count(*) as windows, coalesce(sum(rows_affected), 0) as `rows`, coalesce(sum(rows_kept), 0) as blocked
 from expiry_ledger where run_id = %(id)s;
 
 -- name: run_duplicates

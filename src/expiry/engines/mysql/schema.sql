@@ -107,6 +107,7 @@ CREATE TABLE `expiry_ledger` (
   `applied_at` datetime(6) NOT NULL,
   `bounds` text DEFAULT NULL,
   `blocked` text DEFAULT NULL,
+  `rows_kept` bigint(20) NOT NULL DEFAULT 0,
   PRIMARY KEY (`key`),
   KEY `expiry_ledger_run` (`run_id`)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;

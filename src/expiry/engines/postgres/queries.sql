@@ -293,15 +293,21 @@ where (state = 'running'
 -- transaction (target.py). No row back means it already committed before: the
 -- caller must do nothing else.
 insert into expiry.ledger
-    (key, policy, run_id, lo, hi, bounds, blocked, action, worker, rows_affected)
+    (key, policy, run_id, lo, hi, bounds, blocked, action, worker, rows_affected, rows_kept)
 values (%(key)s, %(policy)s, %(run_id)s, %(lo)s, %(hi)s, %(bounds)s, %(blocked)s, %(action)s,
-        %(worker)s, %(rows)s)
+        %(worker)s, %(rows)s, %(kept)s)
 on conflict (key) do nothing
 returning key;
 
 -- name: ledger_get
 -- One ledger row.
 select * from expiry.ledger where key = %(key)s;
+
+-- name: ledger_keep
+-- The rows a booked window kept (referenced by other tables' rows) and why,
+-- counted in the transaction that booked it.
+update expiry.ledger set rows_kept = %(kept)s, blocked = %(blocked)s
+where key = %(key)s;
 
 -- name: ledger_list
 -- A policy's ledger rows booked at or after since (null: all of them), oldest
@@ -432,7 +438,7 @@ from expiry.jobs where run_id = %(id)s group by handler, state;
 
 -- name: run_ledger
 -- What a run has applied: windows, rows, and rows a foreign key kept.
-select count(*) as windows, coalesce(sum(rows_affected), 0) as rows, count(blocked) as blocked
+select count(*) as windows, coalesce(sum(rows_affected), 0) as rows, coalesce(sum(rows_kept), 0) as blocked
 from expiry.ledger where run_id = %(id)s;
 
 -- name: run_duplicates

@@ -212,7 +212,8 @@ CREATE TABLE expiry.ledger (
     worker text,
     applied_at timestamp with time zone DEFAULT now() NOT NULL,
     bounds text,
-    blocked text
+    blocked text,
+    rows_kept bigint DEFAULT 0 NOT NULL
 );
 
 CREATE TABLE expiry.runs (

@@ -219,14 +219,20 @@ where (state = 'running'
 -- IMMEDIATE transaction (target.py). No row back means it already committed
 -- before: the caller must do nothing else.
 insert into expiry_ledger
-    (key, policy, run_id, lo, hi, bounds, blocked, action, worker, rows_affected, applied_at)
-values (:key, :policy, :run_id, :lo, :hi, :bounds, :blocked, :action, :worker, :rows, $now)
+    (key, policy, run_id, lo, hi, bounds, blocked, action, worker, rows_affected, rows_kept, applied_at)
+values (:key, :policy, :run_id, :lo, :hi, :bounds, :blocked, :action, :worker, :rows, :kept, $now)
 on conflict (key) do nothing
 returning key;
 
 -- name: ledger_get
 -- One ledger row.
 select * from expiry_ledger where key = :key;
+
+-- name: ledger_keep
+-- The rows a booked window kept (referenced by other tables' rows) and why,
+-- counted in the transaction that booked it.
+update expiry_ledger set rows_kept = :kept, blocked = :blocked
+where key = :key;
 
 -- name: ledger_list
 -- A policy's ledger rows booked at or after since (null: all of them), oldest
@@ -349,7 +355,7 @@ from expiry_jobs where run_id = :id group by handler, state;
 
 -- name: run_ledger
 -- What a run has applied: windows, rows, and rows a foreign key kept.
-select count(*) as windows, coalesce(sum(rows_affected), 0) as rows, count(blocked) as blocked
+select count(*) as windows, coalesce(sum(rows_affected), 0) as rows, coalesce(sum(rows_kept), 0) as blocked
 from expiry_ledger where run_id = :id;
 
 -- name: run_duplicates

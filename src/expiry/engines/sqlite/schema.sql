@@ -109,7 +109,7 @@ CREATE TABLE expiry_ledger (
     rows_affected integer not null default 0,
     worker        text,
     applied_at    real    not null
-, bounds text, blocked text);
+, bounds text, blocked text, rows_kept integer not null default 0);
 
 CREATE TABLE expiry_runs (
     id              text    primary key,
