@@ -444,6 +444,16 @@ MUTANTS = [
         "the policy stops cleaning for minutes",
     ),
     Mutant(
+        "quarantine-dead-letters",
+        "src/expiry/cleanup.py",
+        '            raise Snooze(QUARANTINE_WAIT_SECONDS, f"policy quarantined: {exc}") from exc\n',
+        '            raise PermanentError(f"policy quarantined: {exc}") from exc\n',
+        (
+            f"{QUARANTINE}::test_a_worker_that_starts_while_the_table_is_missing_leaves_the_run_waiting",
+        ),
+        "a quarantined policy's jobs are dead-lettered instead of waiting for the repair",
+    ),
+    Mutant(
         "drift-dead-letters",
         "src/expiry/cleanup.py",
         "            if not self.engine.schema_drift(exc):\n                raise\n",

@@ -17,7 +17,7 @@ from expiry.app import App
 from expiry.errors import SchemaError
 from expiry.metrics import render
 
-from .support import Db, cli, doomed, drain, standard_rows, write_config
+from .support import Db, cli, doomed, drain, run_worker, standard_rows, write_config
 
 Apps = Callable[..., App]
 GOOD = {"name": "good", "where": None, "window": 100}
@@ -150,3 +150,35 @@ def test_a_table_renamed_mid_run_quarantines_the_policy_and_its_return_resumes_t
     assert {w["state"] for w in db.windows(opened.run_id)} == {"completed"}
     views = {p["name"]: p for p in status.policies(app)}
     assert views["good"]["broken"] is None and views["good"]["watermark_seconds"] == 0
+
+
+def test_a_worker_that_starts_while_the_table_is_missing_leaves_the_run_waiting(
+    db: Db, apps: Apps
+) -> None:
+    """A run opened, then its table renamed before any worker ran: a worker
+    process that starts now fails its first check of the table. The run's jobs
+    wait (no attempt spent, none dead-lettered, the reason said) and, once the
+    table is back, finish the run with no redrive."""
+    db.create_sessions()
+    rows = standard_rows(300)
+    db.insert_sessions(rows)
+    first = apps(db.url, GOOD)
+    assert first.cleanup is not None
+    opened = first.cleanup.open_run("good")
+    _rename(db, "sessions", "sessions_moved")
+
+    fresh = apps(db.url, GOOD)  # a worker process started now: nothing checked yet
+    run_worker(fresh)
+    jobs = db.jobs(run_id=opened.run_id)
+    assert jobs and {j["state"] for j in jobs} == {"scheduled"}, jobs
+    assert all(j["attempt"] == 0 for j in jobs)
+    assert db.scalar("select count(*) from expiry.jobs where state = 'dead'") == 0
+    assert fresh.cleanup is not None and "good" in fresh.cleanup.broken
+    reasons = db.rows("select wait_reason from expiry.jobs where state = 'scheduled'")
+    assert all("policy quarantined" in r[0] for r in reasons)
+
+    _rename(db, "sessions_moved", "sessions")
+    db.execute("update expiry.jobs set run_at = {now} where state = 'scheduled'")
+    drain(fresh)
+    assert db.ids() == {i for i, off, _ in rows if off > 0}
+    assert db.run_state(opened.run_id) == "finished"

@@ -6,17 +6,20 @@ built once; a run is finished once per claimed batch, not after every window."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import psycopg
+import pymysql
 import pytest
 from psycopg.pq import TransactionStatus
 
 from expiry.app import App
 from expiry.cleanup import WINDOW, Cleanup
+from expiry.engines.mysql.engine import parse_url
 from expiry.errors import AlreadyApplied
 from expiry.target import Target
 from expiry.times import parse_time
@@ -129,6 +132,71 @@ def test_a_delivery_racing_an_uncommitted_one_rolls_back_its_delete(
     with app.engine.pool.connection() as conn:  # back in the pool as it came out
         assert conn.info.transaction_status == TransactionStatus.IDLE
         assert not conn.autocommit and not conn.pgconn.pipeline_status
+
+
+def test_on_mysql_a_delivery_racing_an_uncommitted_one_waits_at_the_guard(
+    mysql_url: str, apps: Apps
+) -> None:
+    """MariaDB: a delivery that starts while another delivery's ledger row is
+    uncommitted waits at its delete's ledger guard (InnoDB reads a DELETE's
+    subquery with locks), sees the row once committed, takes nothing and is
+    audited as a duplicate: the race that the strict ledger insert guards on
+    PostgreSQL (test_a_delivery_racing_an_uncommitted_one_rolls_back_its_delete)
+    cannot reach a delete here, one row or many."""
+    db = Db(mysql_url)
+    db.create_sessions()
+    db.insert_sessions([(1, -60.0, False), *((i, 86_400.0, False) for i in range(2, 10))])
+    app = apps(mysql_url, {"lock_timeout": "30s", "where": None})
+    assert app.cleanup is not None
+    opened = app.cleanup.open_run(POLICY)
+    claim_plan(app)
+    [job] = app.queue.claim(1, 60, owner="late", queues=app.worked_queues())
+    assert job.handler == WINDOW
+    table = db.table()
+
+    other = pymysql.connect(**parse_url(mysql_url), autocommit=False)
+    with other.cursor() as cur:
+        cur.execute(
+            "insert into expiry_ledger (`key`, run_id, rows_affected, applied_at)"
+            " values (%s, %s, 0, utc_timestamp(6))",
+            (job.key, opened.run_id),
+        )
+    outcome: list[Any] = []
+
+    def deliver() -> None:
+        try:
+            with app.engine.transaction() as tx:
+                outcome.append(app.handlers[WINDOW].fn(job, tx))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=deliver)
+    thread.start()
+    try:
+
+        def lock_waits() -> list[tuple[Any, ...]]:
+            # InnoDB refreshes this table's cache only after 0.1 s without a read.
+            time.sleep(0.2)
+            return db.rows(
+                "select trx_rows_modified, trx_query from information_schema.innodb_trx"
+                " where trx_state = 'LOCK WAIT'"
+            )
+
+        waiting = wait_for(lock_waits, what="the racing delivery to wait for the ledger row")
+        other.commit()
+    finally:
+        other.close()
+        thread.join(30)
+    assert not thread.is_alive()
+
+    [(modified, query)] = waiting
+    assert query.lstrip().startswith("/* expiry window") and "delete from" in query
+    assert int(modified) == 0  # it waits at the guard, before any row is deleted
+    [result] = outcome
+    assert not isinstance(result, BaseException), result
+    assert db.table() == table
+    assert [(row["key"], row["rows"]) for row in db.ledger()] == [(job.key, 0)]
+    assert db.audit("window.duplicate", job.key) == 1
 
 
 def test_concurrent_deliveries_of_a_window_take_turns_and_the_later_takes_nothing(
