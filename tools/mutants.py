@@ -454,6 +454,18 @@ MUTANTS = [
         "a quarantined policy's jobs are dead-lettered instead of waiting for the repair",
     ),
     Mutant(
+        "tie-index-advised-everywhere",
+        "src/expiry/target.py",
+        "        ends = relation is not None and p.key in (relation.rowid, relation.clustered)\n",
+        "        ends = False\n",
+        (
+            "tests/cleanup/test_schema_check.py::test_the_tie_index_is_advised_only_where_the_"
+            "database_would_sort",
+        ),
+        "check advises a (timestamp, key) index on InnoDB and SQLite rowid tables, where "
+        "the index on the timestamp already ends with the key: a redundant index to keep up",
+    ),
+    Mutant(
         "drift-dead-letters",
         "src/expiry/cleanup.py",
         "            if not self.engine.schema_drift(exc):\n                raise\n",

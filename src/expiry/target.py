@@ -728,6 +728,14 @@ class Target:
         for index in indexes:
             if index.columns[:2] == pair:
                 return f"rows sharing one {p.timestamp} are ordered by {p.key} (index {index.name})"
+        relation = self.relation
+        ends = relation is not None and p.key in (relation.rowid, relation.clustered)
+        for index in indexes if ends else []:
+            if index.columns[:1] == (p.timestamp,):
+                return (
+                    f"rows sharing one {p.timestamp} are ordered by {p.key} (index "
+                    f"{index.name}, which ends with {p.key} as every index of the table does)"
+                )
         return (
             f"rows sharing one {p.timestamp} are ordered by {p.key}, sorted per timestamp "
             f"value (no index on ({p.timestamp}, {p.key}); create index on {p.table} "

@@ -414,6 +414,10 @@ class Relation:
     """The hidden row id every index of the table ends with, where there is one
     and it is not the key itself (SQLite's rowid): time windows break ties of
     a timestamp with it, so that any index on the timestamp orders them."""
+    clustered: str | None = None
+    """The one-column primary key every secondary index ends with, as InnoDB
+    clusters a table on it: an index on the timestamp orders rows sharing one
+    value by it, with no sort (no (timestamp, key) index to advise)."""
 
 
 @dataclass(frozen=True)

@@ -155,6 +155,37 @@ def test_timestamp_without_index_is_a_warning(db: Db, apps: Apps) -> None:
     assert app.cleanup.check() == []
 
 
+def test_the_tie_index_is_advised_only_where_the_database_would_sort(db: Db, apps: Apps) -> None:
+    """Time windows read rows sharing one timestamp in key order. On InnoDB and
+    in an SQLite rowid table every index ends with the primary key, so an index
+    on the timestamp alone serves (ts, id) order: no index is advised there.
+    PostgreSQL's indexes do not: (ts, id) is advised. The oracle is the
+    database's own plan for that order: a sort (filesort, temp b-tree, Sort)
+    exactly where the advice is given."""
+    db.create_sessions()
+    app = apps(db.url, {"windows": "time"})
+    assert app.cleanup is not None
+    app.cleanup.check()
+    [ties] = [
+        n for n in app.cleanup.target("expired-sessions").notes if "sharing one expires_at" in n
+    ]
+    ordered = "select id from sessions where expires_at < {} order by expires_at, id limit 10"
+    if db.dialect == "mysql":
+        plan = " ".join(str(r) for r in db.rows("explain " + ordered.format("now()")))
+        sorts = "filesort" in plan
+    elif db.dialect == "sqlite":
+        plan = " ".join(str(r) for r in db.rows("explain query plan " + ordered.format("1e12")))
+        sorts = "TEMP B-TREE" in plan
+    else:
+        db.execute("analyze sessions")
+        db.execute("set enable_seqscan = off")  # the plan an index would give
+        plan = " ".join(str(r) for r in db.rows("explain " + ordered.format("now()")))
+        sorts = "Sort" in plan
+    advised = "create index on sessions (expires_at, id)" in ties
+    assert advised == sorts, (ties, plan)
+    assert advised == (db.dialect == "postgres")
+
+
 def test_an_unindexed_cascade_or_set_null_reference_is_a_warning_with_its_index(
     db: Db, apps: Apps, tmp_path: Path
 ) -> None:

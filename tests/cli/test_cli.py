@@ -823,8 +823,8 @@ def test_evidence_lists_what_each_run_deleted_as_the_table_lost_it(every_ws: Wor
     assert all(op["worker"] and ISO_Z.match(op["applied_at"]) for op in runs[0]["operations"])
 
     csv_out = ws.ok("evidence", POLICY, "--format", "csv").out.splitlines()
-    assert (
-        csv_out[0] == "run_id,policy,table,cutoff,key,action,range,rows,applied_at,worker,blocked"
+    assert csv_out[0] == (
+        "run_id,policy,table,cutoff,key,action,range,rows,applied_at,worker,kept,blocked"
     )
     assert len(csv_out) - 1 == sum(len(r["operations"]) for r in runs)
     text = ws.ok("evidence", POLICY).out

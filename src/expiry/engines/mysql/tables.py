@@ -50,7 +50,12 @@ _RELATION = """
 select t.table_type as kind, coalesce(v.is_updatable, 'YES') as updatable,
        (select count(*) from information_schema.partitions p
         where p.table_schema = t.table_schema and p.table_name = t.table_name
-          and p.partition_name is not null) as partitions
+          and p.partition_name is not null) as partitions,
+       t.engine as engine,
+       (select group_concat(s.column_name order by s.seq_in_index separator ',')
+        from information_schema.statistics s
+        where s.table_schema = t.table_schema and s.table_name = t.table_name
+          and s.index_name = 'PRIMARY') as primary_key
 from information_schema.tables t
 left join information_schema.views v
        on v.table_schema = t.table_schema and v.table_name = t.table_name
@@ -153,6 +158,13 @@ class MySQLTables(Engine):
             deletable=writable,
             insertable=writable,
             partitioned=int(row["partitions"]) > 0,
+            # InnoDB clusters the table on its primary key: every secondary
+            # index ends with it, so an index on (ts) orders by (ts, pk).
+            clustered=row["primary_key"]
+            if (row["engine"] or "").lower() == "innodb"
+            and row["primary_key"]
+            and "," not in row["primary_key"]
+            else None,
         )
 
     def table_layout(self, conn: Any, table: str, column: str) -> Layout | None:
