@@ -26,7 +26,15 @@ from .config import Policy
 from .engines.base import Engine
 from .errors import SchemaError
 from .times import format_time
-from .timestamps import UNIX_EPOCH, UTC_ZONES, Storage, instant, naive_type, numeric_format
+from .timestamps import (
+    NUMERIC_RANGES,
+    UNIX_EPOCH,
+    UTC_ZONES,
+    Storage,
+    instant,
+    naive_type,
+    numeric_format,
+)
 from .types import Column, Index, Job, Partition, Reference, Relation, WindowApply
 from .windows import (
     BLOCKS,
@@ -696,7 +704,7 @@ class Target:
                     f"{p.key!r} is {declared} (fix: remove windows, or write "
                     'windows = "time": time windows take any key)'
                 )
-            if not key.indexed:
+            if not key.indexed and (self.relation is None or self.relation.kind == "table"):
                 warnings.append(
                     f"policy {p.name!r}: no index leads with key column {p.key!r}: every key "
                     f"window scans the table (fix: create index on {p.table} ({p.key}), "
@@ -729,6 +737,12 @@ class Target:
             if index.columns[:2] == pair:
                 return f"rows sharing one {p.timestamp} are ordered by {p.key} (index {index.name})"
         relation = self.relation
+        if relation is not None and relation.kind != "table":
+            return (
+                f"rows sharing one {p.timestamp} are ordered by {p.key}: read in order by an "
+                f"index of the table the {relation.kind} reads that leads with "
+                f"({p.timestamp}, {p.key}), sorted per timestamp value otherwise"
+            )
         ends = relation is not None and p.key in (relation.rowid, relation.clustered)
         for index in indexes if ends else []:
             if index.columns[:1] == (p.timestamp,):
@@ -829,7 +843,8 @@ class Target:
         self.types = {c.name: c.type for c in columns}
         self.tie = relation.rowid if relation.rowid not in (None, p.key) else p.key
         warnings: list[str] = []
-        if not by_name[p.timestamp].indexed:
+        view = relation.kind != "table"  # its table's indexes serve it, unseen here
+        if not view and not by_name[p.timestamp].indexed:
             warnings.append(
                 f"policy {p.name!r}: no index leads with timestamp column {p.timestamp!r}: "
                 "planning, time windows and the watermark scan the table (fix: create index "
@@ -837,6 +852,12 @@ class Target:
             )
         self.fixed = self._fixed(by_name, warnings)
         self.notes = []
+        if view:
+            self.notes.append(
+                f"{p.table} is a {relation.kind}: the indexes of the table it reads serve it, "
+                "unseen through it (an index leading with the column behind "
+                f"{p.timestamp!r} belongs on that table: none can be created on a view)"
+            )
         if self.fixed is not None:
             self.notes.append(self.fixed.describe())
         if self.fixed is None or self.fixed.name == TIME:
@@ -1066,11 +1087,9 @@ class Target:
         ranges = "epoch seconds 1e8..1e11, epoch milliseconds 1e11..1e14, julianday 1e6..1e7"
         held = counts or f"numbers from {lo!r} to {hi!r}"
         if low is None or high is None or low != high:
-            bad = lo if low is None or low != high else hi
             raise self._refuse(
                 f"holds {held}, which are not all of one format ({ranges})",
-                f"convert the rows to one format, or exclude the others with a where "
-                f"(for example {self.policy.timestamp} {'>' if bad == lo else '<'} {bad!r})",
+                "convert the rows to one format" + _one_format(self.policy.timestamp, low, high),
             )
         if stated and stated != low:
             raise self._refuse(
@@ -1248,6 +1267,20 @@ def _shown(stored: Any, read: datetime | None) -> str:
     """A stored value, and the instant it was read as."""
     value = stored.isoformat(sep=" ") if isinstance(stored, datetime) else str(stored)
     return f"{value} (= {format_time(read)})" if read is not None else f"{value} (unreadable)"
+
+
+def _one_format(column: str, low: str | None, high: str | None) -> str:
+    """The where that limits a policy to the values of one numeric format (the
+    higher values' where they have one), as a refusal's fix: exactly that
+    format's range, so that the check reads one format under it."""
+    keep = high or low
+    if keep is None:
+        return ""
+    start, end = NUMERIC_RANGES[keep]
+    return (
+        f", or limit the policy to the {Storage(keep).describe()} with where = "
+        f'"{column} >= {int(start)} and {column} < {int(end)}"'
+    )
 
 
 def _span_name(span: Span) -> str:
