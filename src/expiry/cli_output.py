@@ -250,6 +250,18 @@ def print_status(data: dict[str, Any]) -> None:
                 f"UNSERVED: {p['name']}: jobs due for {p['unserved_seconds']:.0f}s and no live "
                 "worker works its queue: start one (`expiry worker`)"
             )
+        if p.get("unscheduled"):
+            late = p.get("unscheduled_seconds")
+            since = (
+                f"its fire due {late:.0f}s ago was not taken"
+                if late is not None
+                else "no scheduler has registered its schedule"
+            )
+            out.print(
+                f"UNSCHEDULED: {p['name']}: {since}: no scheduler keeps it, so no run "
+                "opens: start one (`expiry scheduler`, or `expiry serve`) with this policy "
+                "in its config"
+            )
         if line := _throttle_line(p):
             out.print(line)
     if "workers_alive" in data:

@@ -100,6 +100,11 @@ CRON_THREADS = 2
 HEALTH_INTERVAL_SECONDS = 1.0
 """How often a worker reads the database's health for the throttle: never per row."""
 
+SCHEDULE_LATE_SECONDS = 120.0
+"""A scheduled policy's fire not taken this long after it was due says that no
+scheduler keeps its schedule (none runs, or none sees this policy): status,
+the dashboard and /metrics say it is unscheduled."""
+
 WORKER_STALE_SECONDS = 90.0
 """A worker not seen on the roll for this long (three default heartbeats and
 more) may be stopped, stuck or cut off: the workers page says so, and its

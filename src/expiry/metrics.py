@@ -119,6 +119,19 @@ class ExpiryCollector(Collector):
         for name in names:
             gauge.add_metric([name], 1.0 if name in unserved else 0.0)
         yield gauge
+        schedules = {s.policy: s for s in self.engine.schedule_list()}
+        late = roll.unscheduled(self.cleanup.policies, schedules, self.engine.now())
+        gauge = GaugeMetricFamily(
+            "expiry_policy_unscheduled",
+            "1 while the policy's schedule has a fire due over two minutes ago that no "
+            "scheduler took (or none ever registered it), else 0; scheduled policies only",
+            labels=["policy"],
+        )
+        for policy in self.cleanup.policies:
+            if policy.schedule is not None:
+                broken = policy.name in self.cleanup.broken
+                gauge.add_metric([policy.name], 1.0 if policy.name in late and not broken else 0.0)
+        yield gauge
 
     def _throttles(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         """Held time by reason and the rate limit, as the live workers report them."""

@@ -8,15 +8,30 @@ killed, be stuck or be cut off. A policy is *unserved* when its queue holds
 due jobs and no live worker works that queue: nothing will clean it until one
 starts, so status, the dashboard and /metrics say so rather than let the
 watermark grow in silence.
+
+The schedules are read the same way: a scheduled policy whose fire was due
+more than ``defaults.SCHEDULE_LATE_SECONDS`` ago and that no scheduler took is
+*unscheduled*: no scheduler keeps it (none runs, or none has this policy in
+its config), and no run will open until one does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Protocol
 
 from . import defaults
+from .cron import Rule, next_fire
 from .queue import policy_queue
-from .types import QueueStats, WorkerSeen
+from .types import QueueStats, Schedule, WorkerSeen
+
+
+class Scheduled(Rule, Protocol):
+    """A policy as the schedule reading reads it (config.Policy is one)."""
+
+    @property
+    def name(self) -> str: ...
 
 
 def alive(
@@ -38,4 +53,30 @@ def unserved(
         queue = policy_queue(name)
         if queue in stats.oldest_due_seconds and queue not in worked:
             out[name] = stats.oldest_due_seconds[queue]
+    return out
+
+
+def unscheduled(
+    policies: Sequence[Scheduled],
+    schedules: Mapping[str, Schedule],
+    now: datetime,
+    grace: float = defaults.SCHEDULE_LATE_SECONDS,
+) -> dict[str, float | None]:
+    """Each scheduled policy that no scheduler keeps: the seconds since its
+    first fire that none took, when that is more than ``grace``; None when no
+    scheduler has ever registered its schedule. Paused schedules, and those
+    on time, are left out."""
+    out: dict[str, float | None] = {}
+    for policy in policies:
+        if policy.schedule is None:
+            continue
+        state = schedules.get(policy.name)
+        if state is None:
+            out[policy.name] = None
+            continue
+        if state.paused or state.last_fire_at is None:
+            continue
+        late = (now - next_fire(policy, state.last_fire_at)).total_seconds()
+        if late > grace:
+            out[policy.name] = late
     return out

@@ -54,6 +54,7 @@ def policies(app: App) -> list[dict[str, Any]]:
     live = roll.alive(app.engine.worker_list())
     throttles = merge_throttles(live)
     unserved = roll.unserved([p.name for p in cleanup.policies], live, app.queue.stats())
+    unscheduled = roll.unscheduled(cleanup.policies, schedules, now)
     ages = cleanup.open_run_ages()
     out = []
     for policy in cleanup.policies:
@@ -79,6 +80,12 @@ def policies(app: App) -> list[dict[str, Any]]:
                 "broken": broken,
                 "throttle": throttles.get(policy.name),
                 "unserved_seconds": unserved.get(policy.name),
+                # No scheduler keeps its schedule: late by this long (None: never
+                # registered by one). A quarantined policy's fires wait: said as broken.
+                "unscheduled": policy.name in unscheduled and not broken,
+                "unscheduled_seconds": None
+                if broken or unscheduled.get(policy.name) is None
+                else round(unscheduled[policy.name] or 0.0, 3),
                 "vacuum": None if broken else vacuum(app, policy.table),
             }
         )

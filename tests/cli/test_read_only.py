@@ -19,13 +19,15 @@ import re
 import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
+import pymysql
 import pytest
 from test_cli import Result, expiry
 
 from cleanup.support import Db, write_config
-from conftest import mysql_admin
+from expiry.engines.mysql.engine import parse_url
 
 POLICY = {
     "name": "expired-sessions",
@@ -154,10 +156,15 @@ def test_reading_commands_create_nothing_on_a_never_migrated_postgres(
 # -- MariaDB ----------------------------------------------------------------------
 
 
+def mysql_admin(url: str) -> Any:
+    """A connection as the test database's owner (the server's root)."""
+    return pymysql.connect(**parse_url(url), autocommit=True)
+
+
 def mysql_catalog(url: str) -> list[tuple[object, ...]]:
     """The database's tables, routines and triggers."""
     name = url.rsplit("/", 1)[1]
-    admin = mysql_admin()
+    admin = mysql_admin(url)
     try:
         with admin.cursor() as cur:
             cur.execute(
@@ -179,7 +186,7 @@ def mysql_reader(bare_mysql_url: str) -> Iterator[str]:
     """A user granted SELECT on the application's table alone."""
     name = bare_mysql_url.rsplit("/", 1)[1]
     seed(bare_mysql_url)
-    admin = mysql_admin()
+    admin = mysql_admin(bare_mysql_url)
     with admin.cursor() as cur:
         cur.execute(f"drop user if exists '{ROLE}'@'%'")
         cur.execute(f"create user '{ROLE}'@'%' identified by '{PASSWORD}'")

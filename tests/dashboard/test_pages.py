@@ -231,6 +231,31 @@ def test_due_work_that_no_live_worker_serves_is_said_on_every_surface(
     assert app.queue.stats().oldest_due_seconds  # still due: served, not done
 
 
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # the schedules read alike on each
+def test_a_schedule_no_scheduler_keeps_is_said_in_red_until_a_scheduler_takes_it(
+    page: WebDriver, dashboard: Dashboard
+) -> None:
+    """The policy is scheduled and no scheduler runs (this server has none):
+    the overview says in red that no scheduler keeps its schedule and how to
+    start one; once a scheduler registers it and takes its fires, it is gone."""
+    app = dashboard.app
+    sign_in(page, dashboard)
+    page.get(dashboard.url("/"))
+    banner = page.find_element(By.ID, "unscheduled").text
+    assert "No scheduler keeps the schedule of expired-sessions" in banner
+    assert "no scheduler has registered it" in banner and "expiry scheduler" in banner
+    screenshot(page, "overview-unscheduled")
+
+    app.engine.schedule_register("expired-sessions", app.engine.now() - timedelta(hours=1))
+    page.get(dashboard.url("/"))
+    banner = page.find_element(By.ID, "unscheduled").text
+    assert "its fire due" in banner and "ago was not taken" in banner
+
+    app.scheduler().tick()
+    page.get(dashboard.url("/"))
+    assert not page.find_elements(By.ID, "unscheduled")
+
+
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_the_workers_page_says_when_none_is_alive_and_lets_gone_ones_age_out(
     page: WebDriver, dashboard: Dashboard

@@ -27,6 +27,7 @@ from expiry import status
 from expiry.app import App
 from expiry.config import parse_config
 from expiry.errors import ConfigError
+from expiry.metrics import render
 from expiry.scheduler import Fire, Scheduler
 from expiry.times import format_time
 
@@ -742,3 +743,44 @@ def test_cron_calls_are_shared_fairly_across_the_keys_that_own_targets(
     assert "victim" in first_two, first_two
     claimed = app.queue.claim(2, 30, queues=(cron_calls(app)[0].queue,), owner="test")
     assert "victim" in [j.payload["name"] for j in claimed]
+
+
+# -- a schedule that no scheduler keeps ------------------------------------------
+
+
+def test_a_schedule_no_scheduler_keeps_is_said_until_one_takes_its_fires(
+    make_app: Callable[..., App],
+) -> None:
+    """No scheduler runs: a scheduled policy opens no run and nothing else says
+    so (the watermark grows only once rows expire). Status and /metrics say it
+    is unscheduled: never registered, then a fire due minutes ago not taken.
+    A scheduler's tick takes the fire and ends it; a paused schedule, and a
+    policy without a schedule, are never said to be unscheduled."""
+    app = make_app(policy(schedule="* * * * *"), policy("manual", schedule=None))
+
+    def said() -> dict[str, Any]:
+        rows = {p["name"]: p for p in status.policies(app)}
+        assert rows["manual"]["unscheduled"] is False
+        text = render(app)[0].decode()
+        gauge = f'expiry_policy_unscheduled{{policy="{POLICY}"}} '
+        assert (gauge + "1.0" in text) == rows[POLICY]["unscheduled"], text
+        assert 'expiry_policy_unscheduled{policy="manual"}' not in text
+        return rows[POLICY]
+
+    row = said()
+    assert row["unscheduled"] is True and row["unscheduled_seconds"] is None  # never registered
+
+    now = app.engine.now()
+    app.engine.schedule_register(POLICY, now - timedelta(minutes=10))
+    row = said()
+    assert row["unscheduled"] is True
+    assert 8 * 60 < row["unscheduled_seconds"] < 10 * 60  # the fire after the registration
+
+    app.engine.schedule_set_paused(POLICY, True)
+    assert said()["unscheduled"] is False  # paused: nothing is due
+    app.engine.schedule_set_paused(POLICY, False)
+
+    app.scheduler().tick()  # a scheduler, on the database's clock, takes the fires
+    row = said()
+    assert row["unscheduled"] is False and row["unscheduled_seconds"] is None
+    assert run_ids(app)  # and the run it was missing opened
