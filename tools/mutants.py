@@ -466,6 +466,18 @@ MUTANTS = [
         "the index on the timestamp already ends with the key: a redundant index to keep up",
     ),
     Mutant(
+        "unscheduled-silent",
+        "src/expiry/roll.py",
+        "        if late > grace:\n",
+        "        if late > grace * 1000:\n",
+        (
+            "tests/scheduler/test_scheduler.py::test_a_schedule_no_scheduler_keeps_is_said_until_"
+            "one_takes_its_fires",
+        ),
+        "a schedule whose fires no scheduler takes is said only once it is days late: "
+        "no run opens and nothing says why",
+    ),
+    Mutant(
         "drift-dead-letters",
         "src/expiry/cleanup.py",
         "            if not self.engine.schema_drift(exc):\n                raise\n",
