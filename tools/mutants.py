@@ -478,6 +478,30 @@ MUTANTS = [
         "no run opens and nothing says why",
     ),
     Mutant(
+        "redelivered-from-attempts",
+        "src/expiry/runs.py",
+        '        "redelivered": sum(j.redelivered for j in windows),',
+        '        "redelivered": sum(\n            j.attempts - j.n - j.failures for j in windows if j.state == "completed"\n        ),',
+        (
+            "tests/cleanup/test_window_booking.py::test_a_run_counts_a_window_delivered_again_"
+            "after_its_lease_was_lost",
+        ),
+        "a run's redeliveries read off attempts spent: a lost lease is not counted, and a "
+        "redrive or a refunded attempt makes the figure negative",
+    ),
+    Mutant(
+        "redrive-leaves-run-finished",
+        "src/expiry/engines/base.py",
+        '                self._rows(conn, "run_reopen", {"ids": self._list(runs)})\n',
+        "                pass\n",
+        (
+            "tests/engines/test_conformance_runs.py::test_job_redrive_opens_the_finished_runs_"
+            "of_the_jobs_it_sends_back",
+        ),
+        "a redriven window's run stays finished with its old finish time while the window "
+        "retries: 'finished 0 of 4', and the run never finishes again",
+    ),
+    Mutant(
         "drift-dead-letters",
         "src/expiry/cleanup.py",
         "            if not self.engine.schema_drift(exc):\n                raise\n",

@@ -203,7 +203,7 @@ class Queue:
                 actor=actor,
                 job_key=row["key"],
                 run_id=row["run_id"],
-                policy=policy,
+                policy=row.get("policy") or policy,
             )
         return [row["key"] for row in rows]
 

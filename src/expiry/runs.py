@@ -283,20 +283,23 @@ def summarize(run: Run, jobs: list[RunJobs], ledger: RunTotals, duplicates: int)
         "rows_affected": ledger.rows,
         "rows_blocked": ledger.blocked,
         "duplicates_skipped": duplicates,
-        # Failures followed by another attempt: a dead job's last failure ended it.
-        "retries": sum(j.failures for j in windows)
-        - sum(j.n for j in windows if j.state == JobState.DEAD),
+        # Failures followed by another attempt (a dead job's last failure ended
+        # it); a lost lease is counted as a redelivery below, not here.
+        "retries": max(
+            0,
+            sum(j.failures - j.redelivered for j in windows)
+            - sum(j.n for j in windows if j.state == JobState.DEAD),
+        ),
         "outcome": _outcome(run, by_state.get(JobState.DEAD, 0)),
         "cancelled_at": _time(run.cancelled_at),
         "cancelled_by": run.cancelled_by,
         "superseded_by": run.superseded_by,
         "stalled": run.stalled_at is not None and run.state != "finished",
         "stalled_at": _time(run.stalled_at),
-        # Deliveries beyond one per job and its recorded failures: the same window
-        # delivered again (after a lost lease or acknowledgement).
-        "redelivered": sum(
-            j.attempts - j.n - j.failures for j in windows if j.state == JobState.COMPLETED
-        ),
+        # Windows delivered again after their lease was lost (a worker killed or
+        # cut off): the rescuer's lease_expired records, counted (attempts spent
+        # minus failures went negative once a redrive or a refund reset them).
+        "redelivered": sum(j.redelivered for j in windows),
         "opened_at": _time(run.opened_at),
         "planned_at": _time(run.planned_at),
         "finished_at": _time(run.finished_at),

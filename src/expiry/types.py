@@ -184,6 +184,8 @@ class RunJobs:
     """attempts spent by these jobs, summed"""
     failures: int
     """failed attempts recorded on these jobs, summed"""
+    redelivered: int = 0
+    """deliveries given again after a lost lease (the rescuer's lease_expired), summed"""
 
 
 @dataclass(frozen=True)

@@ -417,3 +417,26 @@ def test_a_key_window_takes_and_books_exactly_the_rows_of_its_range(db: Db, apps
         f"{opened.run_id}:test:{lo}": len({i for i in gone if lo < i <= hi}) for lo, hi in spans
     }
     assert db.ids() == set(range(1, 301)) - gone
+
+
+def test_a_run_counts_a_window_delivered_again_after_its_lease_was_lost(db: Db, apps: Apps) -> None:
+    """A worker claims a window and is lost (its lease runs out): the rescuer
+    gives the window to another delivery, which applies it. The run counts one
+    redelivery and no retry, every window done; a redrive or a refunded attempt
+    never makes the count negative (it used to be attempts - jobs - failures,
+    "Redelivered -17" on the dashboard after a redrive)."""
+    seed(db, 300)
+    app = apps(db.url)
+    assert app.cleanup is not None
+    opened = app.cleanup.open_run(POLICY)
+    claim_plan(app)
+    [lost] = app.queue.claim(1, 0.2, owner="lost", queues=app.worked_queues())
+    assert lost.handler == WINDOW
+    wait_for(lambda: app.queue.rescue() == 1, timeout=10, what="the lost lease to be rescued")
+    run_worker(app)
+
+    summary = app.runs.summary(opened.run_id)
+    assert summary is not None and summary["state"] == "finished"
+    assert summary["jobs_done"] == summary["jobs_total"] > 1
+    assert (summary["redelivered"], summary["retries"]) == (1, 0)
+    assert_run_clean(db, opened.run_id)

@@ -74,8 +74,10 @@ def test_revoked_delete_dead_letters_with_reason_then_redrive_completes(
     record_expected(pg_url)
     app = apps(worker_role, POLICY_A)
     assert app.cleanup is not None
-    app.cleanup.open_run("expired-sessions")
+    opened = app.cleanup.open_run("expired-sessions")
     run_worker(app, concurrency=2)
+    dead = app.runs.summary(opened.run_id)
+    assert dead is not None and dead["state"] == "finished" and dead["jobs_dead"] > 0
 
     with connect(pg_url) as conn:
         windows = conn.execute(
@@ -101,9 +103,27 @@ def test_revoked_delete_dead_letters_with_reason_then_redrive_completes(
     )
     assert redriven.returncode == 0, redriven.stderr
     assert len(json.loads(redriven.stdout)["redriven"]) == len(windows)
+    # Its run is open again while the redriven windows wait, and the redrives
+    # are audited with their policy and run (the run's audit view finds them).
+    reopened = app.runs.summary(opened.run_id)
+    assert reopened is not None
+    assert (reopened["state"], reopened["finished_at"]) == ("running", None)
+    with connect(pg_url) as conn:
+        audited = conn.execute(
+            "select policy, run_id from expiry.audit where action = 'job.redriven'"
+        ).fetchall()
+    assert audited and set(audited) == {("expired-sessions", opened.run_id)}
     drain(app, concurrency=2)
     report = check(pg_url)
     assert set(report.jobs) == {"completed"}
+    # Its figures after the redrive: finished again, later, every window done
+    # once (no redelivery: no lease was lost), each retried once.
+    done = app.runs.summary(opened.run_id)
+    assert done is not None and done["state"] == "finished"
+    assert done["finished_at"] > dead["finished_at"]
+    assert done["outcome"] == "finished"
+    assert done["jobs_done"] == done["jobs_total"] == len(windows)
+    assert (done["redelivered"], done["retries"]) == (0, len(windows))
 
 
 # The drill terminates every backend of the database while workers hold

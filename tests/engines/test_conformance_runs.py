@@ -162,6 +162,29 @@ def test_run_finish_waits_for_planning_and_pending_jobs(engine: Engine) -> None:
     assert engine.run_finish("p:1") is False  # once
 
 
+def test_job_redrive_opens_the_finished_runs_of_the_jobs_it_sends_back(engine: Engine) -> None:
+    """A run finished with a dead job is open again once the job is redriven
+    (finish time cleared), and finishes again after it; a cancelled run stays
+    finished. The redrive says each job's policy (its payload's)."""
+    for rid in ("p:1", "p:2"):
+        engine.run_insert(rid, "p", CUTOFF, "trigger")
+        enqueue(engine, f"{rid}:0", rid)
+        job = claim(engine, f"{rid}:0")
+        assert engine.job_fail(job, "boom", "error", None) is not None  # dead
+        engine.run_add_windows(rid, 1, done=True)
+        if rid == "p:2":
+            assert engine.run_cancel(rid, "ops") == []
+        assert engine.run_finish(rid) is True
+
+    rows = engine.job_redrive(["p:1:0", "p:2:0"])
+    assert sorted((r["key"], r["run_id"]) for r in rows) == [("p:1:0", "p:1"), ("p:2:0", "p:2")]
+    reopened, cancelled = engine.run_get("p:1"), engine.run_get("p:2")
+    assert reopened is not None and (reopened.state, reopened.finished_at) == ("running", None)
+    assert cancelled is not None and cancelled.state == "finished"
+    engine.job_complete(claim(engine, "p:1:0"))
+    assert engine.run_finish("p:1") is True
+
+
 def test_run_finish_of_a_run_without_jobs_uses_the_database_clock(engine: Engine) -> None:
     engine.run_insert("p:1", "p", CUTOFF, "trigger")
     engine.run_add_windows("p:1", 0, done=True)

@@ -769,7 +769,11 @@ class Engine(abc.ABC):
     ) -> list[Row]:
         params = {"keys": self._list(keys), "all": all, "policy": policy}
         with self.transaction() as conn:
-            return self._rows(conn, "job_redrive", params)
+            rows = self._rows(conn, "job_redrive", params)
+            runs = sorted({row["run_id"] for row in rows if row["run_id"] is not None})
+            if runs:  # their runs are open again until the jobs end
+                self._rows(conn, "run_reopen", {"ids": self._list(runs)})
+            return rows
 
     def job_discard(self, keys: Sequence[str]) -> list[Row]:
         with self.transaction() as conn:
@@ -1067,6 +1071,7 @@ class Engine(abc.ABC):
                 n=int(row["n"]),
                 attempts=int(row["attempts"]),
                 failures=int(row["failures"]),
+                redelivered=int(row.get("redelivered") or 0),
             )
             for row in self._tx_rows(conn, "run_jobs", {"id": run_id})
         ]

@@ -193,7 +193,7 @@ set @expiry_ids = (select coalesce(json_arrayagg(id), '[]') from (
 update expiry_jobs
 set state = 'available', attempt = 0, run_at = $now, finished_at = null, updated_at = $now
 where id in (select v from json_table(@expiry_ids, '$[*]' columns (v bigint path '$')) as l);
-select `key`, run_id from expiry_jobs
+select `key`, run_id, json_unquote(json_extract(payload, '$.policy')) as policy from expiry_jobs
 where id in (select v from json_table(@expiry_ids, '$[*]' columns (v bigint path '$')) as l);
 
 -- name: job_discard
@@ -383,6 +383,13 @@ where r.id = %(id)s and r.state = 'running'
                     and j.state in ('scheduled', 'available', 'retryable', 'running'));
 select %(id)s as id from dual where row_count() > 0;
 
+-- name: run_reopen
+-- A finished run whose dead jobs were redriven is open again (its finish
+-- time cleared) until they end; a cancelled or superseded run stays finished.
+update expiry_runs set state = 'running', finished_at = null
+where id in (select v from json_table(%(ids)s, '$[*]' columns (v varchar(700) path '$')) as r)
+  and state = 'finished' and cancelled_at is null and superseded_by is null;
+
 -- name: run_finish_idle
 -- Finish every planned run none of whose jobs is pending: the sweep for runs
 -- whose last job's worker died after its commit, or whose last job ended dead.
@@ -407,9 +414,12 @@ where state = 'finished'
   and id in (select v from json_table(@expiry_ids, '$[*]' columns (v varchar(700) path '$')) as l);
 
 -- name: run_jobs
--- A run's jobs by handler and state, with attempts spent and failed attempts.
+-- A run's jobs by handler and state, with attempts spent, failed attempts and
+-- deliveries given again after a lost lease (the rescuer's lease_expired).
 select handler, state, count(*) as n, coalesce(sum(attempt), 0) as attempts,
-       coalesce(sum(json_length(errors)), 0) as failures
+       coalesce(sum(json_length(errors)), 0) as failures,
+       coalesce(sum(json_length(json_search(errors, 'all', 'lease_expired', null, '$[*].kind'))),
+                0) as redelivered
 from expiry_jobs where run_id = %(id)s group by handler, state;
 
 -- name: run_ledger

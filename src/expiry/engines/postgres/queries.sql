@@ -222,7 +222,7 @@ set state = 'available', attempt = 0, run_at = now(), finished_at = null, update
 where state = 'dead'
   and (%(all)s or id in (select job_id from expiry.job_keys where key = any(%(keys)s::text[])))
   and (%(policy)s::text is null or payload->>'policy' = %(policy)s)
-returning key, run_id;
+returning key, run_id, payload->>'policy' as policy;
 
 -- name: job_discard
 -- Cancel dead (or still waiting) jobs; they are kept, as cancelled, for the record.
@@ -413,6 +413,13 @@ with finished as (
 )
 select f.id from finished f cross join lateral (select pg_notify('expiry_runs', f.id)) as hint;
 
+-- name: run_reopen
+-- A finished run whose dead jobs were redriven is open again (its finish
+-- time cleared) until they end; a cancelled or superseded run stays finished.
+update expiry.runs set state = 'running', finished_at = null
+where id = any(%(ids)s::text[]) and state = 'finished'
+  and cancelled_at is null and superseded_by is null;
+
 -- name: run_finish_idle
 -- Finish every planned run none of whose jobs is pending: the sweep for runs whose
 -- last job's worker died after its commit, or whose last job ended dead. Hints
@@ -431,9 +438,12 @@ with finished as (
 select f.id from finished f cross join lateral (select pg_notify('expiry_runs', f.id)) as hint;
 
 -- name: run_jobs
--- A run's jobs by handler and state, with attempts spent and failed attempts.
+-- A run's jobs by handler and state, with attempts spent, failed attempts and
+-- deliveries given again after a lost lease (the rescuer's lease_expired).
 select handler, state, count(*) as n, coalesce(sum(attempt), 0) as attempts,
-       coalesce(sum(jsonb_array_length(errors)), 0) as failures
+       coalesce(sum(jsonb_array_length(errors)), 0) as failures,
+       coalesce(sum((select count(*) from jsonb_array_elements(errors) e
+                     where e->>'kind' = 'lease_expired')), 0) as redelivered
 from expiry.jobs where run_id = %(id)s group by handler, state;
 
 -- name: run_ledger

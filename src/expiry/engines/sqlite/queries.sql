@@ -154,7 +154,7 @@ set state = 'available', attempt = 0, run_at = $now, finished_at = null, updated
 where state = 'dead'
   and (:all or key in (select value from json_each(:keys)))
   and (:policy is null or json_extract(payload, '$.policy') = :policy)
-returning key, run_id;
+returning key, run_id, json_extract(payload, '$.policy') as policy;
 
 -- name: job_discard
 -- Cancel dead (or still waiting) jobs; they are kept, as cancelled, for the record.
@@ -334,6 +334,13 @@ where id = :id and state = 'running'
                     and j.state in ('scheduled', 'available', 'retryable', 'running'))
 returning id;
 
+-- name: run_reopen
+-- A finished run whose dead jobs were redriven is open again (its finish
+-- time cleared) until they end; a cancelled or superseded run stays finished.
+update expiry_runs set state = 'running', finished_at = null
+where id in (select value from json_each(:ids)) and state = 'finished'
+  and cancelled_at is null and superseded_by is null;
+
 -- name: run_finish_idle
 -- Finish every planned run none of whose jobs is pending: the sweep for runs whose
 -- last job's worker died after its commit, or whose last job ended dead.
@@ -348,9 +355,12 @@ where state = 'running'
 returning id;
 
 -- name: run_jobs
--- A run's jobs by handler and state, with attempts spent and failed attempts.
+-- A run's jobs by handler and state, with attempts spent, failed attempts and
+-- deliveries given again after a lost lease (the rescuer's lease_expired).
 select handler, state, count(*) as n, coalesce(sum(attempt), 0) as attempts,
-       coalesce(sum(json_array_length(errors)), 0) as failures
+       coalesce(sum(json_array_length(errors)), 0) as failures,
+       coalesce(sum((select count(*) from json_each(errors) e
+                     where json_extract(e.value, '$.kind') = 'lease_expired')), 0) as redelivered
 from expiry_jobs where run_id = :id group by handler, state;
 
 -- name: run_ledger
