@@ -28,6 +28,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from prometheus_client import start_http_server
+
 from . import defaults, signals, status
 from . import log as logconfig
 from .app import App
@@ -250,9 +252,14 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    listen = (
+        checked_listen(args.metrics_listen, "--metrics-listen") if args.metrics_listen else None
+    )
     app = load_app(args.app) if args.app else open_app(args)
     app.migrate()
     log_warnings(app)
+    if listen is not None:
+        serve_process_metrics(listen)
     settings = app.config.worker if app.config is not None else None
     worker = app.worker(
         concurrency=args.concurrency or (settings.concurrency if settings else 1),
@@ -339,13 +346,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def checked_listen(listen: str) -> str:
+def serve_process_metrics(listen: str) -> None:
+    """This process's histograms (job durations, rows per window) and process
+    figures on http://HOST:PORT/metrics, from a thread of prometheus_client's:
+    a worker run apart from `expiry serve` has no other place to show them
+    (serve's /metrics shows the database's state and its own process's)."""
+    host, _, port = listen.rpartition(":")
+    start_http_server(int(port), addr=host.strip("[]"))
+    logger.info("worker metrics on http://%s/metrics", listen)
+
+
+def checked_listen(listen: str, flag: str = "--listen") -> str:
     """HOST:PORT, and free: a bad or taken address is refused before the
     scheduler and workers start (exit 2 for a bad one, 1 for a taken one)."""
     try:
         check_listen(listen)
     except ValueError as exc:
-        raise ConfigError(f"--listen {exc}") from None
+        raise ConfigError(f"{flag} {exc}") from None
     host, _, port = listen.rpartition(":")
     family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:

@@ -142,6 +142,13 @@ def worker_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--until-idle", action="store_true", help="exit 0 once nothing is due or running"
     )
+    parser.add_argument(
+        "--metrics-listen",
+        default=env("METRICS_LISTEN"),
+        help="HOST:PORT to serve this process's /metrics on (job durations, rows per window, "
+        "the process's own figures): for workers run apart from `expiry serve` "
+        "[EXPIRY_METRICS_LISTEN]",
+    )
     stop_args(parser)
 
 

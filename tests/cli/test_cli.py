@@ -571,6 +571,50 @@ def test_serve_answers_http_and_stops_cleanly_on_sigterm(ws: Workspace) -> None:
     assert "Traceback" not in err
 
 
+def test_a_worker_serves_its_own_metrics_when_asked(ws: Workspace) -> None:
+    """`worker --metrics-listen`: a worker run apart from `serve` shows its job
+    durations and rows per window (histograms live in the process that ran
+    the jobs) on /metrics; a taken address is refused before anything runs."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "expiry.cli", "--config", str(ws.config)]
+        + ["worker", "--metrics-listen", f"127.0.0.1:{port}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environment(),
+    )
+
+    def scrape() -> str:
+        assert proc.poll() is None, proc.communicate()
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                return str(r.read().decode())
+        except OSError:
+            return ""
+
+    try:
+        wait_for(lambda: "expiry_job_duration_seconds" in scrape(), 30, "the worker's /metrics")
+        ws.ok("trigger", POLICY, "--wait")
+        done = f'expiry_window_rows_sum{{policy="{POLICY}"}} {float(EXPIRED)}'
+        wait_for(lambda: done in scrape(), 30, "the windows' rows on the worker's /metrics")
+        text = scrape()
+        assert (
+            'expiry_job_duration_seconds_count{handler="expiry.window",outcome="completed"}' in text
+        )
+        assert "process_resident_memory_bytes" in text
+        taken = ws.run("worker", "--metrics-listen", f"127.0.0.1:{port}", "--until-idle")
+        assert taken.code == 1 and "cannot listen on" in taken.err, taken
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert f"worker metrics on http://127.0.0.1:{port}/metrics" in err
+
+
 def test_demo_cleans_four_policies_to_a_zero_watermark(tmp_path: Path) -> None:
     result = expiry("demo", "--rows", "20000", "--path", tmp_path / "demo.db", "--json")
     assert result.code == 0, result.err
