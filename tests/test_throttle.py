@@ -152,3 +152,23 @@ def test_a_signal_without_a_limit_and_a_missing_reading_are_ignored() -> None:
     assert c.observe(0.0, {"active_backends": 900.0}, running_rate=1.0) is None
     assert c.observe(1.0, {"replica_lag": float("nan")}, running_rate=1.0) is None
     assert c.state == OPEN
+
+
+def test_a_hold_says_its_reading_as_of_the_last_check_and_since_when() -> None:
+    """What status and the dashboard show while a policy waits: the reading
+    past its limit now ("replica_lag 9 > 5", not only "replica_lag") and how
+    long the hold has lasted, through a change of reason and a stop; nothing
+    once it is open again."""
+    c = controller()
+    c.observe(0.0, {"replica_lag": 0.5}, running_rate=10.0)
+    assert (c.detail, c.held_for(0.0)) == (None, None)
+    c.observe(1.0, {"replica_lag": 7.0}, running_rate=10.0)
+    assert (c.detail, c.held_for(3.0)) == ("replica_lag 7 > 5", 2.0)
+    c.observe(2.0, {"replica_lag": 9.0}, running_rate=0.0)
+    assert c.detail == "replica_lag 9 > 5"  # as of the last check
+    c.observe(3.0, {"replica_lag": 1.0, "latency_ratio": 2.0}, running_rate=0.0)
+    assert (c.reason, c.detail, c.held_for(4.0)) == ("latency_ratio", "latency_ratio 2 > 1.25", 3.0)
+    c.observe(5.0, {"replica_lag": 61.0}, running_rate=0.0)
+    assert (c.state, c.detail, c.held_for(6.0)) == (CRITICAL, "replica_lag 61 > 60", 5.0)
+    c.reset(7.0)
+    assert (c.state, c.detail, c.held_for(8.0)) == (OPEN, None, None)

@@ -297,7 +297,9 @@ def _throttle_line(p: dict[str, Any]) -> str:
     parts = []
     t = p.get("throttle") or {}
     if t.get("state") not in (None, "open"):
-        parts.append(f"{t['state']} ({t.get('reason')})")
+        why = t.get("detail") or t.get("reason")
+        held = t.get("held_seconds")
+        parts.append(f"{t['state']} ({why}" + (f", for {held:.0f}s)" if held is not None else ")"))
     if t.get("rate"):
         parts.append(f"rate limit {t['rate']:.2f} windows/s")
     held = t.get("throttled_seconds") or {}

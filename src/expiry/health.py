@@ -377,6 +377,8 @@ class Health:
                     "reason": "stopped by the throttle" if stopped else c.reason,
                     "rate": c.rate,
                     "throttled_seconds": {k: round(v, 3) for k, v in c.throttled_at(now).items()},
+                    "detail": c.detail,
+                    "held_seconds": None if (held := c.held_for(now)) is None else round(held, 3),
                     "readings": {
                         k: round(v, 4) if math.isfinite(v) else None
                         for k, v in state.readings.items()
@@ -392,16 +394,28 @@ class Health:
 
 def merge_throttles(workers: list[WorkerSeen]) -> dict[str, dict[str, Any]]:
     """Each policy's throttle over several workers' reports: the first state
-    that is not open (held, stopped or paused), the seconds held by reason
-    summed, and the lowest rate limit."""
+    that is not open (held, stopped or paused) with its reading past the limit
+    and how long it has held, the seconds held by reason summed, and the
+    lowest rate limit."""
     out: dict[str, dict[str, Any]] = {}
     for worker in workers:
         for name, h in worker.health.items():
             mine = out.setdefault(
-                name, {"state": "open", "reason": None, "rate": None, "throttled_seconds": {}}
+                name,
+                {
+                    "state": "open",
+                    "reason": None,
+                    "rate": None,
+                    "throttled_seconds": {},
+                    "detail": None,
+                    "held_seconds": None,
+                },
             )
             if h.get("state") not in (None, "open") and mine["state"] == "open":
                 mine["state"], mine["reason"] = h.get("state"), h.get("reason")
+                mine["detail"] = h.get("detail")  # "active_backends 6 > 3"
+                if h.get("held_seconds") is not None:  # as of its report, then since
+                    mine["held_seconds"] = round(h["held_seconds"] + worker.seen_seconds_ago, 3)
             if h.get("rate") is not None:
                 mine["rate"] = min(h["rate"], mine["rate"] or h["rate"])
             for reason, seconds in (h.get("throttled_seconds") or {}).items():

@@ -75,6 +75,11 @@ class Controller:
     until its first breach (None: it begins unlimited)."""
     _since: float | None = None
     """The last check (or reset): held time counts from it, and the increase."""
+    detail: str | None = None
+    """While held or stopped: the reading past its limit, as of the last
+    check ("active_backends 6 > 3")."""
+    held_since: float | None = None
+    """While held or stopped: when it began (the clock ``observe`` is given)."""
 
     def observe(
         self, now: float, readings: dict[str, float], running_rate: float | None
@@ -89,21 +94,25 @@ class Controller:
             return None
         critical = self._past(readings, self.critical)
         if critical is not None:
-            return self._move(CRITICAL, critical, self._describe(critical, readings, self.critical))
+            detail = self._describe(critical, readings, self.critical)
+            return self._move(now, CRITICAL, critical, detail)
         breached = self._past(readings, self.limits)
         if breached is not None:
+            detail = self._describe(breached, readings, self.limits)
             if self.state == OPEN:  # a new breach: multiplicative decrease
                 running = [r for r in (self.rate, running_rate) if r]
                 before = min(running) if running else self.ceiling
                 if self.ceiling is None:
                     self.ceiling = running_rate or before
                 self.rate = max(MIN_RATE, (before or MIN_RATE / DECREASE) * DECREASE)
-                return self._move(HELD, breached, self._describe(breached, readings, self.limits))
+                return self._move(now, HELD, breached, detail)
             if breached != self.reason:
-                return self._move(HELD, breached, self._describe(breached, readings, self.limits))
+                return self._move(now, HELD, breached, detail)
+            self.detail = detail  # the same breach: its reading as of now
             return None
         if self.state == HELD:
-            return self._move(OPEN, None, f"healthy again; resuming at {self.rate:.2f} windows/s")
+            resumed = f"healthy again; resuming at {self.rate:.2f} windows/s"
+            return self._move(now, OPEN, None, resumed)
         self._increase(step, running_rate)
         return None
 
@@ -127,7 +136,7 @@ class Controller:
         self._count(now)
         if self.state != CRITICAL:
             return None
-        return self._move(OPEN, None, "resumed by an operator")
+        return self._move(now, OPEN, None, "resumed by an operator")
 
     @property
     def holding(self) -> bool:
@@ -147,9 +156,19 @@ class Controller:
             )
         self._since = now
 
-    def _move(self, state: str, reason: str | None, detail: str) -> Change:
+    def _move(self, now: float, state: str, reason: str | None, detail: str) -> Change:
+        if state == OPEN:
+            self.detail = self.held_since = None
+        else:
+            self.detail = detail
+            if self.state == OPEN:  # a hold begins; a change of reason goes on holding
+                self.held_since = now
         self.state, self.reason = state, reason
         return Change(state, reason, self.rate, detail)
+
+    def held_for(self, now: float) -> float | None:
+        """Seconds the current hold (or stop) has lasted; None while open."""
+        return None if self.held_since is None else max(0.0, now - self.held_since)
 
     @staticmethod
     def _past(readings: dict[str, float], limits: dict[str, float]) -> str | None:

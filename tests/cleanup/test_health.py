@@ -136,6 +136,9 @@ def test_a_slow_canary_holds_and_the_held_time_shows_in_status_and_metrics(
         [policy] = status.policies(app)
         throttle = policy["throttle"]
         assert throttle["state"] == "held" and throttle["reason"] == "latency_ratio"
+        # The reading past its limit, and how long it has held (>= the 1 s waited).
+        assert throttle["detail"].startswith("latency_ratio ") and " > 3" in throttle["detail"]
+        assert throttle["held_seconds"] >= 1.0
         assert throttle["rate"] is not None and throttle["throttled_seconds"]["latency_ratio"] > 1
         text = render(app)[0].decode()
         samples = {
