@@ -502,6 +502,17 @@ MUTANTS = [
         "retries: 'finished 0 of 4', and the run never finishes again",
     ),
     Mutant(
+        "throttle-detail-stale",
+        "src/expiry/throttle.py",
+        "            self.detail = detail  # the same breach: its reading as of now\n",
+        "",
+        (
+            "tests/test_throttle.py::test_a_hold_says_its_reading_as_of_the_last_check_and_since_when",
+        ),
+        "a hold shows the reading of its first check for as long as it lasts: "
+        "'replica_lag 7 > 5' while the lag is 60 s",
+    ),
+    Mutant(
         "drift-dead-letters",
         "src/expiry/cleanup.py",
         "            if not self.engine.schema_drift(exc):\n                raise\n",
