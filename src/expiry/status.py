@@ -69,6 +69,7 @@ def policies(app: App) -> list[dict[str, Any]]:
                 "retain": format_duration(policy.retain),
                 "schedule": policy.schedule,
                 "timezone": policy.timezone,
+                "catch_up": policy.catch_up,
                 "paused": policy.name in schedules and schedules[policy.name].paused,
                 "next_fire": format_time(next_fire(policy, now)) if policy.schedule else None,
                 "watermark_seconds": None if watermark is None else round(watermark, 3),

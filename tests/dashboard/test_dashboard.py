@@ -137,6 +137,9 @@ def test_redrive_a_dead_job_by_clicking(page: WebDriver, dashboard: Dashboard) -
     assert "no handler 'no.such.handler'" in attempts
     screenshot(page, "job-dead")
     page.find_element(By.CSS_SELECTOR, "button[aria-label='Redrive job lost-1']").click()
+    confirm = WebDriverWait(page, 5).until(ec.alert_is_present())
+    assert "fresh attempt budget" in confirm.text
+    confirm.accept()
     wait_for(page, "Redrove 1 job.")
     assert dashboard.job_state("lost-1") in ("available", "completed")
     trail = text(page, "ul.events")
@@ -199,6 +202,9 @@ def test_pause_and_resume_a_policy(page: WebDriver, dashboard: Dashboard) -> Non
     page.find_element(
         By.CSS_SELECTOR, "button[aria-label='Resume policy expired-sessions']"
     ).click()
+    confirm = WebDriverWait(page, 5).until(ec.alert_is_present())
+    assert "Resume the schedule of expired-sessions?" in confirm.text
+    confirm.accept()
     wait_for(page, "Resumed policy expired-sessions.")
     actions = [e.action for e in dashboard.app.engine.audit_list("expired-sessions")]
     assert actions[:2] == ["policy.resumed", "policy.paused"]
@@ -424,3 +430,42 @@ def test_the_dashboard_honours_the_keys_scopes(dashboard: Dashboard) -> None:
         assert page.status_code == 403 and "lacks the scope <code>read</code>" in page.text
     with dashboard.signed_in_client() as admin:
         assert "theirs" in admin.get("/crons").text
+
+
+def test_a_key_sees_only_the_actions_it_may_take_and_each_asks_first(
+    dashboard: Dashboard,
+) -> None:
+    """A read key sees no button it cannot use (pause, resume, redrive,
+    discard, bulk, cancel, cron pause and call); the ops key sees them all,
+    and each that changes what runs asks for confirmation (data-confirm):
+    resume and a single redrive did not."""
+    app = dashboard.app
+    assert app.cleanup is not None
+    reader = app.keys.create("watcher", ["read", "queue:consume:default"])  # sees the job
+    dead_job(dashboard, "dead-1")
+    app.crons.create("mine", dashboard.url("/v1/health"), "@daily", owner="ops")
+    run = app.cleanup.open_run("expired-sessions")
+    app.engine.schedule_set_paused("expired-sessions", True)
+    pages = {
+        "/": ["/policies/pause"],
+        "/dlq": ["/dlq/redrive", "/dlq/discard", "/dlq/bulk"],
+        "/jobs/dead-1": ["/dlq/redrive", "/dlq/discard"],
+        "/crons": ["/crons/pause", "/crons/call"],
+        f"/runs/{quote(run.run_id, safe='')}": ["/runs/cancel"],
+    }
+    with dashboard.client() as client:
+        assert post_login(client, reader).status_code == 303
+        for path, actions in pages.items():
+            page = client.get(path)
+            assert page.status_code == 200, path
+            assert not [a for a in actions if a in page.text], (path, actions)
+    with dashboard.signed_in_client() as ops:
+        for path, actions in pages.items():
+            page = ops.get(path).text
+            assert all(a in page for a in actions), (path, actions)
+            forms = re.findall(r'<form method="post" action="([^"]+)"[^>]*>', page)
+            asking = re.findall(r'<form method="post" action="([^"]+)"[^>]*data-confirm=', page)
+            changing = [f for f in forms if f != "/crons/call" and f != "/logout"]
+            assert sorted(changing) == sorted(asking), (path, forms, asking)
+        overview = ops.get("/").text
+        assert "Resume the schedule of expired-sessions?" in overview

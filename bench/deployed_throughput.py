@@ -1,0 +1,507 @@
+"""Cleanup throughput as deployed: `expiry worker` and `expiry trigger --wait`
+against a hand-written loop of PK-window DELETEs, and where a run's time goes.
+
+    .venv/bin/python bench/deployed_throughput.py                  # 2,000,000 rows, window 10,000, 3 rounds
+    .venv/bin/python bench/deployed_throughput.py --rows 1000000 --rounds 3
+    .venv/bin/python bench/deployed_throughput.py --rows 100000 --rounds 1 --connections 1   # smoke
+
+The table is ``sessions (id bigint primary key, expires_at timestamptz not
+null, payload text)`` with an index on ``expires_at``; exactly 800 of every
+1,000 consecutive ids are expired (1 s to 1 day ago), the others expire a day
+or more from now. It is built afresh (VACUUM ANALYZE, then a CHECKPOINT) before
+each method, never reused, with autovacuum off on it so that a vacuum starting
+during one method and not the other does not decide the result. Per connection
+count N (1, then 2) and round, in alternating order:
+
+* expiry, as a user deploys it: a fresh ``expiry`` schema, an ``expiry.toml``
+  with one delete policy (``retain = "0s"``, ``window = --window``,
+  ``nice_ratio = 0``, the rest default), ``expiry migrate``, ONE idle
+  ``expiry worker --concurrency N`` (waited for until its roll-call row is in
+  ``expiry.workers``, then IDLE_SECONDS), then ``expiry trigger POLICY
+  --wait``; SIGTERM to the worker after. The time is the run's own span in the
+  database, ``expiry.runs.finished_at - opened_at``: no Python start-up.
+* loop: N connections (threads) take PK windows ``(lo, lo + window]`` from a
+  shared counter (from the expired rows' ``min(id) - 1`` to their ``max(id)``)
+  and run ``DELETE FROM sessions WHERE id > lo AND id <= hi AND expires_at <
+  cutoff`` (prepared), each its own autocommit transaction, timed from the
+  first statement (the bounds) to the last. Each DELETE is also timed alone.
+
+After each method an oracle: the rows the method says it deleted equal the
+expired rows, no row of an expired id is left and every live one is.
+
+For the last round of each N, the expiry run's windows are taken apart from
+what the database stores (expiry.runs, expiry.jobs, expiry.ledger), and the
+stamps that are not stored are named. Every stamp is a PostgreSQL ``now()``,
+the start of the transaction that wrote it: a job's ``attempted_at`` is its
+claim's start (shared by the jobs of one claim), a window's ``finished_at``
+(= ``updated_at``, = its ledger row's ``applied_at``) the start of its one
+statement, which deletes, books and completes it in its own transaction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from scratch import scratch_database
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPIRY = str(ROOT / ".venv" / "bin" / "expiry")
+ADMIN = os.environ.get("EXPIRY_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+POLICY = "expired-sessions"
+IDLE_SECONDS = 0.5  # after the roll call: the job loops' first claims come back empty
+START_TIMEOUT = 60.0
+
+# Row i is expired iff (i * 2654435761) mod 1000 < 800: 2654435761 = 761 (mod 1000)
+# and gcd(761, 1000) = 1, so every 1,000 consecutive ids hold exactly 800.
+EXPIRED = "(id * 2654435761) % 1000 < 800"
+
+BUILD = [
+    "drop table if exists sessions",
+    "create table sessions (id bigint primary key, expires_at timestamptz not null,"
+    " payload text) with (autovacuum_enabled = false)",
+    "insert into sessions (id, expires_at, payload)"
+    " select i, case when (i * 2654435761) %% 1000 < 800"
+    " then now() - make_interval(secs => 1 + i %% 86400)"
+    " else now() + interval '1 day' + make_interval(secs => 1 + i %% 86400) end,"
+    " md5(i::text) || md5((i + 1)::text) || md5((i + 2)::text) || 'sess'"
+    " from generate_series(1, %(rows)s::bigint) as i",
+    "create index sessions_expires_at on sessions (expires_at)",
+    "vacuum analyze sessions",
+    "checkpoint",
+]
+
+ORACLE = (
+    "select count(*), count(*) filter (where " + EXPIRED + "),"
+    " count(*) filter (where expires_at < now()) from sessions"
+)
+BOUNDS = "select min(id), max(id) from sessions where expires_at < %(cutoff)s"
+DELETE = "delete from sessions where id > %(lo)s and id <= %(hi)s and expires_at < %(cutoff)s"
+
+RUN = (
+    "select id, extract(epoch from finished_at - opened_at)::float8, opened_at, planned_at,"
+    " finished_at, windows_planned,"
+    " (select coalesce(sum(rows_affected), 0) from expiry.ledger l where l.run_id = r.id)"
+    " from expiry.runs r where policy = %s and state = 'finished'"
+    " order by opened_at desc limit 1"
+)
+# Every stamp relative to the run's opening, in seconds.
+JOBS = """
+select j.id, j.handler, j.attempt,
+       extract(epoch from j.created_at - r.opened_at)::float8,
+       extract(epoch from j.attempted_at - r.opened_at)::float8,
+       extract(epoch from j.finished_at - r.opened_at)::float8,
+       extract(epoch from j.updated_at - r.opened_at)::float8,
+       extract(epoch from l.applied_at - r.opened_at)::float8,
+       j.lease_expires_at is null, l.rows_affected, l.lo, l.hi, l.worker, j.state
+from expiry.jobs j
+join expiry.runs r on r.id = j.run_id
+left join expiry.ledger l on l.key = j.key
+where j.run_id = %s
+order by j.finished_at, j.id
+"""
+
+
+# -- results ---------------------------------------------------------------------------
+
+
+@dataclass
+class Measured:
+    method: str  # "expiry" or "loop"
+    seconds: float
+    rows: int
+    deletes: list[float] = field(default_factory=list)  # the loop's statements, each
+    run_id: str = ""
+
+
+@dataclass
+class Window:
+    """One window job of a run, its stamps in seconds from the run's opening."""
+
+    job: int
+    attempt: int
+    created: float
+    claimed: float  # attempted_at: its claim's start
+    started: float  # finished_at: its statement's start
+    updated: float
+    applied: float | None  # the ledger row's applied_at
+    lease_cleared: bool
+    rows: int
+    lo: int | None
+    hi: int | None
+    worker: str | None
+
+
+class Mismatch(RuntimeError):
+    """A method left other rows than exactly the live ones."""
+
+
+# -- the table --------------------------------------------------------------------------
+
+
+def build(url: str, rows: int, fresh_schema: bool) -> int:
+    """(Re)build ``sessions``; with ``fresh_schema``, drop expiry's schema first
+    (a deploy from scratch: ``expiry migrate`` makes it again). The expired rows."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        if fresh_schema:
+            conn.execute("drop schema if exists expiry cascade")
+        for statement in BUILD:
+            conn.execute(statement, {"rows": rows} if "%(rows)s" in statement else None)
+        row = conn.execute("select count(*) from sessions where " + EXPIRED).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def oracle(url: str, method: str, rows: int, expired: int, deleted: int) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        left, expired_left, past_due = conn.execute(ORACLE).fetchone() or (0, 0, 0)
+    if deleted != expired or expired_left or past_due or left != rows - expired:
+        raise Mismatch(
+            f"{method}: deleted {deleted:,} of {expired:,} expired rows; {left:,} rows left "
+            f"({expired_left:,} of expired ids, {past_due:,} past due), expected {rows - expired:,}"
+        )
+
+
+# -- expiry, as deployed -------------------------------------------------------------------
+
+
+def write_config(path: Path, url: str, window: int) -> Path:
+    path.write_text(
+        f"""[database]
+url = "{url}"
+
+[[policy]]
+name = "{POLICY}"
+table = "sessions"
+key = "id"
+timestamp = "expires_at"
+retain = "0s"
+window = {window}
+nice_ratio = 0
+"""
+    )
+    return path
+
+
+def wait_listening(url: str, worker: subprocess.Popen[bytes], log: Path) -> None:
+    """Until the worker's roll-call row is in expiry.workers (written after its
+    LISTEN, before its job loops start), then IDLE_SECONDS."""
+    deadline = time.monotonic() + START_TIMEOUT
+    with psycopg.connect(url, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            if worker.poll() is not None:
+                raise RuntimeError(f"the worker exited {worker.returncode}: {log.read_text()}")
+            if conn.execute("select count(*) from expiry.workers").fetchone() == (1,):
+                time.sleep(IDLE_SECONDS)
+                return
+            time.sleep(0.05)
+    raise RuntimeError(f"the worker did not start within {START_TIMEOUT:g} s")
+
+
+def stop(worker: subprocess.Popen[bytes]) -> None:
+    if worker.poll() is None:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(60)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+
+
+def expiry_run(url: str, cfg: Path, connections: int, tmp: Path) -> Measured:
+    env = {**os.environ, "EXPIRY_CONFIG": str(cfg)}
+    env.pop("EXPIRY_DATABASE_URL", None)
+    subprocess.run([EXPIRY, "migrate"], env=env, check=True, capture_output=True)
+    log = tmp / f"worker-{connections}.log"
+    with log.open("wb") as sink:
+        worker = subprocess.Popen(
+            [EXPIRY, "worker", "--concurrency", str(connections)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=sink,
+        )
+        try:
+            wait_listening(url, worker, log)
+            done = subprocess.run(
+                [EXPIRY, "trigger", POLICY, "--wait", "--timeout", "15m"],
+                env=env,
+                capture_output=True,
+            )
+            if done.returncode != 0:
+                raise RuntimeError(
+                    f"expiry trigger --wait exited {done.returncode}: "
+                    f"{done.stdout.decode()} {done.stderr.decode()}"
+                )
+        finally:
+            stop(worker)
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(RUN, (POLICY,)).fetchone()
+    if row is None:
+        raise RuntimeError("no finished run in expiry.runs")
+    return Measured("expiry", float(row[1]), int(row[6]), run_id=str(row[0]))
+
+
+# -- the hand-written loop -----------------------------------------------------------------
+
+
+def loop_run(url: str, window: int, connections: int) -> Measured:
+    conns = [psycopg.connect(url, autocommit=True) for _ in range(connections)]
+    try:
+        cutoff = conns[0].execute("select now()").fetchone()[0]  # type: ignore[index]
+        lock = threading.Lock()
+        started = time.perf_counter()
+        lo, hi = conns[0].execute(BOUNDS, {"cutoff": cutoff}).fetchone() or (None, None)
+        lows = iter(range(lo - 1, hi, window) if lo is not None else ())
+
+        def loop(conn: psycopg.Connection[Any]) -> tuple[int, list[float]]:
+            rows, times = 0, []
+            while True:
+                with lock:
+                    low = next(lows, None)
+                if low is None:
+                    return rows, times
+                params = {"lo": low, "hi": low + window, "cutoff": cutoff}
+                t0 = time.perf_counter()
+                rows += conn.execute(DELETE, params, prepare=True).rowcount
+                times.append(time.perf_counter() - t0)
+
+        with ThreadPoolExecutor(max_workers=connections) as pool:
+            done = [f.result() for f in [pool.submit(loop, c) for c in conns]]
+        seconds = time.perf_counter() - started
+    finally:
+        for conn in conns:
+            conn.close()
+    return Measured("loop", seconds, sum(r for r, _ in done), [t for _, ts in done for t in ts])
+
+
+# -- the per-window breakdown ----------------------------------------------------------------
+
+
+def median(xs: Sequence[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def p90(xs: Sequence[float]) -> float:
+    if len(xs) < 2:
+        return xs[0] if xs else float("nan")
+    return statistics.quantiles(xs, n=10, method="inclusive")[8]
+
+
+def ms(xs: Sequence[float]) -> str:
+    return f"median {median(xs) * 1000:7.2f} ms, p90 {p90(xs) * 1000:7.2f} ms (n={len(xs)})"
+
+
+def read_run(url: str, run_id: str) -> tuple[tuple[Any, ...], list[Window], list[tuple[Any, ...]]]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        run = conn.execute(
+            "select opened_at, planned_at, finished_at, windows_planned,"
+            " extract(epoch from planned_at - opened_at)::float8,"
+            " extract(epoch from finished_at - opened_at)::float8"
+            " from expiry.runs where id = %s",
+            (run_id,),
+        ).fetchone()
+        rows = conn.execute(JOBS, (run_id,)).fetchall()
+    assert run is not None
+    windows = [
+        Window(r[0], r[2], r[3], r[4], r[5], r[6], r[7], r[8], int(r[9] or 0), r[10], r[11], r[12])
+        for r in rows
+        if r[1] == "expiry.window"
+    ]
+    others = [r for r in rows if r[1] != "expiry.window"]
+    return run, windows, others
+
+
+def claims(windows: list[Window]) -> list[list[Window]]:
+    """The run's windows by claim (one attempted_at: one claim, run in order on
+    one thread), each in the order its statements started, claims by their start."""
+    by: dict[float, list[Window]] = {}
+    for w in windows:
+        by.setdefault(w.claimed, []).append(w)
+    return [sorted(by[c], key=lambda w: w.started) for c in sorted(by)]
+
+
+def print_stamps(
+    run: tuple[Any, ...], windows: list[Window], others: list[tuple[Any, ...]]
+) -> None:
+    same = sum(1 for w in windows if w.applied is not None and abs(w.applied - w.started) < 1e-6)
+    updated = sum(1 for w in windows if abs(w.updated - w.started) < 1e-6)
+    print(
+        f"  stamps: jobs.finished_at = ledger.applied_at for {same} of {len(windows)} windows,"
+        f" = jobs.updated_at for {updated}; lease_expires_at null after completion for"
+        f" {sum(w.lease_cleared for w in windows)}; ledger.worker values:"
+        f" {len({w.worker for w in windows})}; retried windows:"
+        f" {sum(1 for w in windows if w.attempt > 1)}"
+    )
+    for o in others:
+        print(
+            f"  {o[1]} job: created +{o[3]:.3f} s, claimed +{o[4]:.3f} s, its transaction began"
+            f" +{o[5]:.3f} s (finished_at; its end is not stored); run planned_at +{run[4]:.3f} s"
+        )
+
+
+def print_cycles(groups: list[list[Window]], threads: int) -> list[float]:
+    """Start-to-start intervals: within a claim (one thread, exact); across
+    claims only where there is one thread. Returns the same-thread cycles."""
+    inner = [b.started - a.started for g in groups for a, b in zip(g, g[1:], strict=False)]
+    first = [g[0].started - g[0].claimed for g in groups]
+    print(f"  claims: {len(groups)}, windows per claim {sorted(len(g) for g in groups)}")
+    print(f"  claim start -> its first window's statement start:   {ms(first)}")
+    print(f"  start -> next start, same thread, within a claim:    {ms(inner)}")
+    if threads != 1:
+        merged = sorted(w.started for g in groups for w in g)
+        print(
+            "  start -> next start, all threads merged:            "
+            + ms([b - a for a, b in zip(merged, merged[1:], strict=False)])
+        )
+        return inner
+    tail = [b[0].claimed - a[-1].started for a, b in zip(groups, groups[1:], strict=False)]
+    across = [b[0].started - a[-1].started for a, b in zip(groups, groups[1:], strict=False)]
+    print(f"  last start of a claim -> the next claim's start:     {ms(tail)}")
+    print(f"  start -> next start, across a claim (one thread):    {ms(across)}")
+    return inner + across
+
+
+def breakdown(url: str, run_id: str, threads: int, deletes: list[float]) -> None:
+    run, windows, others = read_run(url, run_id)
+    span = float(run[5])
+    groups = claims(windows)
+    starts = sorted(w.started for w in windows)
+    print()
+    print(
+        f"breakdown of expiry run {run_id} (N={threads}): span {span:.3f} s,"
+        f" {len(windows)} window jobs ({run[3]} planned),"
+        f" {sum(w.rows for w in windows):,} rows,"
+        f" key windows: {all(w.lo is not None for w in windows)}"
+    )
+    print_stamps(run, windows, others)
+    print(f"  opened -> first window claimed:   {min(w.claimed for w in windows):.3f} s")
+    print(f"  opened -> first window started:   {starts[0]:.3f} s")
+    print(f"  first -> last window start:       {starts[-1] - starts[0]:.3f} s")
+    print(f"  last window start -> finished_at: {span - starts[-1]:.3f} s")
+    print("  (the three add up to the span by construction)")
+    claim_to_stamp = [w.started - w.claimed for w in windows]
+    print(f"  window claim -> booking stamp (attempted_at -> finished_at): {ms(claim_to_stamp)}")
+    cycles = print_cycles(groups, threads)
+    bare = median(deletes)
+    print(f"  the loop's bare DELETE, one window (N={threads}, same size): {ms(deletes)}")
+    print(
+        f"  same-thread start -> next start minus the bare DELETE median: "
+        f"median {(median(cycles) - bare) * 1000:.2f} ms a window (estimate)"
+    )
+    busy = threads * (starts[-1] - starts[0])
+    est = (len(windows) - threads) * bare
+    print(
+        f"  thread time between first and last start: {busy:.3f} s; of it the bare DELETE's"
+        f" share at its median: {est:.3f} s ({est / busy:.0%}, estimate), the rest"
+        f" {busy - est:.3f} s ({(busy - est) / busy:.0%}) beside the DELETE"
+        if busy > 0
+        else "  one window: no interval between starts"
+    )
+    print(
+        "  not stored: a window statement's end (its commit): no column is written after"
+        " now(), the statement's start, so a window's own span and the gap after it"
+        " cannot be told apart, only their sum (start -> next start);"
+        " lease_expires_at is nulled at completion;"
+        + (
+            ""
+            if threads == 1
+            else " the thread: lease_owner is nulled and ledger.worker names the process,"
+            " so across claims only the merged sequence is known"
+        )
+    )
+
+
+# -- the rounds ----------------------------------------------------------------------------
+
+
+def one_round(url: str, cfg: Path, args: argparse.Namespace, n: int, r: int, tmp: Path) -> dict:
+    out: dict[str, Measured] = {}
+    order = ("expiry", "loop") if r % 2 == 0 else ("loop", "expiry")
+    for method in order:
+        expired = build(url, args.rows, fresh_schema=method == "expiry")
+        if method == "expiry":
+            m = expiry_run(url, cfg, n, tmp)
+        else:
+            m = loop_run(url, args.window, n)
+        oracle(url, method, args.rows, expired, m.rows)
+        out[method] = m
+    return out
+
+
+def print_round(n: int, r: int, got: dict[str, Measured]) -> float:
+    e, lp = got["expiry"], got["loop"]
+    ratio = (e.rows / e.seconds) / (lp.rows / lp.seconds)
+    print(
+        f"N={n} round {r + 1} ({'expiry' if r % 2 == 0 else 'loop'} first): expiry"
+        f" {e.seconds:7.3f} s {e.rows / e.seconds:>10,.0f} rows/s; loop {lp.seconds:7.3f} s"
+        f" {lp.rows / lp.seconds:>10,.0f} rows/s; expiry/loop {ratio:.2f}x",
+        flush=True,
+    )
+    return ratio
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=2_000_000, help="rows in sessions (2000000)")
+    parser.add_argument("--window", type=int, default=10_000, help="keys per window (10000)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per N (3)")
+    parser.add_argument(
+        "--connections",
+        type=lambda s: [int(x) for x in s.split(",") if x.strip()],
+        default=[1, 2],
+        help="comma separated N: worker threads and loop connections (1,2)",
+    )
+    parser.add_argument("--admin-url", default=ADMIN, help="server to create the scratch db on")
+    args = parser.parse_args(argv)
+    if min(args.rows, args.window, args.rounds, *args.connections) <= 0:
+        parser.error("--rows, --window, --rounds and --connections must be positive")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    print(
+        f"deployed throughput: {args.rows:,} rows, 80% expired, window {args.window:,},"
+        f" N in {args.connections}, {args.rounds} round(s), {os.cpu_count()} cpus,"
+        f" started {datetime.now().isoformat(timespec='seconds')}",
+        flush=True,
+    )
+    with (
+        scratch_database(args.admin_url, "expiry_bench_deployed") as url,
+        tempfile.TemporaryDirectory() as tmpdir,
+    ):
+        tmp = Path(tmpdir)
+        cfg = write_config(tmp / "expiry.toml", url, args.window)
+        for n in args.connections:
+            ratios, last = [], {}
+            for r in range(args.rounds):
+                try:
+                    last = one_round(url, cfg, args, n, r, tmp)
+                except Mismatch as exc:
+                    print(f"FAIL: {exc}", file=sys.stderr)
+                    return 1
+                ratios.append(print_round(n, r, last))
+            each = ", ".join(f"{x:.2f}x" for x in ratios)
+            print(f"N={n}: median expiry/loop {statistics.median(ratios):.2f}x (of {each})")
+            breakdown(url, last["expiry"].run_id, n, last["loop"].deletes)
+            print(flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
