@@ -393,7 +393,11 @@ def breakdown(url: str, run_id: str, threads: int, deletes: list[float]) -> None
     print(f"  opened -> first window started:   {starts[0]:.3f} s")
     print(f"  first -> last window start:       {starts[-1] - starts[0]:.3f} s")
     print(f"  last window start -> finished_at: {span - starts[-1]:.3f} s")
-    print("  (the three add up to the span by construction)")
+    print(
+        "  (the three add up to the span; runs.finished_at is max(jobs.finished_at) of the"
+        " run, the last window statement's start, so the span leaves out that statement"
+        " and the tail of any window still running then: about one window)"
+    )
     claim_to_stamp = [w.started - w.claimed for w in windows]
     print(f"  window claim -> booking stamp (attempted_at -> finished_at): {ms(claim_to_stamp)}")
     cycles = print_cycles(groups, threads)

@@ -469,3 +469,38 @@ def test_a_key_sees_only_the_actions_it_may_take_and_each_asks_first(
             assert sorted(changing) == sorted(asking), (path, forms, asking)
         overview = ops.get("/").text
         assert "Resume the schedule of expired-sessions?" in overview
+
+
+def test_plan_shows_what_a_run_would_do_and_trigger_opens_it(dashboard: Dashboard) -> None:
+    """From the overview: Plan… shows the dry run (cutoff, rows, windows and
+    how they are chosen) and opens nothing; Trigger a run now (asked first)
+    opens the run and goes to its page. A read key sees the plan, no trigger
+    button, and its POST is refused; an unknown policy's plan is a 404."""
+    app = dashboard.app
+    reader = app.keys.create("watcher", ["read"])
+    plan_path = "/policies/expired-sessions/plan"
+    with dashboard.signed_in_client() as ops:
+        assert plan_path in ops.get("/").text
+        page = ops.get(plan_path)
+        assert page.status_code == 200
+        assert "What a run of expired-sessions would do now" in page.text
+        assert re.search(r"Rows to delete</dt><dd[^>]*>\d[\d,]* \(the planner", page.text)
+        assert "Trigger a run now" in page.text and "data-confirm=" in page.text
+        assert app.runs.recent("expired-sessions", 5) == []  # a plan opens nothing
+        assert ops.get("/policies/no-such/plan").status_code == 404
+        answer = ops.post(
+            "/policies/trigger",
+            data={"policy": "expired-sessions", "csrf": csrf_of(page.text)},
+        )
+        assert answer.status_code == 303 and answer.headers["location"].startswith("/runs/")
+        [opened] = app.runs.recent("expired-sessions", 5)
+        assert quote(opened["id"], safe="") in answer.headers["location"]
+    with dashboard.client() as client:
+        assert post_login(client, reader).status_code == 303
+        page = client.get(plan_path)
+        assert page.status_code == 200 and "Trigger a run now" not in page.text
+        refused = client.post(
+            "/policies/trigger", data={"policy": "expired-sessions", "csrf": csrf_of(page.text)}
+        )
+        assert refused.status_code == 403
+    assert len(app.runs.recent("expired-sessions", 5)) == 1

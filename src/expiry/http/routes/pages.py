@@ -74,6 +74,21 @@ def runs(
     )
 
 
+@router.get("/policies/{name}/plan")
+def plan(
+    request: Request, name: str, app: ExpiryApp, pages: DashboardPages, session: Reading
+) -> Response:
+    """What a run of the policy would do now, as `expiry plan` says it (a dry
+    run: it reads, in a read-only transaction, and changes nothing)."""
+    if app.cleanup is None or name not in {p.name for p in app.cleanup.policies}:
+        return pages.render(request, "missing.html", session, status=404, what=f"policy {name}")
+    try:
+        preview = app.cleanup.preview(name)
+    except ExpiryError as exc:
+        return pages.render(request, "plan.html", session, name=name, error=str(exc))
+    return pages.render(request, "plan.html", session, name=name, preview=preview)
+
+
 @router.get("/runs/{run_id:path}")
 def run(
     request: Request, run_id: str, app: ExpiryApp, pages: DashboardPages, session: Reading

@@ -1,7 +1,7 @@
 """The dashboard's state-changing routes: redrive and discard one dead job or
 every one matching a filter (a queue, a policy, a run, one error's group;
-after a page that says how many), cancel a run, pause and resume policies
-and cron targets. Each POST needs the session's CSRF token and
+after a page that says how many), trigger and cancel a run, pause and resume
+policies and cron targets. Each POST needs the session's CSRF token and
 is audited under the signed-in key's name (``dashboard:NAME``)."""
 
 from __future__ import annotations
@@ -154,6 +154,24 @@ def pause_policy(request: Request, form: Form, app: ExpiryApp, pages: DashboardP
     return pages.done(
         request, form.get("next"), f"{'Paused' if paused else 'Resumed'} policy {name}."
     )
+
+
+@router.post("/policies/trigger")
+def trigger_policy(request: Request, form: Form, app: ExpiryApp, pages: DashboardPages) -> Response:
+    """Open a run of the policy now (cutoff: the database's now - retain), as
+    `expiry trigger` does; to its run page."""
+    guarded = pages.guard(request, form, "cleanup:trigger")
+    if not isinstance(guarded, Session):
+        return guarded
+    name = form.get("policy", "")
+    if app.cleanup is None or name not in {p.name for p in app.cleanup.policies}:
+        return pages.done(request, "/", f"Not triggered: no policy {name!r}.")
+    try:
+        opened = app.cleanup.open_run(name, actor=f"dashboard:{guarded.key_name}")
+    except ExpiryError as exc:
+        return pages.done(request, "/", f"Not triggered: {exc}")
+    said = "Opened run" if opened.created else "A run for this cutoff is open already:"
+    return pages.done(request, "/runs/" + quote(opened.run_id, safe=""), f"{said} {opened.run_id}.")
 
 
 def owns(app: App, session: Session, name: str) -> bool:
