@@ -6,6 +6,7 @@ tool is installed."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -141,3 +142,31 @@ def test_the_go_example_is_a_whole_program(live: Live) -> None:
         assert "enqueued" in out
     finally:
         os.unlink(path)
+
+
+def test_the_reference_page_loads_a_pinned_swagger_ui_checked_by_hash(live: Live) -> None:
+    """/docs (no key) names one Swagger UI version, each of its files with its
+    Subresource Integrity hash, and runs no inline script under a CSP that
+    allows only this server and that CDN; its own script is served here.
+    /redoc (an unpinned CDN page) is gone."""
+    from expiry.http.routes import meta
+
+    with live.new_client() as client:
+        page = client.get("/docs")
+        assert page.status_code == 200
+        html = page.text
+        policy = page.headers["content-security-policy"]
+        assert "script-src 'self' https://cdn.jsdelivr.net;" in policy
+        assert "unsafe-inline" not in policy.split("style-src")[0]  # no inline script
+        assert "connect-src 'self'" in policy and "frame-ancestors 'none'" in policy
+        assert (
+            f'src="{meta.SWAGGER_UI}/swagger-ui-bundle.js" integrity="{meta.SWAGGER_UI_JS}"' in html
+        )
+        assert f'href="{meta.SWAGGER_UI}/swagger-ui.css" integrity="{meta.SWAGGER_UI_CSS}"' in html
+        assert meta.SWAGGER_UI.endswith("@5.17.14")  # one version, not a moving tag
+        scripts = re.findall(r"<script([^>]*)>(.*?)</script>", html, re.S)
+        assert scripts and all("src=" in attrs and not body.strip() for attrs, body in scripts)
+        own = client.get("/static/docs.js")
+        assert own.status_code == 200 and "/openapi.json" in own.text
+        assert client.get("/redoc").status_code == 404
+        assert client.get("/openapi.json").status_code == 200

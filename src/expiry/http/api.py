@@ -26,7 +26,15 @@ ROUTERS = (meta, queue, cron, cleanup, dlq, dashboard, pages, steering)
 def create_app(app: App) -> FastAPI:
     """The ASGI application for ``expiry serve``: the API and the dashboard over ``app``."""
     http = app.config.http if app.config is not None else HttpConfig()
-    api = FastAPI(title="expiry", version="1", description=__doc__, responses=COMMON)
+    # /docs is meta.py's: Swagger UI pinned, checked by hash, under a CSP.
+    api = FastAPI(
+        title="expiry",
+        version="1",
+        description=__doc__,
+        responses=COMMON,
+        docs_url=None,
+        redoc_url=None,
+    )
     attach(api, app, http)
     api.state.scrapes = meta.Scrapes()
     add_handlers(api)

@@ -28,7 +28,11 @@ if TYPE_CHECKING:
     from ..engines import Engine
 
 FLASH = "expiry_flash"
-STATIC = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
+STATIC = {
+    "dashboard.js": "text/javascript",
+    "dashboard.css": "text/css",
+    "docs.js": "text/javascript",
+}
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
     "img-src 'self' data:; connect-src 'self'; form-action 'self'; base-uri 'none'; "

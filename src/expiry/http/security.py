@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from ..keys import Keys
 
 
-PUBLIC_PATHS = ("/v1/health", "/v1/discovery", "/openapi.json", "/docs", "/redoc")
+PUBLIC_PATHS = ("/v1/health", "/v1/discovery", "/openapi.json", "/docs")
 """What answers without a key (still rate-limited per address)."""
 
 

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import HTMLResponse, PlainTextResponse
 
 from ... import defaults
 from ...config import HttpConfig
@@ -70,3 +70,39 @@ def capability(capability: str, request: Request) -> dict[str, Any]:
     if found is None:
         raise ApiError(404, "not_found", f"no capability {capability!r}; see GET /v1/discovery")
     return found
+
+
+SWAGGER_UI = "https://cdn.jsdelivr.net/npm/swagger-ui-dist@5.17.14"
+"""Swagger UI, one pinned version; its two files are checked against these
+hashes (Subresource Integrity: the npm package's files, which the CDN serves
+byte for byte), so a changed file is refused by the browser, not run."""
+SWAGGER_UI_JS = "sha384-wmyclcVGX/WhUkdkATwhaK1X1JtiNrr2EoYJ+diV3vj4v6OC5yCeSu+yW13SYJep"
+SWAGGER_UI_CSS = "sha384-wxLW6kwyHktdDGr6Pv1zgm/VGJh99lfUbzSn6HNHBENZlCN7W602k9VkGdxuFvPn"
+DOCS_POLICY = (
+    "default-src 'none'; script-src 'self' https://cdn.jsdelivr.net; "
+    "style-src https://cdn.jsdelivr.net 'unsafe-inline'; img-src 'self' data:; "
+    "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+"""The reference page's CSP: scripts from this server (docs.js) and the pinned
+CDN files only, no inline script; requests to this server alone."""
+
+
+@router.get("/docs", include_in_schema=False, response_class=HTMLResponse)
+def docs() -> HTMLResponse:
+    """The API's reference, Swagger UI over /openapi.json."""
+    page = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>expiry API</title>
+<link rel="stylesheet" href="{SWAGGER_UI}/swagger-ui.css" integrity="{SWAGGER_UI_CSS}"
+      crossorigin="anonymous"></head>
+<body><div id="swagger-ui"></div>
+<script src="{SWAGGER_UI}/swagger-ui-bundle.js" integrity="{SWAGGER_UI_JS}"
+        crossorigin="anonymous"></script>
+<script src="/static/docs.js"></script></body></html>"""
+    return HTMLResponse(
+        page,
+        headers={
+            "Content-Security-Policy": DOCS_POLICY,
+            "X-Content-Type-Options": "nosniff",
+            "Referrer-Policy": "no-referrer",
+        },
+    )
