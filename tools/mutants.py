@@ -513,6 +513,18 @@ MUTANTS = [
         "'replica_lag 7 > 5' while the lag is 60 s",
     ),
     Mutant(
+        "cron-dead-letter-every-fire",
+        "src/expiry/crons.py",
+        "            if job.attempt >= job.max_attempts and self._next_soon(target, job, result.error):",
+        "            if False:",
+        (
+            "tests/http/test_http_cron.py::test_a_call_failing_at_its_last_attempt_gives_way_to_a_"
+            "fire_soon_or_is_dead_lettered",
+        ),
+        "a per-minute cron target that is down dead-letters a call a minute: the dead-letter "
+        "queue floods and hides the cleanup's own dead windows",
+    ),
+    Mutant(
         "drift-dead-letters",
         "src/expiry/cleanup.py",
         "            if not self.engine.schema_drift(exc):\n                raise\n",

@@ -31,6 +31,10 @@ log = logging.getLogger("expiry.crons")
 
 CALL = "expiry.http_call"
 CALL_ATTEMPTS = 5
+SUPERSEDE_WITHIN_SECONDS = 3600.0
+"""A call that fails at its last attempt while its target's next fire is this
+close gives way to that fire (recorded, audited as cron.failed); a target that
+fires less often dead-letters it, for an operator to redrive."""
 OVERDUE_AFTER_SECONDS = 60.0
 """A fire still unclaimed this long after its time shows as overdue."""
 UNFINISHED = (JobState.SCHEDULED, JobState.AVAILABLE, JobState.RETRYABLE, JobState.RUNNING)
@@ -294,8 +298,9 @@ class Crons:
 
     def call(self, job: Job) -> int | None:
         """Make the call, outside any transaction, and record its outcome durably;
-        a failed call raises TransientError, so the job retries with backoff. The
-        worker completes the job afterwards (a transactional=False handler)."""
+        a failed call raises TransientError, so the job retries with backoff,
+        except at its last attempt when the target fires again soon (_next_soon).
+        The worker completes the job afterwards (a transactional=False handler)."""
         engine = self.engine
         target = engine.cron_get(job.payload["name"])
         if target is None:
@@ -328,8 +333,39 @@ class Crons:
             error=result.error,
         )
         if result.error:
+            if job.attempt >= job.max_attempts and self._next_soon(target, job, result.error):
+                return result.status
             raise TransientError(f"cron target {job.payload['name']!r}: {result.error}")
         return result.status
+
+    def _next_soon(self, target: CronTarget, job: Job, error: str) -> bool:
+        """After the last attempt failed: when the target's next fire comes within
+        SUPERSEDE_WITHIN_SECONDS (and it is not paused), the call gives way to it,
+        audited as cron.failed; otherwise it is dead-lettered."""
+        if target.paused:
+            return False
+        now = self.engine.now()
+        upcoming = cron_next(target.schedule, target.timezone, now)
+        if (upcoming - now).total_seconds() > SUPERSEDE_WITHIN_SECONDS:
+            return False
+        self.engine.audit_append(
+            None,
+            AuditAction.CRON_FAILED,
+            actor="worker",
+            job_key=job.key,
+            detail={
+                "name": target.name,
+                "fire_time": job.payload["fire_time"],
+                "attempts": job.attempt,
+                "error": error[:300],
+                "next_fire": format_time(upcoming),
+            },
+        )
+        log.warning(
+            "cron call failed at its last attempt; the next fire calls again",
+            extra={"job": job.key, "attempt": job.attempt, "next_fire": format_time(upcoming)},
+        )
+        return True
 
 
 def handlers(crons: Callable[[], Crons]) -> list[Handler]:

@@ -91,12 +91,26 @@ class ExpiryCollector(Collector):
         yield from self._queue(stats)
         yield from self._ledger()
         yield from self._liveness(stats)
+        yield self._crons()
         if self.cleanup is not None:
             yield self._watermarks(self.cleanup)
             yield self._quarantined(self.cleanup)
             yield from self._open_runs(self.cleanup)
             yield from self._throttles()
             yield from self._vacuum(self.cleanup)
+
+    def _crons(self) -> GaugeMetricFamily:
+        """Each cron target's latest call: failed or not (a failing target's
+        calls give way to its next fire instead of dead-lettering: this says it)."""
+        gauge = GaugeMetricFamily(
+            "expiry_cron_target_failing",
+            "1 while the cron target's latest call failed (an error or HTTP status >= 400), else 0",
+            labels=["target"],
+        )
+        for target in self.engine.cron_list():
+            calls = self.engine.cron_calls(target.name, 1)
+            gauge.add_metric([target.name], 1.0 if calls and calls[0].error else 0.0)
+        return gauge
 
     def _liveness(self, stats: QueueStats) -> Iterator[GaugeMetricFamily]:
         """The live workers, and each policy's due work that none of them serves

@@ -357,6 +357,10 @@ class AuditAction(enum.StrEnum):
     CRON_RESUMED = "cron.resumed"
     CRON_DELETED = "cron.deleted"
     CRON_CALLED = "cron.called"
+    CRON_FAILED = "cron.failed"
+    """A call failed at its last attempt and its target's next fire, soon,
+    calls again: recorded and audited, not dead-lettered (one a minute would
+    flood the dead-letter queue for a per-minute target that is down)."""
     KEY_CREATED = "key.created"
     KEY_REVOKED = "key.revoked"
     KEY_SCOPED = "key.scoped"

@@ -92,6 +92,41 @@ def test_a_failing_target_is_recorded_and_retried(pg_url: str, serve: Serve) -> 
     assert job.last_error is not None and "HTTP 503" in job.last_error
 
 
+@pytest.mark.parametrize(("schedule", "dead"), [("* * * * *", False), ("@daily", True)])
+def test_a_call_failing_at_its_last_attempt_gives_way_to_a_fire_soon_or_is_dead_lettered(
+    pg_url: str, serve: Serve, schedule: str, dead: bool
+) -> None:
+    """A per-minute target that is down: each call that fails its last attempt
+    is recorded and audited (cron.failed) and gives way to the next fire, which
+    calls again, rather than one dead letter a minute. A daily target's call
+    is dead-lettered, for an operator to redrive. Either way /metrics says the
+    target is failing."""
+    live = serve(pg_url, http=LOCAL)
+    with Receiver(status=503) as receiver:
+        url = f"http://127.0.0.1:{receiver.port}/"
+        live.client.post(
+            "/v1/cron/create", json={"name": "down", "http_url": url, "schedule": schedule}
+        )
+        fire_and_work(live, minutes=24 * 60 + 1 if dead else 1)
+        [job] = [j for j in live.app.engine.job_list(JobState.RETRYABLE, "expiry.cron")]
+        with live.app.engine.transaction() as conn:  # its last attempt, due now
+            conn.execute(
+                "update expiry.jobs set attempt = max_attempts - 1, run_at = now() where id = %s",
+                (job.id,),
+            )
+        assert live.app.worker(until_idle=True, poll=0.05, rescue_every=0.2).run() == 0
+        assert len(receiver.calls) == 2
+    ended = live.app.queue.get(job.key)
+    assert ended is not None
+    assert ended.state is (JobState.DEAD if dead else JobState.COMPLETED), ended
+    failed = [e for e in live.app.engine.audit_list(limit=50) if e.action == "cron.failed"]
+    assert len(failed) == (0 if dead else 1)
+    if failed:
+        assert failed[0].detail["name"] == "down" and "HTTP 503" in failed[0].detail["error"]
+    metrics = live.client.get("/metrics").text
+    assert 'expiry_cron_target_failing{target="down"} 1.0' in metrics
+
+
 def test_pause_resume_and_delete(sqlite_url: str, serve: Serve) -> None:
     live = serve(sqlite_url, http=LOCAL)
     with Receiver() as receiver:
