@@ -36,6 +36,8 @@ the start of the transaction that wrote it: a job's ``attempted_at`` is its
 claim's start (shared by the jobs of one claim), a window's ``finished_at``
 (= ``updated_at``, = its ledger row's ``applied_at``) the start of its one
 statement, which deletes, books and completes it in its own transaction.
+A run's ``finished_at`` is the latest of its jobs' ``finished_at``: its span
+ends as its last window statement starts. No stamp marks a statement's end.
 """
 
 from __future__ import annotations

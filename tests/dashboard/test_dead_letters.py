@@ -129,3 +129,58 @@ def test_the_dead_letter_page_fits_a_phone(page: WebDriver, dashboard: Dashboard
         page.save_screenshot(str(ARTIFACTS / "dlq-390px.png"))
     finally:
         page.set_window_size(1400, 1000)
+
+
+WIDEST = (
+    "return [...document.querySelectorAll('body *')]"
+    ".filter(e => e.getBoundingClientRect().right > 390 && !e.closest('.scroll'))"
+    ".slice(0, 5).map(e => e.tagName + '.' + e.className)"
+)
+"""What sticks out past the screen (outside the tables that scroll sideways)."""
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_every_page_fits_a_phone(page: WebDriver, dashboard: Dashboard) -> None:
+    """390 x 844, an on-call phone: no page is wider than the screen (a run,
+    a job, the queue, cron targets, the audit log, a policy's plan, the
+    sign-in page), so nothing needs a sideways scroll to be read or pressed."""
+    app = dashboard.app
+    assert app.cleanup is not None
+    arrange(dashboard)
+    opened = app.cleanup.open_run("expired-sessions")
+    app.crons.create(
+        "nightly-digest-for-the-whole-team",
+        dashboard.url("/v1/health?team=platform-on-call&token=a-long-query-string-value"),
+        "0 3 * * *",
+        owner="ops",
+    )
+    sign_in(page, dashboard)
+    page.set_window_size(390, 844)
+    paths = [
+        "/",
+        "/queue",
+        "/crons",
+        "/audit",
+        "/runs",
+        f"/runs/{quote(opened.run_id, safe='')}",
+        "/jobs/w-1",
+        "/jobs?state=available",
+        "/workers",
+        "/policies/expired-sessions/plan",
+        "/dlq/bulk?action=redrive",
+    ]
+    wide = {}
+    try:
+        for path in paths:
+            page.get(dashboard.url(path))
+            width = page.execute_script("return document.documentElement.scrollWidth")
+            if width > 390:
+                wide[path] = (width, page.execute_script(WIDEST))
+        page.delete_all_cookies()
+        page.get(dashboard.url("/login"))
+        width = page.execute_script("return document.documentElement.scrollWidth")
+        if width > 390:
+            wide["/login"] = width
+    finally:
+        page.set_window_size(1400, 1000)
+    assert wide == {}, wide
