@@ -535,39 +535,55 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class Running:
+    """A long-running command (`serve`, `worker`) in its own process, and its
+    /metrics at ``port``; stopped with SIGTERM (killed if it will not stop)."""
+
+    def __init__(self, ws: Workspace, port: int, *args: str) -> None:
+        self.port = port
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "expiry.cli", "--config", str(ws.config), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=environment(),
+        )
+
+    def metrics(self) -> str:
+        """/metrics as it answers now ("" while nothing listens yet)."""
+        assert self.proc.poll() is None, self.proc.communicate()
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=2) as r:
+                return str(r.read().decode())
+        except OSError:
+            return ""
+
+    def stop(self) -> tuple[int, str]:
+        """SIGTERM, then its exit code and stderr."""
+        self.proc.send_signal(signal.SIGTERM)
+        _, err = self.proc.communicate(timeout=30)
+        return self.proc.returncode, err
+
+    def __enter__(self) -> Running:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+
+
 def test_serve_answers_http_and_stops_cleanly_on_sigterm(ws: Workspace) -> None:
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "expiry.cli", "--config", str(ws.config)]
-        + ["serve", "--listen", f"127.0.0.1:{port}"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=environment(),
-    )
-
-    def answers() -> bool:
-        assert proc.poll() is None, proc.communicate()
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
-                return int(r.status) == 200
-        except OSError:
-            return False
-
-    try:
-        wait_for(answers, 30, "serve to answer /metrics")
+    with Running(ws, port, "serve", "--listen", f"127.0.0.1:{port}") as serve:
+        wait_for(lambda: serve.metrics() != "", 30, "serve to answer /metrics")
         wait_for(
             lambda: ws.scalar(f"select count(*) from {ws.table('schedules')}") == 1,
             10,
             "the scheduler thread to register the schedule",
         )
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, err
+        code, err = serve.stop()
+    assert code == 0, err
     assert "Traceback" not in err
 
 
@@ -576,42 +592,18 @@ def test_a_worker_serves_its_own_metrics_when_asked(ws: Workspace) -> None:
     durations and rows per window (histograms live in the process that ran
     the jobs) on /metrics; a taken address is refused before anything runs."""
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "expiry.cli", "--config", str(ws.config)]
-        + ["worker", "--metrics-listen", f"127.0.0.1:{port}"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=environment(),
-    )
-
-    def scrape() -> str:
-        assert proc.poll() is None, proc.communicate()
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
-                return str(r.read().decode())
-        except OSError:
-            return ""
-
-    try:
-        wait_for(lambda: "expiry_job_duration_seconds" in scrape(), 30, "the worker's /metrics")
+    with Running(ws, port, "worker", "--metrics-listen", f"127.0.0.1:{port}") as worker:
+        wait_for(lambda: "expiry_job_duration_seconds" in worker.metrics(), 30, "its /metrics")
         ws.ok("trigger", POLICY, "--wait")
         done = f'expiry_window_rows_sum{{policy="{POLICY}"}} {float(EXPIRED)}'
-        wait_for(lambda: done in scrape(), 30, "the windows' rows on the worker's /metrics")
-        text = scrape()
-        assert (
-            'expiry_job_duration_seconds_count{handler="expiry.window",outcome="completed"}' in text
-        )
-        assert "process_resident_memory_bytes" in text
+        wait_for(lambda: done in worker.metrics(), 30, "the windows' rows on its /metrics")
+        text = worker.metrics()
+        completed = 'expiry_job_duration_seconds_count{handler="expiry.window",outcome="completed"}'
+        assert completed in text and "process_resident_memory_bytes" in text
         taken = ws.run("worker", "--metrics-listen", f"127.0.0.1:{port}", "--until-idle")
         assert taken.code == 1 and "cannot listen on" in taken.err, taken
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, err
+        code, err = worker.stop()
+    assert code == 0, err
     assert f"worker metrics on http://127.0.0.1:{port}/metrics" in err
 
 
