@@ -874,6 +874,19 @@ def test_evidence_lists_what_each_run_deleted_as_the_table_lost_it(every_ws: Wor
     assert ws.json("evidence", POLICY, "--since", "2999-01-01T00:00:00Z") == []
     assert_usage_error(ws.run("evidence", POLICY, "--since", "last tuesday"), "--since", "30d")
 
+    # A run still open (its windows being applied, or redriven) shows what it
+    # has booked so far: the evidence does not wait for its end.
+    ws.execute(
+        f"update {ws.table('runs')} set state = 'running', finished_at = null"
+        f" where id = '{runs[1]['run_id']}'"
+    )
+    shown = ws.json("evidence", POLICY)
+    assert [(r["run_id"], r["outcome"]) for r in shown] == [
+        (runs[0]["run_id"], runs[0]["outcome"]),
+        (runs[1]["run_id"], "running"),
+    ]
+    assert [r["operations"] for r in shown] == [r["operations"] for r in runs]
+
 
 def _in_range(text: str, key: int) -> bool:
     """Whether ``key`` lies in a booked ``keys (lo, hi]`` range."""
