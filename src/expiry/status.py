@@ -15,7 +15,7 @@ from .cron import next_fire
 from .durations import format_duration
 from .errors import SchemaError
 from .health import merge_throttles
-from .queue import is_reserved
+from .queue import is_reserved, policy_queue
 from .times import format_time
 from .types import JobState
 
@@ -182,6 +182,7 @@ def workers(app: App, limit: int = 5000) -> dict[str, Any]:
                 "threads": w.threads,
                 "queues": w.queues,
                 "resting": w.resting,
+                "resting_why": {q: _why_resting(app, q, w.health) for q in w.resting},
                 "started_at": format_time(w.started_at),
                 "seen_seconds_ago": round(w.seen_seconds_ago, 3),
                 "stale": w.seen_seconds_ago > STALE_AFTER_SECONDS,
@@ -198,6 +199,29 @@ def workers(app: App, limit: int = 5000) -> dict[str, Any]:
         "other_holders": others,
         "stale_after": STALE_AFTER_SECONDS,
     }
+
+
+def _why_resting(app: App, queue: str, health: dict[str, Any]) -> str:
+    """Why a worker leaves a queue alone for now, in words: its policy's
+    throttle (held or stopped, with the reading past its limit; its rate
+    limit), or the policy's own pacing (max_rows_per_second, nice_ratio)."""
+    policies = app.config.policy if app.config is not None else []
+    policy = next((p for p in policies if policy_queue(p.name) == queue), None)
+    if policy is None:
+        return "paced"
+    throttle = health.get(policy.name) or {}
+    if throttle.get("state") not in (None, "open"):
+        said = "stopped by the throttle" if throttle["state"] == "critical" else "held"
+        return f"{said}: {throttle.get('detail') or throttle.get('reason')}"
+    if throttle.get("rate"):
+        return f"the throttle's rate limit, {throttle['rate']:.2f} windows/s"
+    if policy.max_rows_per_second:
+        return f"max_rows_per_second {policy.max_rows_per_second:g}"
+    if policy.nice_ratio:
+        return (
+            f"nice_ratio {policy.nice_ratio:g}: rests {policy.nice_ratio:g}x its last window's time"
+        )
+    return "paced"
 
 
 def _seconds(now: datetime, then: datetime | None) -> float:

@@ -282,3 +282,21 @@ def test_the_workers_page_says_when_none_is_alive_and_lets_gone_ones_age_out(
     page.get(dashboard.url("/workers"))
     assert not page.find_elements(By.ID, "no-worker")
     assert "box:3:alive" in page.find_element(By.CSS_SELECTOR, "section.worker").text
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # the roll reads alike on each
+def test_the_workers_page_says_why_each_resting_queue_rests(dashboard: Dashboard) -> None:
+    """A resting queue says why, not only for how long: a throttle's hold with
+    the reading past its limit, or the policy's own pacing (nice_ratio)."""
+    app = dashboard.app
+    queue = policy_queue("expired-sessions")
+    roll = {"host": "box", "threads": 2, "queues": [queue], "holding": 0}
+    held = {"state": "held", "reason": "active_backends", "detail": "active_backends 6 > 3"}
+    app.engine.worker_seen(
+        "box:1:held", pid=1, resting={queue: 2.5}, health={"expired-sessions": held}, **roll
+    )
+    app.engine.worker_seen("box:2:nice", pid=2, resting={queue: 0.4}, **roll)
+    with dashboard.signed_in_client() as client:
+        page = client.get("/workers").text
+    assert "held: active_backends 6 &gt; 3" in page
+    assert "nice_ratio 1: rests 1x its last window&#39;s time" in page
