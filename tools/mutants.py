@@ -1085,6 +1085,27 @@ MUTANTS = [
         "a policy's windows never leave referenced rows out from the start: each pays a "
         "refused delete, then the split",
     ),
+    Mutant(
+        "dedupe-across-queues",
+        "src/expiry/queue.py",
+        '    return f"{queue}/{key}"\n',
+        "    return key\n",
+        ("tests/http/test_http_exposure.py::test_a_dedupe_key_is_its_queues_own[sqlite]",),
+        "dedupe keys are shared by every queue: one publisher's key silently drops another "
+        "queue's message of that key (200 enqueued:false) and tells that the key exists",
+    ),
+    Mutant(
+        "redrive-reaches-other-queues",
+        "src/expiry/http/routes/dlq.py",
+        '    if key.can("dlq:manage"):\n        return wanted\n',
+        "    return wanted\n",
+        (
+            "tests/http/test_http_exposure.py::test_a_dead_message_is_redriven_by_its_key_in_its_"
+            "queue_only[sqlite]",
+        ),
+        "a consumer's redrive of its dead message's key also redrives another queue's dead "
+        "message of that key",
+    ),
 ]
 
 

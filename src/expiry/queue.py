@@ -46,10 +46,26 @@ _OWN_KEY = re.compile(r"^(?:[a-z0-9][a-z0-9-]*:\d{4}-\d\d-\d\dT|cron:)")
 
 def is_reserved_key(key: str) -> bool:
     """A job key shaped like one of expiry's own: ``policy:cutoff...`` (a run's
-    planning, partition and window jobs) or ``cron:...`` (cron calls). Keys are
-    unique across queues, so a message holding such a key would take the place
-    of expiry's own job: the public API refuses them."""
+    planning, partition and window jobs) or ``cron:...`` (cron calls). Job keys
+    are unique across queues, so a job holding such a key could take the place
+    of expiry's own job: the public API never stores one (see message_key)."""
     return _OWN_KEY.match(key) is not None
+
+
+def message_key(queue: str, key: str) -> str:
+    """The job key of a message published over HTTP with dedupe key ``key``: the
+    queue's name, "/", the key. A dedupe key is its queue's own: the same key
+    in two queues is two messages (no queue name holds "/"), and a publisher
+    learns nothing of another queue's keys. A job key stays unique across
+    queues, so every lookup by job key (redrive, discard, the dashboard's
+    /jobs/KEY) still names one job."""
+    return f"{queue}/{key}"
+
+
+def dedupe_key(job_key: str, queue: str) -> str:
+    """A message's dedupe key as its publisher gave it (message_key undone); a
+    job key made another way is its own dedupe key."""
+    return job_key.removeprefix(f"{queue}/")
 
 
 def new_job(

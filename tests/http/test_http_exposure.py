@@ -21,6 +21,7 @@ from _http_live import Live, Serve, assert_error
 from expiry.keys import Keys
 from expiry.queue import new_job
 from expiry.times import format_time
+from expiry.types import JobState
 
 POLICY = "expired-sessions"
 
@@ -68,7 +69,9 @@ def test_publish_without_a_queue_goes_to_the_public_default_queue(live: Live) ->
 
 def test_a_published_message_is_never_part_of_a_run(live: Live) -> None:
     """A message carrying an earlier run's id, delayed ten years, does not make
-    later runs wait for it; a key shaped like a run's planning job is refused."""
+    later runs wait for it; a message keyed like a run's planning job is its
+    queue's own key and does not take the run's place; a queue named like one
+    of expiry's own keys is refused."""
     live.db.insert_sessions(expired=50, live=0)
     first = live.client.post("/v1/cleanup/trigger", json={"policy": POLICY}).json()
     assert live.app.worker(until_idle=True, poll=0.05).run() == 0
@@ -85,10 +88,14 @@ def test_a_published_message_is_never_part_of_a_run(live: Live) -> None:
     time.sleep(1.1)  # a later cutoff (whole seconds) than the first run's
     later = live.app.engine.now().replace(microsecond=0)
     plan_key = f"{POLICY}:{format_time(later)}:plan"
-    taken = live.client.post(
+    mine = live.client.post(
         "/v1/queue/publish", json={"queue": "mail", "message": {}, "key": plan_key}
     )
-    assert "expiry's own job keys" in assert_error(taken, 422)
+    assert mine.json() == {"key": plan_key, "queue": "mail", "enqueued": True}
+    shaped = live.client.post(
+        "/v1/queue/publish", json={"queue": "cron:x", "message": {}, "key": "k"}
+    )
+    assert "expiry's own job keys" in assert_error(shaped, 422)
     second = live.client.post(
         "/v1/cleanup/trigger", json={"policy": POLICY, "cutoff": format_time(later)}
     ).json()
@@ -96,7 +103,7 @@ def test_a_published_message_is_never_part_of_a_run(live: Live) -> None:
     summary = live.client.get(f"/v1/runs/{second['run_id']}").json()
     assert summary["state"] == "finished", summary
     assert live.db.count() == 0
-    assert live.app.queue.pending() == 1  # the squatter waits, alone in its own queue
+    assert live.app.queue.pending() == 2  # the squatter and the plan-keyed message wait
 
 
 def test_a_run_whose_planning_key_is_taken_says_so(live: Live) -> None:
@@ -509,40 +516,76 @@ def test_a_key_with_surrounding_white_space_is_422_and_shadows_nothing_on_mariad
     assert published.json()["enqueued"] is True
 
 
-def test_a_key_held_in_another_queue_is_said_not_silently_dropped(live: Live) -> None:
-    """Dedupe keys are unique across queues. One publisher's key in its queue
-    (ten years away) used to make another's publish of that key to its own
-    queue answer 200 enqueued:false: dropped, and its consumer never saw it.
-    Now the publish is 409 key_held_elsewhere, and a batch marks the message."""
+def test_a_dedupe_key_is_its_queues_own(live: Live) -> None:
+    """One publisher's key in its queue (ten years away) used to make another's
+    publish of that key to its own queue answer 200 enqueued:false: dropped,
+    its consumer never saw it, and the answer told that the key existed
+    somewhere. Dedupe keys are now each queue's own: the same key in two queues
+    is two messages, each received under the key its publisher gave, and a
+    duplicate in the queue itself is still the dedupe working."""
     pub = key(live, "pub", "queue:publish:orders.*")
-    other = key(live, "billing", "queue:publish:billing")
+    other = key(live, "billing", "queue:publish:billing", "queue:consume:billing")
     year = 366 * 86400
     first = pub.post(
         "/v1/queue/publish",
         json={"queue": "orders.x", "message": {}, "key": "invoice-42", "delay_seconds": 10 * year},
     )
     assert first.json()["enqueued"] is True
-    message = assert_error(
-        other.post(
-            "/v1/queue/publish", json={"queue": "billing", "message": {}, "key": "invoice-42"}
-        ),
-        409,
-        "key_held_elsewhere",
+    mine = other.post(
+        "/v1/queue/publish",
+        json={"queue": "billing", "message": {"n": 1}, "key": "invoice-42"},
     )
-    assert "another queue" in message and "nothing was enqueued" in message
+    assert mine.json() == {"key": "invoice-42", "queue": "billing", "enqueued": True}
     batch = other.post(
         "/v1/queue/publish_batch",
-        json={"queue": "billing", "messages": [{}, {}], "keys": ["invoice-42", "invoice-44"]},
+        json={
+            "queue": "billing",
+            "messages": [{"n": 2}, {"n": 3}],
+            "keys": ["invoice-42", "invoice-44"],
+        },
     ).json()
-    # held_elsewhere is said where it is true only: the seeds' shape otherwise.
-    assert batch["results"] == [
-        {"key": "invoice-42", "queue": "billing", "enqueued": False, "held_elsewhere": True},
-        {"key": "invoice-44", "queue": "billing", "enqueued": True},
-    ]
-    assert (batch["enqueued"], batch["duplicates"], batch["held_elsewhere"]) == (1, 1, 1)
-    # A duplicate in the queue itself is the dedupe working: 200, enqueued false.
-    again = other.post(
-        "/v1/queue/publish", json={"queue": "billing", "message": {}, "key": "invoice-44"}
+    # The seeds' shape: results, enqueued, duplicates, and nothing of other queues.
+    assert batch == {
+        "results": [
+            {"key": "invoice-42", "queue": "billing", "enqueued": False},
+            {"key": "invoice-44", "queue": "billing", "enqueued": True},
+        ],
+        "enqueued": 1,
+        "duplicates": 1,
+    }
+    again = pub.post(
+        "/v1/queue/publish", json={"queue": "orders.x", "message": {}, "key": "invoice-42"}
     )
     assert again.status_code == 200 and again.json()["enqueued"] is False
-    assert live.app.queue.pending("billing") == 1 and live.app.queue.pending("orders.x") == 1
+    assert live.app.queue.pending("billing") == 2 and live.app.queue.pending("orders.x") == 1
+    got = other.post("/v1/queue/receive", json={"queue": "billing", "max": 10}).json()["jobs"]
+    assert sorted((j["key"], j["message"]["n"]) for j in got) == [
+        ("invoice-42", 1),
+        ("invoice-44", 3),
+    ]
+
+
+def test_a_dead_message_is_redriven_by_its_key_in_its_queue_only(live: Live) -> None:
+    """The same dedupe key dead in two queues: /v1/dlq lists each under the key
+    its publisher gave; a consumer's redrive of that key reaches its own
+    queue's job only, and an operator's names the queue, or reaches both."""
+    billing = key(live, "billing", "queue:publish:billing", "queue:consume:billing")
+    for queue in ("billing", "orders.x"):
+        published = live.client.post(
+            "/v1/queue/publish", json={"queue": queue, "message": {"q": queue}, "key": "inv-1"}
+        )
+        assert published.json()["enqueued"] is True
+        [job] = live.client.post("/v1/queue/receive", json={"queue": queue}).json()["jobs"]
+        live.client.post("/v1/queue/nack", json={"receipt": job["receipt"], "permanent": True})
+    listed = billing.get("/v1/dlq").json()
+    assert [(d["key"], d["queue"]) for d in listed] == [("inv-1", "billing")]
+
+    assert billing.post("/v1/dlq/redrive", json={"keys": ["inv-1"]}).json() == {"keys": ["inv-1"]}
+    states = {q: live.app.queue.get(f"{q}/inv-1").state for q in ("billing", "orders.x")}  # type: ignore[union-attr]
+    assert states == {"billing": JobState.AVAILABLE, "orders.x": JobState.DEAD}
+    other = live.client.post("/v1/dlq/discard", json={"keys": ["inv-1"], "queue": "billing"})
+    assert other.json() == {"keys": ["inv-1"]}
+    assert live.app.queue.get("orders.x/inv-1").state is JobState.DEAD  # type: ignore[union-attr]
+    both = live.client.post("/v1/dlq/redrive", json={"keys": ["inv-1"]})
+    assert both.json() == {"keys": ["inv-1"]}
+    assert live.app.queue.get("orders.x/inv-1").state is JobState.AVAILABLE  # type: ignore[union-attr]

@@ -42,7 +42,7 @@ def test_publish_receive_ack(live: Live) -> None:
     ack = live.client.post("/v1/queue/ack", json={"receipt": job["receipt"]})
     assert ack.status_code == 200, ack.text
     assert ack.json()["state"] == "completed"
-    stored = live.app.queue.get("welcome:42")
+    stored = live.app.queue.get("emails/welcome:42")  # message_key
     assert stored is not None and stored.state is JobState.COMPLETED
 
     # A second ack of the same receipt changes nothing and says so.
@@ -69,7 +69,7 @@ def test_ack_after_the_lease_was_rescued_is_409_and_not_applied(live: Live) -> N
     [first] = receive(live, lease_seconds=0.2)
     time.sleep(0.5)
     assert live.app.queue.rescue() == 1
-    rescued = live.app.queue.get("j")
+    rescued = live.app.queue.get("emails/j")
     assert rescued is not None and rescued.state in (JobState.AVAILABLE, JobState.RETRYABLE)
 
     message = assert_error(
@@ -78,7 +78,7 @@ def test_ack_after_the_lease_was_rescued_is_409_and_not_applied(live: Live) -> N
         "receipt_expired",
     )
     assert "not acknowledged" in message
-    stored = live.app.queue.get("j")
+    stored = live.app.queue.get("emails/j")
     assert stored is not None and stored.state is rescued.state, "the late ack applied"
     # nack and heartbeat with the stale receipt are refused the same way.
     for path in ("/v1/queue/nack", "/v1/queue/heartbeat"):
@@ -103,11 +103,11 @@ def test_ack_after_another_consumer_received_the_job_is_409(live: Live) -> None:
         409,
         "receipt_expired",
     )
-    stored = live.app.queue.get("j")
+    stored = live.app.queue.get("emails/j")
     assert stored is not None and stored.state is JobState.RUNNING
     assert stored.attempt == 2
     assert live.client.post("/v1/queue/ack", json={"receipt": second["receipt"]}).status_code == 200
-    stored = live.app.queue.get("j")
+    stored = live.app.queue.get("emails/j")
     assert stored is not None and stored.state is JobState.COMPLETED
 
 
@@ -131,7 +131,7 @@ def test_ack_batch_acknowledges_many_in_one_transaction_and_names_the_expired(
     assert response.status_code == 200, response.text
     answer = response.json()
     assert answer == {"acked": [fresh["b0"], fresh["b1"], fresh["b3"]], "expired": [stale]}
-    states = {key: live.app.queue.get(key).state for key in keys}  # type: ignore[union-attr]
+    states = {key: live.app.queue.get(f"emails/{key}").state for key in keys}  # type: ignore[union-attr]
     assert states == {
         "b0": JobState.COMPLETED,
         "b1": JobState.COMPLETED,
@@ -154,7 +154,7 @@ def test_ack_batch_with_a_malformed_receipt_is_422_and_acknowledges_none(live: L
     assert_error(live.client.post("/v1/queue/ack_batch", json={"receipts": []}), 422)
     twice = {"receipts": [job["receipt"], f"{str(job['receipt']).split('.')[0]}.1.other"]}
     assert "same job" in assert_error(live.client.post("/v1/queue/ack_batch", json=twice), 422)
-    stored = live.app.queue.get("j")
+    stored = live.app.queue.get("emails/j")
     assert stored is not None and stored.state is JobState.RUNNING
 
 
@@ -207,7 +207,7 @@ def test_a_nack_with_default_backoff_is_retryable(live: Live) -> None:
     nack = live.client.post("/v1/queue/nack", json={"receipt": job["receipt"]})
     assert nack.status_code == 200, nack.text
     assert nack.json()["state"] == "retryable"
-    stored = live.app.queue.get("b")
+    stored = live.app.queue.get("emails/b")
     assert stored is not None and stored.last_error == "nacked by consumer"
 
 
@@ -218,7 +218,7 @@ def test_discard_cancels_a_dead_job(live: Live) -> None:
     discarded = live.client.post("/v1/dlq/discard", json={"keys": ["x", "never-existed"]})
     assert discarded.status_code == 200, discarded.text
     assert discarded.json() == {"keys": ["x"]}
-    stored = live.app.queue.get("x")
+    stored = live.app.queue.get("emails/x")
     assert stored is not None and stored.state is JobState.CANCELLED
 
 

@@ -21,7 +21,7 @@ CAPABILITIES: dict[str, dict[str, Any]] = {
         "scope": "queue:publish:emails",
         "method": "POST",
         "path": "/v1/queue/publish",
-        "summary": "enqueue one delayed job with an optional dedupe key",
+        "summary": "enqueue one delayed job with an optional dedupe key (each queue's own)",
         "example": {
             "queue": "emails",
             "message": {"user_id": 42},
@@ -108,7 +108,8 @@ LIMITS = {
     "idempotency_hours": 24,
     "auth": "Authorization: Bearer KEY on every route but /v1/discovery and /v1/health",
     "scopes": "each capability names the scope its key needs; admin keys hold every one",
-    "reserved": "queues named expiry.* and keys shaped policy:2026-... or cron:... are expiry's own",
+    "reserved": "queues named expiry.* are expiry's own",
+    "dedupe": "a dedupe key is unique within its queue only, from publish until the job is pruned",
     "message_depth": 32,
 }
 

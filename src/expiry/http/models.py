@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ..queue import is_reserved, is_reserved_key
+from ..queue import is_reserved, is_reserved_key, message_key
 from ..times import in_utc
 from ..types import RESERVED_PREFIX
 
@@ -18,8 +18,11 @@ QUEUE_NAME = r"^[A-Za-z0-9_.:-]{1,100}$"
 MAX_DEPTH = 32
 """The deepest nesting of arrays and objects a message may have."""
 MAX_KEY = 500
-"""The longest dedupe key, in characters: 2,000 bytes of UTF-8 at most, within
-what a unique index can hold (about 2,700 bytes on PostgreSQL)."""
+"""The longest dedupe key, in characters. Its job key (message_key: the queue,
+"/", the key) is 601 characters at most: 2,404 bytes of UTF-8, within what a
+unique index holds (about 2,700 bytes on PostgreSQL) and MySQL's varchar(700)."""
+MAX_JOB_KEY = 700
+"""The longest job key (MySQL's varchar(700)): a message's is at most 601."""
 CRON_NAME = r"^[a-z0-9][a-z0-9-]{0,62}$"
 NO_NUL = r"^[^\x00]*$"
 """Free text the databases can store (PostgreSQL text refuses NUL)."""
@@ -64,16 +67,21 @@ def public_queue(value: str) -> str:
 
 
 def public_key(value: str | None) -> str | None:
-    if value is not None and is_reserved_key(value):
-        raise ValueError(
-            f"{value!r} is shaped like one of expiry's own job keys (policy:cutoff... or "
-            "cron:...); choose another"
-        )
     if value is not None and value != value.strip():
         # MySQL and MariaDB compare "k " and "k" as one key (PAD SPACE): such a key
-        # would stand for another publisher's.
+        # would stand for another message's.
         raise ValueError(f"{value!r} begins or ends with white space; strip it")
     return value
+
+
+def storable_key(queue: str, key: str | None) -> None:
+    """Refuse a queue whose messages' job keys (message_key) would be shaped
+    like expiry's own: a queue named like ``policy:2026-12-01T...`` or ``cron:``."""
+    if key is not None and is_reserved_key(message_key(queue, key)):
+        raise ValueError(
+            f"queue {queue!r} is shaped like one of expiry's own job keys (policy:cutoff... "
+            "or cron:...); name the queue otherwise"
+        )
 
 
 DEFAULT_QUEUE = "default"
@@ -143,20 +151,16 @@ class PublishRequest(Request):
     def _one_time(self) -> PublishRequest:
         if self.delay_seconds is not None and self.run_at is not None:
             raise ValueError("give delay_seconds or run_at, not both")
+        storable_key(self.queue, self.key)
         return self
 
 
 class Published(Body):
     key: str
     queue: str
-    enqueued: bool = Field(description="false when a job with this key existed already")
-
-
-class BatchPublished(Published):
-    held_elsewhere: bool = Field(
-        False,
-        description="true when the key is held by a job of another queue: dedupe keys are "
-        "unique across queues, and this message was enqueued nowhere",
+    enqueued: bool = Field(
+        description="false when a message with this key waits or ran in this queue already "
+        "(dedupe keys are each queue's own)"
     )
 
 
@@ -183,16 +187,15 @@ class PublishBatchRequest(Request):
     def _keys(self) -> PublishBatchRequest:
         if self.keys is not None and len(self.keys) != len(self.messages):
             raise ValueError(f"keys has {len(self.keys)} items for {len(self.messages)} messages")
+        for key in self.keys or []:
+            storable_key(self.queue, key)
         return self
 
 
 class PublishedBatch(Body):
-    results: list[BatchPublished]
+    results: list[Published]
     enqueued: int
     duplicates: int
-    held_elsewhere: int = Field(
-        0, description="of the duplicates, those whose key a job of another queue holds"
-    )
 
 
 class ReceiveRequest(Request):
@@ -346,10 +349,17 @@ class Triggered(Body):
     )
 
 
+DLQ_QUEUE = (
+    "the queue whose dead jobs the keys name, as published; without it, a key names "
+    "a job key or a message's key in any queue"
+)
+
+
 class RedriveRequest(Request):
-    keys: list[Annotated[str, Field(min_length=1, max_length=MAX_KEY)]] = Field(
+    keys: list[Annotated[str, Field(min_length=1, max_length=MAX_JOB_KEY)]] = Field(
         default_factory=list, max_length=10_000
     )
+    queue: str | None = Field(None, pattern=QUEUE_NAME, description=DLQ_QUEUE)
     all: bool = False
     policy: str | None = Field(None, max_length=63)
 
@@ -361,9 +371,10 @@ class RedriveRequest(Request):
 
 
 class DiscardRequest(Request):
-    keys: list[Annotated[str, Field(min_length=1, max_length=MAX_KEY)]] = Field(
+    keys: list[Annotated[str, Field(min_length=1, max_length=MAX_JOB_KEY)]] = Field(
         min_length=1, max_length=10_000
     )
+    queue: str | None = Field(None, pattern=QUEUE_NAME, description=DLQ_QUEUE)
 
 
 class Keys(Body):

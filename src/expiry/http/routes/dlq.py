@@ -11,6 +11,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from ...keys import Principal
+from ...queue import dedupe_key, message_key
 from ...types import Job
 from .. import models as m
 from ..deps import ExpiryApp, Key, forbidden
@@ -30,7 +31,7 @@ def dead_job(job: Job) -> m.DeadJob | None:
     """The job as the API shows it; None when it cannot be shown (a payload
     stored before messages were bounded): listed without it, not a 500."""
     fields = {
-        "key": job.key,
+        "key": dedupe_key(job.key, job.queue),
         "queue": job.queue,
         "handler": job.handler,
         "attempt": job.attempt,
@@ -56,26 +57,46 @@ def dlq(key: Key, app: ExpiryApp, queue: QueueFilter = None, limit: int = 100) -
     return [shown for j in found if mine(key, j) and (shown := dead_job(j)) is not None]
 
 
-def own_keys(app: ExpiryApp, key: Principal, keys: list[str]) -> list[str]:
-    """The jobs named that the key may redrive or discard. A job on a queue it
-    may not consume is left out as one that is not there is: the answer (the
-    keys acted on) tells nothing of other queues' jobs."""
+def named_jobs(
+    app: ExpiryApp, key: Principal, names: list[str], queue: str | None, states: tuple[str, ...]
+) -> dict[str, str]:
+    """The jobs ``names`` stand for, as job key -> the name as given. A name is a
+    job key, or a message's dedupe key (as published, as /v1/dlq lists it) in
+    ``queue``, or, without one, in any queue holding jobs in ``states``. A job
+    on a queue the key may not consume is left out as one that is not there
+    is: the answer (the names acted on) tells nothing of other queues' jobs."""
+    if queue is not None:
+        queues = [queue]
+    else:
+        by_state = app.queue.stats().by_state
+        queues = sorted(q for q, n in by_state.items() if any(n.get(s) for s in states))
+    wanted: dict[str, str] = {}
+    for name in names:
+        for q in queues:
+            wanted.setdefault(message_key(q, name), name)
+        if queue is None:
+            wanted.setdefault(name, name)
     if key.can("dlq:manage"):
-        return keys
-    return [name for name in keys if (job := app.queue.get(name)) is not None and mine(key, job)]
+        return wanted
+    return {
+        job_key: name
+        for job_key, name in wanted.items()
+        if (job := app.queue.get(job_key)) is not None and mine(key, job)
+    }
 
 
 @router.post("/redrive", response_model=m.Keys)
 def redrive(body: m.RedriveRequest, key: Key, app: ExpiryApp) -> m.Keys:
     if (body.all or body.policy) and not key.can("dlq:manage"):
         raise forbidden(key, "dlq:manage")
-    named = own_keys(app, key, body.keys)
-    return m.Keys(
-        keys=app.queue.redrive(named, all=body.all, policy=body.policy, actor=f"api:{key.name}")
-    )
+    named = named_jobs(app, key, body.keys, body.queue, ("dead",))
+    done = app.queue.redrive(list(named), all=body.all, policy=body.policy, actor=f"api:{key.name}")
+    return m.Keys(keys=list(dict.fromkeys(named.get(k, k) for k in done)))
 
 
 @router.post("/discard", response_model=m.Keys)
 def discard(body: m.DiscardRequest, key: Key, app: ExpiryApp) -> m.Keys:
-    named = own_keys(app, key, body.keys)
-    return m.Keys(keys=app.queue.discard(named, actor=f"api:{key.name}"))
+    waiting = ("dead", "scheduled", "available", "retryable")
+    named = named_jobs(app, key, body.keys, body.queue, waiting)
+    done = app.queue.discard(list(named), actor=f"api:{key.name}")
+    return m.Keys(keys=list(dict.fromkeys(named[k] for k in done)))

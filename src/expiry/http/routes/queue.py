@@ -9,13 +9,15 @@ queues are never named here (422)."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from fastapi import APIRouter
 
+from ... import defaults
 from ...errors import LeaseLost
 from ...keys import Principal
-from ...queue import new_job
-from ...types import Job, JobState
+from ...queue import dedupe_key, message_key, new_job
+from ...types import Job, JobState, NewJob
 from .. import models as m
 from ..deps import ExpiryApp, Key, forbidden
 from ..errors import CONFLICT, TOO_LARGE, ApiError
@@ -70,74 +72,54 @@ def consumer(key: Principal) -> None:
         raise forbidden(key, "queue:consume:PATTERN")
 
 
-@router.post("/publish", response_model=m.Published, responses={**TOO_LARGE, **CONFLICT})
+@router.post("/publish", response_model=m.Published, responses=TOO_LARGE)
 def publish(body: m.PublishRequest, key: Key, app: ExpiryApp) -> m.Published:
-    """Enqueue one message; a key a job of this queue holds already is a
-    duplicate (``enqueued: false``); one a job of another queue holds is 409
-    ``key_held_elsewhere``: the message is enqueued nowhere, said aloud."""
+    """Enqueue one message; a key a message of this queue holds already is a
+    duplicate (``enqueued: false``). Dedupe keys are each queue's own
+    (message_key): another queue's keys neither block nor show."""
     may(key, "publish", body.queue)
-    job = new_job(
-        body.queue,
-        body.message,
-        body.run_at or body.delay_seconds,
-        body.key,
-        queue=body.queue,
-        priority=body.priority,
-        max_attempts=body.max_attempts,
+    [result] = app.queue.enqueue_many([message(body.queue, body.message, body.key, body)])
+    return m.Published(
+        key=dedupe_key(result.key, body.queue), queue=body.queue, enqueued=result.enqueued
     )
-    [result] = app.queue.enqueue_many([job])
-    if not result.enqueued and held_elsewhere(app, [result.key], body.queue):
-        raise ApiError(
-            409,
-            "key_held_elsewhere",
-            f"dedupe key {result.key!r} is held by a job of another queue (keys are unique "
-            "across queues): nothing was enqueued; choose a key of your own, e.g. prefixed "
-            "with the queue",
-        )
-    return m.Published(key=result.key, queue=body.queue, enqueued=result.enqueued)
 
 
-# held_elsewhere appears only when a key is held by another queue: otherwise the
-# answer is exactly the seed articles' shape.
-@router.post(
-    "/publish_batch",
-    response_model=m.PublishedBatch,
-    response_model_exclude_defaults=True,
-    responses=TOO_LARGE,
-)
+@router.post("/publish_batch", response_model=m.PublishedBatch, responses=TOO_LARGE)
 def publish_batch(body: m.PublishBatchRequest, key: Key, app: ExpiryApp) -> m.PublishedBatch:
     may(key, "publish", body.queue)
     jobs = [
-        new_job(
-            body.queue,
-            message,
-            body.delay_seconds,
-            body.keys[i] if body.keys else None,
-            queue=body.queue,
-        )
-        for i, message in enumerate(body.messages)
+        message(body.queue, payload, body.keys[i] if body.keys else None, body)
+        for i, payload in enumerate(body.messages)
     ]
     results = app.queue.enqueue_many(jobs)
-    elsewhere = held_elsewhere(app, [r.key for r in results if not r.enqueued], body.queue)
-    shaped = [
-        m.BatchPublished(
-            key=r.key, queue=body.queue, enqueued=r.enqueued, held_elsewhere=r.key in elsewhere
-        )
-        for r in results
-    ]
     fresh = sum(r.enqueued for r in results)
     return m.PublishedBatch(
-        results=shaped,
+        results=[
+            m.Published(key=dedupe_key(r.key, body.queue), queue=body.queue, enqueued=r.enqueued)
+            for r in results
+        ],
         enqueued=fresh,
         duplicates=len(results) - fresh,
-        held_elsewhere=sum(r.held_elsewhere for r in shaped),
     )
 
 
-def held_elsewhere(app: ExpiryApp, keys: list[str], queue: str) -> set[str]:
-    """Of the keys a publish found taken, those a job of another queue holds
-    (a duplicate in the queue itself is the dedupe working)."""
-    return {k for k in keys if (job := app.queue.get(k)) is not None and job.queue != queue}
+def message(
+    queue: str,
+    payload: dict[str, Any],
+    key: str | None,
+    body: m.PublishRequest | m.PublishBatchRequest,
+) -> NewJob:
+    """A published message as a job: its job key is the queue's own (message_key)."""
+    one = body if isinstance(body, m.PublishRequest) else None
+    return new_job(
+        queue,
+        payload,
+        (one.run_at or one.delay_seconds) if one else body.delay_seconds,
+        message_key(queue, key) if key is not None else None,
+        queue=queue,
+        priority=one.priority if one else 0,
+        max_attempts=one.max_attempts if one else defaults.MAX_ATTEMPTS,
+    )
 
 
 @router.post("/receive", response_model=m.Received)
@@ -156,7 +138,7 @@ def deliverable(app: ExpiryApp, job: Job) -> m.ReceivedJob | None:
     try:
         shown = m.ReceivedJob(
             receipt=receipt(job),
-            key=job.key,
+            key=dedupe_key(job.key, job.queue),
             queue=job.queue,
             message=job.payload,
             attempt=job.attempt,
