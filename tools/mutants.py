@@ -1095,6 +1095,15 @@ MUTANTS = [
         "queue's message of that key (200 enqueued:false) and tells that the key exists",
     ),
     Mutant(
+        "receipt-unbound",
+        "src/expiry/http/routes/queue.py",
+        '    if key.admin:\n        return {job.id for job in jobs}\n',
+        "    return {job.id for job in jobs}\n",
+        ("tests/http/test_http_exposure.py::test_a_receipt_is_bound_to_its_queue[sqlite]",),
+        "a consumer of one queue acks, nacks or heartbeats another queue's job with a "
+        "receipt it got hold of",
+    ),
+    Mutant(
         "redrive-reaches-other-queues",
         "src/expiry/http/routes/dlq.py",
         '    if key.can("dlq:manage"):\n        return wanted\n',

@@ -196,6 +196,10 @@ class Queue:
     def get(self, key: str) -> Job | None:
         return self.engine.job_get(key)
 
+    def queues_of(self, jobs: Sequence[Job]) -> dict[int, str]:
+        """The queue each job (by id) waits or runs in."""
+        return self.engine.job_queues([job.id for job in jobs])
+
     def dead(self, queue: str | None = None, limit: int = 100) -> list[Job]:
         """The dead-letter queue, newest first."""
         return self.engine.job_list(JobState.DEAD, queue, limit)

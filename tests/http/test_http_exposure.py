@@ -589,3 +589,24 @@ def test_a_dead_message_is_redriven_by_its_key_in_its_queue_only(live: Live) -> 
     both = live.client.post("/v1/dlq/redrive", json={"keys": ["inv-1"]})
     assert both.json() == {"keys": ["inv-1"]}
     assert live.app.queue.get("orders.x/inv-1").state is JobState.AVAILABLE  # type: ignore[union-attr]
+
+
+def test_a_receipt_is_bound_to_its_queue(live: Live) -> None:
+    """A consumer of billing that got hold of an orders receipt (a log line, a
+    shared cache) cannot ack, nack or heartbeat it: 409 as for an expired
+    receipt, and the job stays leased to its consumer, who acks it."""
+    billing = key(live, "billing", "queue:consume:billing")
+    orders = key(live, "orders", "queue:consume:orders.*")
+    live.client.post("/v1/queue/publish", json={"queue": "orders.x", "message": {}, "key": "o1"})
+    [job] = orders.post("/v1/queue/receive", json={"queue": "orders.x"}).json()["jobs"]
+    receipt = job["receipt"]
+    for path in ("/v1/queue/ack", "/v1/queue/nack", "/v1/queue/heartbeat"):
+        assert_error(billing.post(path, json={"receipt": receipt}), 409, "receipt_expired")
+    batch = billing.post("/v1/queue/ack_batch", json={"receipts": [receipt]})
+    assert batch.json() == {"acked": [], "expired": [receipt]}
+    stored = live.app.queue.get("orders.x/o1")
+    assert stored is not None and stored.state is JobState.RUNNING and stored.attempt == 1
+    assert orders.post("/v1/queue/ack_batch", json={"receipts": [receipt]}).json() == {
+        "acked": [receipt],
+        "expired": [],
+    }

@@ -50,6 +50,16 @@ def test_enqueue_same_key_twice_adds_one_row(queue: Queue, engine: Engine) -> No
     assert job is not None and job.payload == {"v": 1}
 
 
+def test_queues_of_names_each_jobs_queue_by_id(queue: Queue, engine: Engine) -> None:
+    queue.enqueue("noop", {}, None, "a", queue="billing")
+    queue.enqueue("noop", {}, None, "b", queue="orders.x")
+    a, b = queue.get("a"), queue.get("b")
+    assert a is not None and b is not None
+    gone = Job(**{**vars(a), "id": a.id + b.id + 1000})
+    assert queue.queues_of([a, b, gone]) == {a.id: "billing", b.id: "orders.x"}
+    assert engine.job_queues([]) == {}
+
+
 def test_enqueue_many_5000_with_duplicates_in_batch_and_in_table(
     queue: Queue, engine: Engine
 ) -> None:

@@ -783,6 +783,12 @@ class Engine(abc.ABC):
         row = self._one(conn, "job_get", {"key": key})
         return self._job(row) if row else None
 
+    def job_queues(self, ids: Sequence[int]) -> dict[int, str]:
+        """The queue of each job of ``ids`` that exists."""
+        with self.transaction() as conn:
+            rows = self._rows(conn, "job_queues", {"ids": self._list(ids)})
+        return {int(row["id"]): str(row["queue"]) for row in rows}
+
     def job_list(self, state: JobState, queue: str | None = None, limit: int = 100) -> list[Job]:
         with self.transaction() as conn:
             found = self._rows(

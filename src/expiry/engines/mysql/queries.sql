@@ -213,6 +213,11 @@ where id in (select v from json_table(@expiry_ids, '$[*]' columns (v bigint path
 -- One job by key.
 select * from expiry_jobs where `key` = %(key)s;
 
+-- name: job_queues
+-- The queue of each job named by id (a receipt's job).
+select id, queue from expiry_jobs
+where id in (select v from json_table(%(ids)s, '$[*]' columns (v bigint path '$')) as l);
+
 -- name: job_list
 -- Jobs in a state, newest first, optionally of one queue.
 select * from expiry_jobs

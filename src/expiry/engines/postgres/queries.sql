@@ -236,6 +236,10 @@ returning key, run_id;
 -- One job by key.
 select j.* from expiry.job_keys k join expiry.jobs j on j.id = k.job_id where k.key = %(key)s;
 
+-- name: job_queues
+-- The queue of each job named by id (a receipt's job).
+select id, queue from expiry.jobs where id = any(%(ids)s::bigint[]);
+
 -- name: job_list
 -- Jobs in a state, newest first, optionally of one queue.
 select * from expiry.jobs

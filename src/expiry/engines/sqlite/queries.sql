@@ -168,6 +168,10 @@ returning key, run_id;
 -- One job by key.
 select * from expiry_jobs where key = :key;
 
+-- name: job_queues
+-- The queue of each job named by id (a receipt's job).
+select id, queue from expiry_jobs where id in (select value from json_each(:ids));
+
 -- name: job_list
 -- Jobs in a state, newest first, optionally of one queue.
 select * from expiry_jobs

@@ -1,8 +1,9 @@
 """The queue over HTTP: publish (one or a batch), and receive, ack (one or a
 batch), nack and heartbeat for pull consumers. A received job comes with a receipt,
 ``id.attempt.lease_token``, that names its lease: an expired one gets 409 and
-changes nothing. A receipt is a capability: its token is unguessable and
-issued only to a consumer that may receive from the job's queue. Publishing
+changes nothing. A receipt is a capability: its token is unguessable,
+issued only to a consumer that may receive from the job's queue, and bound
+to that queue (a consumer of another queue cannot use it). Publishing
 needs queue:publish for the queue, the others queue:consume; expiry's own
 queues are never named here (422)."""
 
@@ -70,6 +71,27 @@ def consumer(key: Principal) -> None:
     """403 for a key that consumes no queue (a receipt's holder must be one)."""
     if not (key.admin or any(s.startswith("queue:consume:") for s in key.scopes)):
         raise forbidden(key, "queue:consume:PATTERN")
+
+
+def bound(key: Principal, app: ExpiryApp, jobs: list[Job]) -> set[int]:
+    """The ids of the receipts' jobs on queues the key consumes. A receipt is
+    bound to its queue: one that reached a consumer of another queue changes
+    nothing there, and is answered as an expired one (telling nothing)."""
+    if key.admin:
+        return {job.id for job in jobs}
+    queues = app.queue.queues_of(jobs)
+    return {j.id for j in jobs if (q := queues.get(j.id)) and key.can_queue("consume", q)}
+
+
+def leased(key: Principal, app: ExpiryApp, text: str) -> Job:
+    """The job a receipt names, for a consumer of its queue; 409 otherwise."""
+    job = job_from_receipt(text)
+    if not bound(key, app, [job]):
+        raise receipt_expired(
+            "the lease behind this receipt expired, or it is not on a queue this key "
+            "consumes; nothing changed"
+        )
+    return job
 
 
 @router.post("/publish", response_model=m.Published, responses=TOO_LARGE)
@@ -157,7 +179,7 @@ def deliverable(app: ExpiryApp, job: Job) -> m.ReceivedJob | None:
 @router.post("/ack", response_model=m.JobOutcome, responses=CONFLICT)
 def ack(body: m.AckRequest, key: Key, app: ExpiryApp) -> m.JobOutcome:
     consumer(key)
-    job = job_from_receipt(body.receipt)
+    job = leased(key, app, body.receipt)
     try:
         app.queue.complete(job)
     except LeaseLost:
@@ -182,7 +204,8 @@ def ack_batch(body: m.AckBatchRequest, key: Key, app: ExpiryApp) -> m.AckedBatch
             "two receipts name the same job: only the latest one received can hold its "
             "lease; send that one",
         )
-    done = {job.id for job in app.queue.ack_many(list(jobs.values()))}
+    mine = bound(key, app, list(jobs.values()))
+    done = {job.id for job in app.queue.ack_many([j for j in jobs.values() if j.id in mine])}
     return m.AckedBatch(
         acked=[text for text, job in jobs.items() if job.id in done],
         expired=[text for text, job in jobs.items() if job.id not in done],
@@ -192,7 +215,7 @@ def ack_batch(body: m.AckBatchRequest, key: Key, app: ExpiryApp) -> m.AckedBatch
 @router.post("/nack", response_model=m.JobOutcome, responses=CONFLICT)
 def nack(body: m.NackRequest, key: Key, app: ExpiryApp) -> m.JobOutcome:
     consumer(key)
-    job = job_from_receipt(body.receipt)
+    job = leased(key, app, body.receipt)
     error = body.error or "nacked by consumer"
     if body.permanent:
         state = app.engine.job_fail(job, error, "nack_permanent", None)
@@ -208,7 +231,7 @@ def nack(body: m.NackRequest, key: Key, app: ExpiryApp) -> m.JobOutcome:
 @router.post("/heartbeat", response_model=m.JobOutcome, responses=CONFLICT)
 def heartbeat(body: m.HeartbeatRequest, key: Key, app: ExpiryApp) -> m.JobOutcome:
     consumer(key)
-    job = job_from_receipt(body.receipt)
+    job = leased(key, app, body.receipt)
     if not app.queue.heartbeat(job, body.lease_seconds):
         raise receipt_expired("the lease behind this receipt expired; stop working on it")
     return m.JobOutcome(key=str(job.id), state="running")
