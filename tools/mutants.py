@@ -1104,6 +1104,18 @@ MUTANTS = [
         "receipt it got hold of",
     ),
     Mutant(
+        "publish-quota-counts-nothing",
+        "src/expiry/http/quotas.py",
+        '            mine = {q: c for q, c in self._counts.items() if key.can_queue("publish", q)}\n',
+        "            mine = {}\n",
+        (
+            "tests/http/test_http_exposure.py::test_a_key_publishes_within_its_quotas_of_queues_"
+            "jobs_and_bytes[sqlite_url]",
+        ),
+        "a publish key's queues, jobs and bytes are never counted: one key fills the "
+        "database with queues and messages",
+    ),
+    Mutant(
         "redrive-reaches-other-queues",
         "src/expiry/http/routes/dlq.py",
         '    if key.can("dlq:manage"):\n        return wanted\n',

@@ -152,6 +152,14 @@ class HttpConfig(Strict):
     max_cron_targets_per_key: int = Field(defaults.MAX_CRON_TARGETS_PER_KEY, ge=1)
     """The most cron targets one API key may own (403 quota_exceeded past it);
     targets an operator makes with the CLI belong to no key and do not count."""
+    max_queues_per_key: int = Field(defaults.MAX_QUEUES_PER_KEY, ge=1)
+    """The most application queues holding jobs that a key's queue:publish scopes
+    reach; a publish to one more is 429 quota_exceeded. Keys that share a queue
+    share its count; admin keys have no quotas."""
+    max_pending_per_key: int = Field(defaults.MAX_PENDING_PER_KEY, ge=1)
+    """The most jobs not yet final in those queues (429 quota_exceeded past it)."""
+    max_pending_bytes_per_key: int = Field(defaults.MAX_PENDING_BYTES_PER_KEY, ge=1024)
+    """The most bytes of messages not yet final in those queues (429 past it)."""
     metrics_key: bool = False
     """True: GET /metrics needs a key with the read scope, like the API."""
     metrics_cache: Duration = 5.0

@@ -169,3 +169,15 @@ MAX_CRON_TARGETS_PER_KEY = 50
 """The most cron targets one API key may own ([http] max_cron_targets_per_key):
 enough for a team's jobs, few enough that one key's slow targets cannot fill
 the cron threads (calls are shared fairly across owners as well)."""
+
+MAX_QUEUES_PER_KEY = 100
+"""The most application queues holding jobs that one API key's publish scopes
+may reach ([http] max_queues_per_key): one key could otherwise make thousands
+(each a row of the queue page and of /metrics)."""
+
+MAX_PENDING_PER_KEY = 1_000_000
+"""The most jobs not yet final in one key's queues ([http] max_pending_per_key)."""
+
+MAX_PENDING_BYTES_PER_KEY = 1024**3
+"""The most bytes of messages not yet final in one key's queues
+([http] max_pending_bytes_per_key): 1 GiB."""

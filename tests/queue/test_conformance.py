@@ -60,6 +60,24 @@ def test_queues_of_names_each_jobs_queue_by_id(queue: Queue, engine: Engine) -> 
     assert engine.job_queues([]) == {}
 
 
+def test_pending_by_queue_counts_unfinished_application_jobs_and_their_bytes(
+    queue: Queue, engine: Engine
+) -> None:
+    queue.enqueue("noop", {"n": 1}, None, "a", queue="billing")
+    queue.enqueue("noop", {"text": "x" * 100}, None, "b", queue="billing")
+    queue.enqueue("noop", {}, None, "c", queue="orders.x")
+    queue.enqueue("noop", {}, None, "d", queue="expiry.policy.p")  # expiry's own: not counted
+    [claimed] = queue.claim(1, 30, queues=("orders.x",))
+    assert claimed.key == "c"
+    counts = engine.job_pending_by_queue()
+    assert set(counts) == {"billing", "orders.x"}
+    n, size = counts["billing"]
+    assert n == 2 and 110 <= size <= 140, counts  # as stored: {"n": 1}, {"text": "xx..."}
+    assert counts["orders.x"][0] == 1  # running counts: it is not final
+    queue.complete(claimed)
+    assert set(engine.job_pending_by_queue()) == {"billing"}
+
+
 def test_enqueue_many_5000_with_duplicates_in_batch_and_in_table(
     queue: Queue, engine: Engine
 ) -> None:

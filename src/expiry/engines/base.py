@@ -825,6 +825,13 @@ class Engine(abc.ABC):
         row = self._one(conn, "job_pending_count", {"queue": queue, "due_only": due_only})
         return int(row["n"]) if row else 0
 
+    def job_pending_by_queue(self) -> dict[str, tuple[int, int]]:
+        """Per application queue (not expiry's own) holding jobs not yet final:
+        (jobs, bytes of their messages as stored)."""
+        with self.transaction() as conn:
+            rows = self._rows(conn, "job_pending_by_queue")
+        return {str(r["queue"]): (int(r["n"]), int(r["bytes"])) for r in rows}
+
     def job_stats(self) -> QueueStats:
         with self.transaction() as conn:
             counts = self._rows(conn, "job_counts")

@@ -24,6 +24,7 @@ from ..app import App
 from ..config import HttpConfig
 from ..keys import Principal
 from .errors import ApiError
+from .quotas import Quotas
 from .render import PageRefused, Pages
 from .security import RateLimiter
 from .sessions import Session, Sessions
@@ -32,7 +33,7 @@ from .views import WatermarkHistory
 
 def attach(api: FastAPI, app: App, http: HttpConfig) -> None:
     """Keep ``app``, its keys (one cache for the API, the Idempotency-Key owner and
-    the dashboard), the rate limiter's buckets and the dashboard's pages and
+    the dashboard), the rate limiter's buckets, the publish quotas and the dashboard's pages and
     watermark history on ``api.state``."""
     keys = app.keys
     api.state.expiry = app
@@ -44,6 +45,12 @@ def attach(api: FastAPI, app: App, http: HttpConfig) -> None:
     api.state.forms = RateLimiter(
         http.anonymous_rate_limit_per_second, http.anonymous_rate_limit_burst
     )
+    api.state.quotas = Quotas(
+        app.queue,
+        max_queues=http.max_queues_per_key,
+        max_pending=http.max_pending_per_key,
+        max_bytes=http.max_pending_bytes_per_key,
+    )
     api.state.pages = Pages(app.engine, Sessions(keys))
     api.state.history = WatermarkHistory()
 
@@ -51,6 +58,11 @@ def attach(api: FastAPI, app: App, http: HttpConfig) -> None:
 async def get_app(request: Request) -> App:
     app: App = request.app.state.expiry
     return app
+
+
+async def get_quotas(request: Request) -> Quotas:
+    quotas: Quotas = request.app.state.quotas
+    return quotas
 
 
 async def get_pages(request: Request) -> Pages:
@@ -74,6 +86,7 @@ def reading_session(request: Request, pages: Annotated[Pages, Depends(get_pages)
 
 
 ExpiryApp = Annotated[App, Depends(get_app)]
+PublishQuotas = Annotated[Quotas, Depends(get_quotas)]
 DashboardPages = Annotated[Pages, Depends(get_pages)]
 History = Annotated[WatermarkHistory, Depends(get_history)]
 Reading = Annotated[Session, Depends(reading_session)]

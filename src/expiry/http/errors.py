@@ -4,7 +4,8 @@
     RequestValidationError     422 invalid_request (bad JSON, wrong types, unknown fields)
     HTTPException (Starlette)  404 not_found, 405 method_not_allowed; 400 becomes 422
     PayloadTooLarge            413 message_too_large
-    QuotaExceeded              403 quota_exceeded (the limit and the fix named)
+    QuotaExceeded              403 quota_exceeded (cron targets: the limit and the fix named);
+                               a publish past a key's quotas (quotas.py) is 429 with Retry-After
     ExpiryError                422 cutoff_refused / invalid_request, 409 lease_lost /
                                key_conflict,
                                503 unavailable (TransientError), else 500 internal
@@ -78,6 +79,7 @@ COMMON: dict[int | str, dict[str, Any]] = {
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorResponse}}
 CONFLICT: dict[int | str, dict[str, Any]] = {409: {"model": ErrorResponse}}
 TOO_LARGE: dict[int | str, dict[str, Any]] = {413: {"model": ErrorResponse}}
+QUOTA: dict[int | str, dict[str, Any]] = {429: {"model": ErrorResponse}}
 
 
 # -- exception handlers --------------------------------------------------------------

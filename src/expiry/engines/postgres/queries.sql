@@ -291,6 +291,13 @@ where (state = 'running'
            and (not %(due_only)s or run_at <= now())))
   and (%(queue)s::text is null or queue = %(queue)s);
 
+-- name: job_pending_by_queue
+-- Per application queue, its jobs not yet final and their messages' bytes (a key's quotas).
+select queue, count(*) as n, coalesce(sum(octet_length(payload::text)), 0)::bigint as bytes
+from expiry.jobs
+where state in ('scheduled', 'available', 'retryable', 'running') and queue not like 'expiry.%%'
+group by queue;
+
 -- name: ledger_insert
 -- Claim an operation id for this transaction, with the rows it affected when
 -- known: a window books itself after its guarded delete, in the same

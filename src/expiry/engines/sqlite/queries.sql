@@ -217,6 +217,13 @@ where (state = 'running'
            and (not :due_only or run_at <= $now)))
   and (:queue is null or queue = :queue);
 
+-- name: job_pending_by_queue
+-- Per application queue, its jobs not yet final and their messages' bytes (a key's quotas).
+select queue, count(*) as n, coalesce(sum(length(cast(payload as blob))), 0) as bytes
+from expiry_jobs
+where state in ('scheduled', 'available', 'retryable', 'running') and queue not like 'expiry.%'
+group by queue;
+
 -- name: ledger_insert
 -- Claim an operation id for this transaction, with the rows it affected when
 -- known: a window books itself after its guarded delete, in the same

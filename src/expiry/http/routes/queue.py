@@ -20,8 +20,8 @@ from ...keys import Principal
 from ...queue import dedupe_key, message_key, new_job
 from ...types import Job, JobState, NewJob
 from .. import models as m
-from ..deps import ExpiryApp, Key, forbidden
-from ..errors import CONFLICT, TOO_LARGE, ApiError
+from ..deps import ExpiryApp, Key, PublishQuotas, forbidden
+from ..errors import CONFLICT, QUOTA, TOO_LARGE, ApiError
 
 log = logging.getLogger("expiry.http")
 
@@ -94,21 +94,25 @@ def leased(key: Principal, app: ExpiryApp, text: str) -> Job:
     return job
 
 
-@router.post("/publish", response_model=m.Published, responses=TOO_LARGE)
-def publish(body: m.PublishRequest, key: Key, app: ExpiryApp) -> m.Published:
+@router.post("/publish", response_model=m.Published, responses={**TOO_LARGE, **QUOTA})
+def publish(body: m.PublishRequest, key: Key, app: ExpiryApp, quotas: PublishQuotas) -> m.Published:
     """Enqueue one message; a key a message of this queue holds already is a
     duplicate (``enqueued: false``). Dedupe keys are each queue's own
     (message_key): another queue's keys neither block nor show."""
     may(key, "publish", body.queue)
+    quotas.admit(key, body.queue, [body.message])
     [result] = app.queue.enqueue_many([message(body.queue, body.message, body.key, body)])
     return m.Published(
         key=dedupe_key(result.key, body.queue), queue=body.queue, enqueued=result.enqueued
     )
 
 
-@router.post("/publish_batch", response_model=m.PublishedBatch, responses=TOO_LARGE)
-def publish_batch(body: m.PublishBatchRequest, key: Key, app: ExpiryApp) -> m.PublishedBatch:
+@router.post("/publish_batch", response_model=m.PublishedBatch, responses={**TOO_LARGE, **QUOTA})
+def publish_batch(
+    body: m.PublishBatchRequest, key: Key, app: ExpiryApp, quotas: PublishQuotas
+) -> m.PublishedBatch:
     may(key, "publish", body.queue)
+    quotas.admit(key, body.queue, body.messages)
     jobs = [
         message(body.queue, payload, body.keys[i] if body.keys else None, body)
         for i, payload in enumerate(body.messages)
