@@ -39,6 +39,9 @@ def schema_live(pg_url: str, serve: Serve) -> Live:
         "allowed_hosts": ["127.0.0.1:*"],
         "rate_limit_per_second": 1e6,
         "rate_limit_burst": 10**6,
+        # Publish quotas a narrow key meets at once: q1 and q2 hold jobs.
+        "max_queues_per_key": 2,
+        "max_pending_per_key": 20,
     }
     live = serve(pg_url, http=http)
     live.db.insert_sessions(expired=30, live=5)
@@ -48,6 +51,8 @@ def schema_live(pg_url: str, serve: Serve) -> Live:
         "/v1/cron/create",
         json={"name": "digest", "http_url": "http://127.0.0.1:9/", "schedule": "@daily"},
     )
+    for queue in ("q1", "q2"):
+        live.client.post("/v1/queue/publish", json={"queue": queue, "message": {}})
     live.client.post("/v1/queue/publish", json={"queue": "q", "message": {}, "key": "dead"})
     [job] = live.client.post("/v1/queue/receive", json={"queue": "q"}).json()["jobs"]
     live.client.post("/v1/queue/nack", json={"receipt": job["receipt"], "permanent": True})
