@@ -92,6 +92,7 @@ from typing import IO, Any, TypeVar
 
 import psycopg
 
+from expiry.queue import message_key
 from scratch import scratch_database
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -829,7 +830,8 @@ def soak_violations(
     acked = sorted(publisher.stats.acked)
     states = dict(
         conn.execute(
-            "select state, count(*) from expiry.jobs where key = any(%s) group by state", (acked,)
+            "select state, count(*) from expiry.jobs where key = any(%s) group by state",
+            ([message_key(NOTE_QUEUE, k) for k in acked],),  # a message's job key is QUEUE/KEY
         ).fetchall()
     )
     if states.get("completed", 0) != len(acked):

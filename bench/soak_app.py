@@ -16,6 +16,7 @@ import os
 from typing import Any
 
 from expiry import App, Job
+from expiry.queue import dedupe_key
 
 NOTE = "soak.note"
 
@@ -24,8 +25,9 @@ app = App.from_config()
 
 @app.handler(NOTE)
 def note(job: Job, tx: Any) -> None:
-    with app.once(tx, f"{NOTE}:{job.key}"):
+    key = dedupe_key(job.key, job.queue)  # as published (the job key is QUEUE/KEY)
+    with app.once(tx, f"{NOTE}:{key}"):
         tx.execute(
             "insert into soak_notes (key, n, pid) values (%s, %s, %s)",
-            (job.key, int(job.payload["n"]), os.getpid()),
+            (key, int(job.payload["n"]), os.getpid()),
         )
