@@ -146,7 +146,8 @@ class Worker:
         self.claim_ahead = claim_ahead and engine.concurrent_writers
         """Claim the next batch while running a full one (the module says when).
         Off unless asked: on a 2-core machine it paid only for one process of
-        group-committed jobs (1.15x; 0.97x-1.00x elsewhere, README)."""
+        group-committed jobs (1.15x; 0.97x-1.00x elsewhere, docs/performance.md).
+        Off, a job loop has no second thread."""
         self.outage_budget = outage_budget
         """A database outage's failures spend no attempt for this long (engine
         OUTAGE_KINDS: connection lost, shutdown, read-only, disk full): a
@@ -298,10 +299,13 @@ class Worker:
     def _job_loop(self, mine: tuple[str, ...] | None) -> None:
         """A job loop over ``mine``, or (None) over the shared queues as they
         are at each claim."""
+        if not self.claim_ahead:
+            self._loop(mine, None)
+            return
         with ThreadPoolExecutor(1, thread_name_prefix=threading.current_thread().name) as ahead:
             self._loop(mine, ahead)
 
-    def _loop(self, mine: tuple[str, ...] | None, ahead: ThreadPoolExecutor) -> None:
+    def _loop(self, mine: tuple[str, ...] | None, ahead: ThreadPoolExecutor | None) -> None:
         loop = _Loop()
         next_batch: Future[list[Job]] | None = None  # claimed ahead, while the last ran
         try:
@@ -313,7 +317,7 @@ class Worker:
                     jobs = self._claim_due(loop, queues, limits, opens_in)
                     if not jobs:
                         continue
-                if self._ahead_pays(jobs, loop.size, limits):
+                if ahead is not None and self._ahead_pays(jobs, loop.size, limits):
                     next_batch = ahead.submit(self._claim_ahead, loop.size, queues, limits)
                 for job in jobs:  # a queue that gave a job may give more
                     loop.empty.pop(job.queue, None)
