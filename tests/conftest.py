@@ -170,11 +170,21 @@ ENGINE_FIXTURES = {
 """The fixtures that put a test on one engine."""
 
 
+DRILLS = ("drills", "bench")
+"""The folders of tests marked ``drill``: the failure drills (they kill and
+restart real processes and servers) and the benchmarks' short forms, a minute
+or two each. ``make test`` leaves them to ``make drills``; CI runs both."""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark each test with the engines it talks to (``-m postgres`` selects every
     PostgreSQL test, its id naming the engine or not): from the engine fixtures
-    it uses and the engine its parameters name (``db_url[postgres]``)."""
+    it uses and the engine its parameters name (``db_url[postgres]``). A test
+    under tests/drills or tests/bench is marked ``drill`` as well."""
+    here = Path(__file__).parent
     for item in items:
+        if Path(item.path).relative_to(here).parts[0] in DRILLS:
+            item.add_marker(pytest.mark.drill)
         used = set(getattr(item, "fixturenames", ()))
         callspec = getattr(item, "callspec", None)
         named = {str(v) for v in callspec.params.values()} if callspec is not None else set()
