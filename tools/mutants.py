@@ -1097,7 +1097,7 @@ MUTANTS = [
     Mutant(
         "receipt-unbound",
         "src/expiry/http/routes/queue.py",
-        '    if key.admin:\n        return {job.id for job in jobs}\n',
+        "    if key.admin:\n        return {job.id for job in jobs}\n",
         "    return {job.id for job in jobs}\n",
         ("tests/http/test_http_exposure.py::test_a_receipt_is_bound_to_its_queue[sqlite]",),
         "a consumer of one queue acks, nacks or heartbeats another queue's job with a "
