@@ -46,11 +46,11 @@ from .errors import (
 from .handlers import Handler
 from .metrics import WINDOW_ROWS
 from .queue import new_job, policy_queue
-from .runs import PARTITION, PENDING, PLAN, VACUUM, WINDOW, Runs
+from .runs import PARTITION, PLAN, VACUUM, WINDOW, Runs
 from .target import Target
 from .times import format_time, parse_time
 from .timestamps import Storage
-from .types import AuditAction, Gates, Job, NewJob, Partition
+from .types import UNFINISHED_STATES, AuditAction, Gates, Job, NewJob, Partition
 from .windows import (
     BLOCK,
     BLOCKS,
@@ -687,7 +687,7 @@ class Cleanup:
             waiting = sum(
                 j.n
                 for j in self.engine.run_jobs(rid, conn=tx)
-                if j.handler == PARTITION and j.state in PENDING
+                if j.handler == PARTITION and j.state in UNFINISHED_STATES
             )
             if not waiting:
                 return

@@ -25,7 +25,7 @@ from .errors import ConfigError, QuotaExceeded, TransientError
 from .handlers import Handler
 from .queue import CRON_QUEUE, new_job
 from .times import format_time, parse_time
-from .types import AuditAction, CronCall, CronTarget, Job, JobState
+from .types import UNFINISHED_STATES, AuditAction, CronCall, CronTarget, Job
 
 log = logging.getLogger("expiry.crons")
 
@@ -37,8 +37,6 @@ close gives way to that fire (recorded, audited as cron.failed); a target that
 fires less often dead-letters it, for an operator to redrive."""
 OVERDUE_AFTER_SECONDS = 60.0
 """A fire still unclaimed this long after its time shows as overdue."""
-UNFINISHED = (JobState.SCHEDULED, JobState.AVAILABLE, JobState.RETRYABLE, JobState.RUNNING)
-"""A call in one of these states holds its target's next fire back."""
 SCAN_LIMIT = 10_000
 
 
@@ -279,7 +277,7 @@ class Crons:
     def unfinished(self) -> dict[str, int]:
         """Calls not finished yet (waiting, retrying or running), by target name."""
         out: dict[str, int] = {}
-        for state in UNFINISHED:
+        for state in UNFINISHED_STATES:  # a call not finished holds its target's next fire back
             for job in self.engine.job_list(state, CRON_QUEUE, SCAN_LIMIT):
                 name = str(job.payload.get("name"))
                 out[name] = out.get(name, 0) + 1

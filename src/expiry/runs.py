@@ -21,7 +21,7 @@ from typing import Any
 from .engines.base import Engine
 from .errors import ConfigError
 from .times import format_time
-from .types import AuditAction, JobState, Run, RunJobs, RunTotals, RunWait
+from .types import UNFINISHED_STATES, AuditAction, JobState, Run, RunJobs, RunTotals, RunWait
 
 log = logging.getLogger("expiry.runs")
 
@@ -38,8 +38,6 @@ PARTITION = "expiry.partition"
 VACUUM = "expiry.vacuum"
 """The handler of a finished run's VACUUM (ANALYZE) of its table (vacuum_after)."""
 
-PENDING = frozenset({JobState.SCHEDULED, JobState.AVAILABLE, JobState.RETRYABLE, JobState.RUNNING})
-"""The states of a job not yet completed, dead or cancelled."""
 
 POLL_SECONDS = 0.2
 """How long a wait blocks between looks at the run when no hint arrives
@@ -164,7 +162,7 @@ class Runs:
 
     def pending(self, run_id: str) -> int:
         """The run's jobs (planning and windows) not yet completed, dead or cancelled."""
-        return sum(j.n for j in self.engine.run_jobs(run_id) if j.state in PENDING)
+        return sum(j.n for j in self.engine.run_jobs(run_id) if j.state in UNFINISHED_STATES)
 
     def finish(self, run_id: str) -> bool:
         """Finish the run if it is planned and nothing of it is pending; True if it

@@ -36,6 +36,9 @@ class JobState(enum.StrEnum):
 
 
 WAITING_STATES = (JobState.SCHEDULED, JobState.AVAILABLE, JobState.RETRYABLE)
+"""A job waiting for a claim (due or not)."""
+UNFINISHED_STATES = (*WAITING_STATES, JobState.RUNNING)
+"""A job not yet completed, dead or cancelled."""
 FINAL_STATES = (JobState.COMPLETED, JobState.DEAD, JobState.CANCELLED)
 
 
