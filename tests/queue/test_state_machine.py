@@ -1,6 +1,6 @@
 """Random walks through the job state machine, checked against a Python model.
 
-Hypothesis drives enqueue, claim, heartbeat, complete, fail, release, redrive,
+Hypothesis drives, on each engine, enqueue, claim, heartbeat, complete, fail, release, redrive,
 discard and rescue on a real engine; after every step the database must hold
 exactly the states, attempts and lease tokens the model predicts. Jobs only
 become due when a rule says so (the model cannot guess a random backoff):
@@ -256,6 +256,20 @@ def test_state_machine_postgres(pg_url: str) -> None:
 
     def fresh() -> QueueMachine:
         execute(engine, "truncate expiry.jobs, expiry.job_keys restart identity")
+        return QueueMachine(engine, lambda: None)
+
+    try:
+        run_state_machine_as_test(fresh, settings=SETTINGS)
+    finally:
+        engine.close()
+
+
+def test_state_machine_mysql(mysql_url: str) -> None:
+    engine = open_engine(mysql_url)
+
+    def fresh() -> QueueMachine:
+        execute(engine, "delete from expiry.jobs")
+        execute(engine, "alter table expiry.jobs auto_increment = 1")
         return QueueMachine(engine, lambda: None)
 
     try:
