@@ -355,6 +355,7 @@ class AuditAction(enum.StrEnum):
     POLICY_PAUSED = "policy.paused"
     POLICY_RESUMED = "policy.resumed"
     CRON_CREATED = "cron.created"
+    CRON_UPDATED = "cron.updated"
     CRON_MISSED = "cron.missed"
     CRON_PAUSED = "cron.paused"
     CRON_RESUMED = "cron.resumed"

@@ -450,7 +450,7 @@ def test_a_key_sees_only_the_actions_it_may_take_and_each_asks_first(
         "/": ["/policies/pause"],
         "/dlq": ["/dlq/redrive", "/dlq/discard", "/dlq/bulk"],
         "/jobs/dead-1": ["/dlq/redrive", "/dlq/discard"],
-        "/crons": ["/crons/pause", "/crons/call"],
+        "/crons": ["/crons/pause", "/crons/call", "/crons/edit"],
         f"/runs/{quote(run.run_id, safe='')}": ["/runs/cancel"],
     }
     with dashboard.client() as client:

@@ -184,3 +184,36 @@ def test_every_page_fits_a_phone(page: WebDriver, dashboard: Dashboard) -> None:
     finally:
         page.set_window_size(1400, 1000)
     assert wide == {}, wide
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_cron_target_is_edited_from_the_cron_page(page: WebDriver, dashboard: Dashboard) -> None:
+    """Open Edit, change the schedule, confirm: the target is changed and the
+    change audited; a schedule the API would refuse is refused with the field
+    named, and changes nothing."""
+    app = dashboard.app
+    app.crons.create("digest", dashboard.url("/v1/health"), "0 3 * * *")
+    sign_in(page, dashboard)
+
+    def edit(schedule: str) -> None:
+        page.get(dashboard.url("/crons"))
+        page.find_element(By.XPATH, "//details[@class='edit']/summary").click()
+        field = page.find_element(
+            By.CSS_SELECTOR, "form[action='/crons/edit'] input[name=schedule]"
+        )
+        field.clear()
+        field.send_keys(schedule)
+        page.find_element(By.CSS_SELECTOR, "form[action='/crons/edit'] button[type=submit]").click()
+        WebDriverWait(page, 5).until(ec.alert_is_present()).accept()
+
+    edit("*/5 * * * *")
+    wait_for(page, "Changed cron target digest.")
+    target = app.crons.get("digest")
+    assert target is not None and target["schedule"] == "*/5 * * * *"
+    edit("61 * * * *")
+    wait_for(page, "Cron target digest not changed: schedule:")
+    target = app.crons.get("digest")
+    assert target is not None and target["schedule"] == "*/5 * * * *"
+    [event] = [e for e in app.engine.audit_list(limit=20) if e.action == "cron.updated"]
+    assert event.actor == f"dashboard:{dashboard.key_name}"
+    assert event.detail["schedule"] == {"from": "0 3 * * *", "to": "*/5 * * * *"}

@@ -163,3 +163,20 @@ def test_cron_insert_records_the_owning_key(engine: Engine) -> None:
     create(engine, "operators", "whsec_b")
     assert target(engine, "mine").owner == "alice"
     assert target(engine, "operators").owner is None
+
+
+def test_cron_update_sets_url_schedule_and_zone_and_keeps_the_rest(engine: Engine) -> None:
+    create(engine, "nightly", secret="whsec_kept")
+    before = target(engine, "nightly")
+
+    assert engine.cron_update("nightly", "https://hooks.example.com/v2", "*/5 * * * *", "UTC")
+    after = target(engine, "nightly")
+    assert (after.http_url, after.schedule, after.timezone) == (
+        "https://hooks.example.com/v2",
+        "*/5 * * * *",
+        "UTC",
+    )
+    assert (after.secret, after.owner, after.paused) == ("whsec_kept", before.owner, False)
+    assert after.last_fire_at == before.last_fire_at
+    assert engine.cron_update("nope", URL, "@daily", "UTC") is False
+    assert engine.cron_get("nope") is None

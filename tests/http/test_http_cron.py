@@ -162,6 +162,64 @@ def test_pause_resume_and_delete(sqlite_url: str, serve: Serve) -> None:
         assert (action, actor) in events, events
 
 
+def test_a_target_is_pointed_at_another_url_schedule_or_zone(db_url: str, serve: Serve) -> None:
+    """PATCH /v1/cron/NAME changes what is given, checked as at create (422
+    naming the field); the next call goes to the new URL with the same secret;
+    the change is audited with what it was and is; another key's target is 404."""
+    live = serve(db_url, http=LOCAL)
+    with Receiver() as old, Receiver() as new:
+        created = live.client.post(
+            "/v1/cron/create",
+            json={
+                "name": "digest",
+                "http_url": f"http://127.0.0.1:{old.port}/",
+                "schedule": "0 3 * * *",
+            },
+        ).json()
+        url = f"http://127.0.0.1:{new.port}/v2"
+        changed = live.client.patch("/v1/cron/digest", json={"http_url": url})
+        assert changed.status_code == 200, changed.text
+        shown = changed.json()
+        assert (shown["http_url"], shown["schedule"], shown["timezone"]) == (
+            url,
+            "0 3 * * *",
+            "UTC",
+        )
+        assert "secret" not in shown
+        again = live.client.patch(
+            "/v1/cron/digest", json={"schedule": "* * * * *", "timezone": "Europe/Paris"}
+        ).json()
+        assert (again["http_url"], again["schedule"], again["timezone"]) == (
+            url,
+            "* * * * *",
+            "Europe/Paris",
+        )
+        for body, field in (
+            ({"schedule": "61 * * * *"}, "schedule"),
+            ({"timezone": "Mars/Olympus"}, "timezone"),
+            ({"http_url": "http://10.1.2.3/hook"}, "http_url"),
+        ):
+            message = assert_error(live.client.patch("/v1/cron/digest", json=body), 422)
+            assert field in message, (body, message)
+        assert_error(live.client.patch("/v1/cron/digest", json={}), 422)
+        assert_error(live.client.patch("/v1/cron/nope", json={"schedule": "@daily"}), 404)
+        other = live.new_client(live.app.keys.create("other", ["cron:manage"]))
+        assert_error(other.patch("/v1/cron/digest", json={"schedule": "@daily"}), 404)
+        assert live.client.get("/v1/cron/digest").json()["schedule"] == "* * * * *"
+
+        assert len(fire_and_work(live)) == 1
+        assert old.calls == []
+        [(headers, body)] = new.calls
+        assert webhooks.verify(created["secret"], headers, body)
+    [first, second] = [
+        e.detail
+        for e in reversed(live.app.engine.audit_list(limit=50))
+        if e.action == "cron.updated"
+    ]
+    assert first["http_url"] == {"from": f"http://127.0.0.1:{old.port}/", "to": url}
+    assert set(second) == {"name", "schedule", "timezone"}
+
+
 @pytest.mark.parametrize(
     ("url", "reason"),
     [

@@ -1259,6 +1259,20 @@ class Engine(abc.ABC):
         """Pause or resume a cron target; False when there is none of that name."""
         return self._one(conn, "cron_set_paused", {"name": name, "paused": paused}) is not None
 
+    def cron_update(
+        self,
+        name: str,
+        http_url: str,
+        schedule: str,
+        timezone: str,
+        *,
+        conn: Any | None = None,
+    ) -> bool:
+        """Set a cron target's URL, schedule and time zone; False when there is
+        none of that name. Its secret, owner and fires so far stay."""
+        params = {"name": name, "http_url": http_url, "schedule": schedule, "timezone": timezone}
+        return self._one(conn, "cron_update", params) is not None
+
     def cron_advance(self, target: CronTarget, fire: datetime, *, conn: Any | None = None) -> bool:
         """Claim ``fire`` for a target: a compare-and-set on its last fire as read
         (as schedule_advance)."""

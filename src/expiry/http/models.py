@@ -266,6 +266,22 @@ class CronCreateRequest(Request):
     timezone: str = Field("UTC", max_length=100)
 
 
+class CronUpdateRequest(Request):
+    """What to change of a cron target; what is left out stays."""
+
+    http_url: str | None = Field(None, max_length=2000)
+    schedule: str | None = Field(
+        None, max_length=200, description="5-field cron or @hourly, @daily, ..."
+    )
+    timezone: str | None = Field(None, max_length=100)
+
+    @model_validator(mode="after")
+    def _something(self) -> CronUpdateRequest:
+        if self.http_url is None and self.schedule is None and self.timezone is None:
+            raise ValueError("give http_url, schedule or timezone: what to change")
+        return self
+
+
 class CronTarget(Body):
     name: str
     http_url: str

@@ -605,6 +605,13 @@ select %(name)s as name from dual where row_count() > 0;
 update expiry_cron_targets set paused = %(paused)s, updated_at = $now where name = %(name)s;
 select %(name)s as name from dual where row_count() > 0;
 
+-- name: cron_update
+-- Point a cron target at another URL, schedule or time zone (its fires so far stay).
+update expiry_cron_targets
+set http_url = %(http_url)s, schedule = %(schedule)s, timezone = %(timezone)s, updated_at = $now
+where name = %(name)s;
+select %(name)s as name from dual where row_count() > 0;
+
 -- name: cron_advance
 -- Claim a cron target's fire time: compare-and-set on the last_fire_at the
 -- scheduler read, as for policies.

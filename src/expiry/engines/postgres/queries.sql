@@ -626,6 +626,13 @@ delete from expiry.cron_targets where name = %(name)s returning name;
 update expiry.cron_targets set paused = %(paused)s, updated_at = now() where name = %(name)s
 returning name;
 
+-- name: cron_update
+-- Point a cron target at another URL, schedule or time zone (its fires so far stay).
+update expiry.cron_targets
+set http_url = %(http_url)s, schedule = %(schedule)s, timezone = %(timezone)s, updated_at = now()
+where name = %(name)s
+returning name;
+
 -- name: cron_advance
 -- Claim a cron target's fire time: compare-and-set on the last_fire_at the
 -- scheduler read, as for policies.

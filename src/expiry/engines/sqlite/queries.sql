@@ -536,6 +536,13 @@ delete from expiry_cron_targets where name = :name returning name;
 update expiry_cron_targets set paused = :paused, updated_at = $now where name = :name
 returning name;
 
+-- name: cron_update
+-- Point a cron target at another URL, schedule or time zone (its fires so far stay).
+update expiry_cron_targets
+set http_url = :http_url, schedule = :schedule, timezone = :timezone, updated_at = $now
+where name = :name
+returning name;
+
 -- name: cron_advance
 -- Claim a cron target's fire time: compare-and-set on the last_fire_at the
 -- scheduler read, as for policies.

@@ -1,5 +1,5 @@
 """Cron targets over HTTP: create one (its signing secret is shown once), list,
-read, delete, pause and resume them, and read a target's call history. Every
+read, change (URL, schedule, time zone), delete, pause and resume them, and read a target's call history. Every
 route needs cron:manage; a target belongs to the key that created it, and
 another key (not admin) gets 404 for it, as if it did not exist."""
 
@@ -54,6 +54,25 @@ def cron_list(key: CronManager, app: ExpiryApp) -> list[m.CronTarget]:
 @router.get("/{name}", response_model=m.CronTarget, responses=NOT_FOUND)
 def cron_get(name: CronName, key: CronManager, app: ExpiryApp) -> m.CronTarget:
     return m.CronTarget(**cron_or_404(app.crons, name, key))
+
+
+@router.patch("/{name}", response_model=m.CronTarget, responses=NOT_FOUND)
+def cron_update(
+    name: CronName, body: m.CronUpdateRequest, key: CronManager, app: ExpiryApp
+) -> m.CronTarget:
+    """Point a target at another URL, schedule or time zone, each checked as at
+    create; its secret, owner and fires so far stay."""
+    cron_or_404(app.crons, name, key)
+    updated = app.crons.update(
+        name,
+        http_url=body.http_url,
+        schedule=body.schedule,
+        timezone=body.timezone,
+        actor=f"api:{key.name}",
+    )
+    if updated is None:  # deleted meanwhile
+        raise ApiError(404, "not_found", f"no cron target named {name!r}")
+    return m.CronTarget(**updated)
 
 
 @router.delete("/{name}", response_model=m.Paused, responses=NOT_FOUND)

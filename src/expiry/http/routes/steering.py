@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from ...app import App
-from ...errors import ExpiryError
+from ...errors import ConfigError, ExpiryError
 from ...keys import Principal
 from ...types import JobState
 from .. import views as v
@@ -205,3 +205,27 @@ def pause_cron(request: Request, form: Form, app: ExpiryApp, pages: DashboardPag
     if not app.crons.set_paused(name, paused, actor=f"dashboard:{guarded.key_name}"):
         return pages.done(request, "/crons", f"No cron target named {name}.")
     return pages.done(request, "/crons", f"{'Paused' if paused else 'Resumed'} cron target {name}.")
+
+
+@router.post("/crons/edit")
+def edit_cron(request: Request, form: Form, app: ExpiryApp, pages: DashboardPages) -> Response:
+    """Point a target at another URL, schedule or time zone (checked as the API checks them)."""
+    guarded = pages.guard(request, form, "cron:manage")
+    if not isinstance(guarded, Session):
+        return guarded
+    name = form.get("name", "")
+    if not owns(app, guarded, name):
+        return pages.done(request, "/crons", f"No cron target named {name}.")
+    try:
+        changed = app.crons.update(
+            name,
+            http_url=form.get("http_url", "").strip() or None,
+            schedule=form.get("schedule", "").strip() or None,
+            timezone=form.get("timezone", "").strip() or None,
+            actor=f"dashboard:{guarded.key_name}",
+        )
+    except ConfigError as exc:
+        return pages.done(request, "/crons", f"Cron target {name} not changed: {exc}")
+    if changed is None:
+        return pages.done(request, "/crons", f"No cron target named {name}.")
+    return pages.done(request, "/crons", f"Changed cron target {name}.")
