@@ -300,3 +300,29 @@ def test_the_workers_page_says_why_each_resting_queue_rests(dashboard: Dashboard
         page = client.get("/workers").text
     assert "held: active_backends 6 &gt; 3" in page
     assert "nice_ratio 1: rests 1x its last window&#39;s time" in page
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_run_waiting_its_turn_says_so_on_the_overview(
+    page: WebDriver, dashboard: Dashboard
+) -> None:
+    """A later run's planning job, snoozed until the earlier run of its policy
+    is done, no longer looks idle: the policy's row says what it waits for."""
+    app = dashboard.app
+    assert app.cleanup is not None
+    now = app.engine.now().replace(microsecond=0)
+    first = app.cleanup.open_run("expired-sessions", now - timedelta(minutes=30))
+    worker = app.worker()
+    [plan] = app.queue.claim(1, 60, owner="test", queues=app.worked_queues())
+    worker.process(plan)  # the first run planned: its windows wait for a worker
+    second = app.cleanup.open_run("expired-sessions", now)
+    jobs = app.queue.claim(100, 60, owner="test", queues=app.worked_queues())
+    worker.process(next(j for j in jobs if j.payload["run_id"] == second.run_id))
+    for job in jobs:
+        if job.payload["run_id"] != second.run_id:
+            app.queue.release(job)  # back to waiting, unrun
+    sign_in(page, dashboard)
+    page.get(dashboard.url("/"))
+    row = page.find_element(By.ID, "policy-expired-sessions").text
+    assert f"1 job waiting: waiting for run {first.run_id}" in row, row
+    screenshot(page, "overview-run-waits-its-turn")
