@@ -1116,6 +1116,15 @@ MUTANTS = [
         "database with queues and messages",
     ),
     Mutant(
+        "lock-wait-names-no-one",
+        "src/expiry/cleanup.py",
+        "                    words += self._behind(policy)\n",
+        '                    words += ""\n',
+        (f"{TIMEOUTS}::test_a_lock_wait_says_whom_it_waited_behind[postgres]",),
+        "a window's lock wait that ran out says nothing of the session it waited behind: "
+        "on-call hunts for the blocker by hand",
+    ),
+    Mutant(
         "redrive-reaches-other-queues",
         "src/expiry/http/routes/dlq.py",
         '    if key.can("dlq:manage"):\n        return wanted\n',

@@ -740,10 +740,13 @@ class Cleanup:
                 kind = self.engine.classify(exc)[1]
                 if kind not in self.engine.window_timeouts:
                     raise
-                reason = self._timed_out(job, part, halvings, exc)
+                words = _database_words(exc)
+                if kind == "lock_timeout":
+                    words += self._behind(policy)
+                reason = self._timed_out(job, part, halvings, exc, words)
                 if reason is None:  # the next attempt, smaller or cut, comes soon
                     raise TransientError(
-                        _database_words(exc)
+                        words
                         + (
                             HELD_RETRY
                             if kind == "lock_timeout" and not probed
@@ -944,13 +947,35 @@ class Cleanup:
             extra={"policy": name, "run": job.payload["run_id"], "job": job.key},
         )
 
-    def _timed_out(self, job: Job, part: _Part, halvings: int, exc: Exception) -> str | None:
-        """After the window's delete failed with ``exc``: None to let the worker
-        retry it (any other error; a timeout that the next, smaller attempt may
-        pass), else why its rows are to be split or kept now, in the database's
-        words: the part was one row already, or this was the job's last
-        attempt. A timeout also halves the policy's keys per transaction, so
-        the following windows start smaller."""
+    def _behind(self, policy: Policy) -> str:
+        """Whom a lock wait on the policy's table waited behind, as the error
+        says it: " (behind pid 4242: psql, idle in transaction, open 12.3 s:
+        update sessions ...)"; nothing when none can be read (SQLite, or a
+        failed read: the lock wait's own record matters more)."""
+        try:
+            holders = self.engine.lock_holders(policy.table)
+        except Exception as exc:
+            log.info("could not read who holds locks on %s: %s", policy.table, exc)
+            return ""
+        if not holders:
+            return ""
+        said = []
+        for h in holders[:3]:
+            opened = "" if h.seconds is None else f", transaction open {h.seconds:.1f} s"
+            query = f": {h.query[:120]}" if h.query else ""
+            said.append(f"pid {h.pid} ({h.application or '?'}, {h.state or '?'}{opened}){query}")
+        more = f" and {len(holders) - 3} more" if len(holders) > 3 else ""
+        return f" (behind {'; '.join(said)}{more})"
+
+    def _timed_out(
+        self, job: Job, part: _Part, halvings: int, exc: Exception, words: str
+    ) -> str | None:
+        """After the window's delete failed with ``exc`` (in ``words``): None to
+        let the worker retry it (any other error; a timeout that the next,
+        smaller attempt may pass), else why its rows are to be split or kept
+        now: the part was one row already, or this was the job's last attempt.
+        A timeout also halves the policy's keys per transaction, so the
+        following windows start smaller."""
         kind = self.engine.classify(exc)[1]
         if kind not in self.engine.window_timeouts:
             return None
@@ -963,7 +988,7 @@ class Cleanup:
         if not alone and job.attempt < job.max_attempts:
             return None
         limit = policy.lock_timeout if kind == "lock_timeout" else policy.statement_timeout
-        return f"{_database_words(exc)} ({kind} {format_duration(limit)})"
+        return f"{words} ({kind} {format_duration(limit)})"
 
     def _paced(
         self,

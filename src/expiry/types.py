@@ -177,6 +177,22 @@ class RunWait:
 
 
 @dataclass(frozen=True)
+class LockHolder:
+    """Another session holding locks a window's lock wait may have waited behind."""
+
+    pid: int
+    """The server's id of the session (PostgreSQL's pid, MySQL's connection id)."""
+    application: str
+    """Its application_name (PostgreSQL) or user (MySQL)."""
+    state: str
+    """What it does now: "idle in transaction", "active", "Sleep"..."""
+    seconds: float | None
+    """How long its transaction has been open."""
+    query: str
+    """Its current or last statement (shortened; hidden without the privilege to see it)."""
+
+
+@dataclass(frozen=True)
 class RunJobs:
     """A run's jobs of one handler in one state."""
 

@@ -68,20 +68,24 @@ def seed(db: Db, ids: range = range(1, ROWS + 1)) -> set[int]:
 
 
 @contextmanager
-def row_held(db: Db, row: int) -> Iterator[None]:
-    """Another connection holds ``row``'s lock (SELECT ... FOR UPDATE, its
-    transaction open) for the block."""
+def row_held(db: Db, row: int) -> Iterator[int]:
+    """Another connection (application_name billing-report on PostgreSQL)
+    holds ``row``'s lock (SELECT ... FOR UPDATE, its transaction open) for the
+    block, which gets that session's id."""
     if db.dialect == "postgres":
-        with psycopg.connect(db.url) as conn:
+        with psycopg.connect(db.url, application_name="billing-report") as conn:
+            pid = conn.execute("select pg_backend_pid()").fetchone()
+            assert pid is not None
             conn.execute("select id from sessions where id = %s for update", (row,))
-            yield
+            yield int(pid[0])
             conn.rollback()
         return
     other = MySQLConn(db.url)
     try:
+        holder = int(other.execute("select connection_id()").fetchall()[0][0])
         other.execute("begin")
         other.execute("select id from sessions where id = %s for update", (row,)).fetchall()
-        yield
+        yield holder
         other.execute("rollback")
     finally:
         other.close()
@@ -225,6 +229,40 @@ def test_a_window_behind_a_held_row_is_cut_around_it_after_one_lock_wait(
     drive(app, db, opened.run_id)
     assert db.ids() == kept  # the lock is gone, but this run booked the row: a later run's
     assert db.rows("select key, rows_affected, blocked from expiry.ledger order by key") == ledger
+
+
+def test_a_lock_wait_says_whom_it_waited_behind(server_db: Db, apps: Apps) -> None:
+    """A window's lock wait that ran out names the sessions holding locks on
+    the table (PostgreSQL) or row locks (MariaDB): pid, application, state,
+    how long its transaction is open and its statement, in the window's error,
+    which the dashboard's job page and the dead-letter queue show."""
+    db = server_db
+    mariadb = db.dialect == "mysql"
+    seed(db, range(HELD - 4, HELD + 4))
+    app = apps(
+        db.url, {"where": None, "window": ROWS, "lock_timeout": "1s" if mariadb else "100ms"}
+    )
+    assert app.cleanup is not None
+    with row_held(db, HELD) as holder:
+        time.sleep(0.2)  # its transaction has been open a while
+        opened = app.cleanup.open_run(POLICY)
+        drive(app, db, opened.run_id)
+    errors = [
+        e["error"]
+        for (listed,) in db.rows("select errors from expiry.jobs order by id")
+        for e in (listed if isinstance(listed, list) else json.loads(listed))
+        if e["kind"] == "lock_timeout"
+    ]
+    assert errors, "no lock wait ran out"
+    said = errors[0]
+    assert f"{WORDS[db.dialect, 'lock_timeout']}" in said, said
+    assert f"(behind pid {holder} (" in said, said
+    if not mariadb:  # MariaDB shows an idle transaction's user and no statement
+        assert f"pid {holder} (billing-report, idle in transaction, transaction open " in said
+        assert "select id from sessions where id = " in said, said
+    opened_for = float(said.split("transaction open ", 1)[1].split(" s)", 1)[0])
+    assert 0.1 <= opened_for < 60, said
+    assert db.ids() == {HELD} | ({HELD - 1} if mariadb else set())
 
 
 def test_a_row_slower_than_statement_timeout_is_kept_and_the_rest_deleted(

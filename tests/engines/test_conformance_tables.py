@@ -522,3 +522,26 @@ def test_postgres_sessions_carry_application_name_expiry_unless_named(pg_url: st
         assert name == "billing-gc"
     finally:
         named.close()
+
+
+def test_lock_holders_names_another_session_holding_the_tables_locks(engine: Engine) -> None:
+    """While another session holds a row of the table locked, lock_holders
+    names it (its id, how long its transaction is open); once it ends, no one.
+    SQLite has one writer and names no one."""
+    execute(engine, "create table holders_t (id integer primary key)")
+    execute(engine, "insert into holders_t values (1)")
+    if engine.dialect == "sqlite":
+        assert engine.lock_holders("holders_t") == []
+        return
+    with engine.transaction() as conn:
+        conn.execute("select id from holders_t where id = 1 for update").fetchall()
+        mine = conn.execute(
+            "select pg_backend_pid()" if engine.dialect == "postgres" else "select connection_id()"
+        ).fetchall()
+        time.sleep(0.1)
+        [holder] = engine.lock_holders("holders_t")
+    row = mine[0]
+    pid = row[0] if isinstance(row, tuple | list) else next(iter(row.values()))
+    assert holder.pid == int(pid)
+    assert holder.seconds is not None and 0.05 <= holder.seconds < 60
+    assert engine.lock_holders("holders_t") == []

@@ -54,6 +54,7 @@ from ..types import (
     JobState,
     Layout,
     LedgerEntry,
+    LockHolder,
     NewJob,
     Partition,
     PolicyTotals,
@@ -782,6 +783,26 @@ class Engine(abc.ABC):
     def job_get(self, key: str, conn: Any | None = None) -> Job | None:
         row = self._one(conn, "job_get", {"key": key})
         return self._job(row) if row else None
+
+    def lock_holders(self, table: str) -> list[LockHolder]:
+        """The other sessions holding locks on ``table`` now, oldest transaction
+        first, at most five: on PostgreSQL those with a lock on the relation; on
+        MySQL and MariaDB every transaction holding row locks (a lock's table is
+        named there only while someone waits for it); none on SQLite. Read on a
+        connection of its own, right after a window's lock wait ran out, to
+        name whom it waited behind."""
+        with self.transaction() as conn:
+            rows = self._rows(conn, "lock_holders", {"table": table})
+        return [
+            LockHolder(
+                pid=int(r["pid"]),
+                application=str(r["application"]),
+                state=str(r["state"]),
+                seconds=None if r["seconds"] is None else float(r["seconds"]),
+                query=" ".join(str(r["query"]).split()),
+            )
+            for r in rows
+        ]
 
     def job_queues(self, ids: Sequence[int]) -> dict[int, str]:
         """The queue of each job of ``ids`` that exists."""

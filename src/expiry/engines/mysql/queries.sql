@@ -657,3 +657,17 @@ delete from expiry_workers where name = %(name)s;
 select name, host, pid, threads, queues, resting, holding, health, started_at, seen_at,
        timestampdiff(microsecond, seen_at, $now) / 1e6 as seen_seconds_ago
 from expiry_workers order by started_at desc, name;
+
+-- name: lock_holders
+-- The other transactions holding row locks (MariaDB names a lock's table only
+-- while someone waits for it: every such transaction is shown, oldest first).
+select t.trx_mysql_thread_id as pid, coalesce(p.user, '') as application,
+       coalesce(p.command, '') as state,
+       timestampdiff(microsecond, t.trx_started, now(6)) / 1000000 as seconds,
+       left(coalesce(t.trx_query, p.info, ''), 200) as query
+from information_schema.innodb_trx t
+left join information_schema.processlist p on p.id = t.trx_mysql_thread_id
+where t.trx_mysql_thread_id <> connection_id() and t.trx_rows_locked > 0
+  and %(table)s is not null
+order by t.trx_started, t.trx_mysql_thread_id
+limit 5;

@@ -677,3 +677,16 @@ delete from expiry.workers where name = %(name)s;
 select name, host, pid, threads, queues, resting, holding, health, started_at, seen_at,
        extract(epoch from now() - seen_at)::float8 as seen_seconds_ago
 from expiry.workers order by started_at desc, name;
+
+-- name: lock_holders
+-- The other sessions holding a lock on a table (a window's lock wait waited
+-- behind one of them), oldest transaction first.
+select a.pid, coalesce(a.application_name, '') as application, coalesce(a.state, '') as state,
+       extract(epoch from now() - a.xact_start)::float8 as seconds,
+       left(coalesce(a.query, ''), 200) as query
+from pg_stat_activity a
+where a.pid <> pg_backend_pid()
+  and a.pid in (select l.pid from pg_locks l
+                where l.locktype = 'relation' and l.relation = to_regclass(%(table)s) and l.granted)
+order by a.xact_start nulls last, a.pid
+limit 5;

@@ -585,3 +585,9 @@ delete from expiry_workers where name = :name;
 select name, host, pid, threads, queues, resting, holding, health, started_at, seen_at,
        $now - seen_at as seen_seconds_ago
 from expiry_workers order by started_at desc, name;
+
+-- name: lock_holders
+-- SQLite has one writer and no sessions to name: a lock wait there is the
+-- database being busy, and nothing more can be said of who holds it.
+select 0 as pid, '' as application, '' as state, null as seconds, '' as query
+where :table is null;
