@@ -24,7 +24,7 @@ from .errors import (
 )
 from .queue import Queue, new_job
 from .types import EnqueueResult, Job, JobState, NewJob, QueueStats
-from .worker import Worker
+from .worker import Worker, WorkerSettings
 
 __version__ = "0.1.0"
 
@@ -53,6 +53,7 @@ __all__ = [
     "Snooze",
     "TransientError",
     "Worker",
+    "WorkerSettings",
     "load_config",
     "new_job",
     "open_engine",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ from .queue import CRON_QUEUE, Queue, is_reserved, policy_queue
 from .runs import Runs
 from .scheduler import Scheduler
 from .types import Gates, Job
-from .worker import Hooks, Worker
+from .worker import Hooks, Worker, WorkerSettings
 
 log = logging.getLogger("expiry.app")
 
@@ -322,17 +323,22 @@ class App:
             return tuple(dict.fromkeys(queues))
         return tuple(dict.fromkeys([*queues, *self.own_queues()]))
 
-    def worker(self, **options: Any) -> Worker:
-        """A Worker over this App's queue and handlers (options: worker.Worker's;
-        its queues are worked_queues(queues); cron calls get threads of their
-        own, [worker] cron_threads)."""
+    def worker(
+        self, *, name: str | None = None, rng: random.Random | None = None, **options: Any
+    ) -> Worker:
+        """A Worker over this App's queue and handlers (options: the fields of
+        worker.WorkerSettings; its queues are worked_queues(queues); cron calls
+        get threads of their own, [worker] cron_threads)."""
         asked = tuple(options.get("queues") or ())
         options["queues"] = self.worked_queues(asked)
         threads = self.config.worker.cron_threads if self.config else defaults.CRON_THREADS
         options.setdefault("pools", {CRON_QUEUE: threads})
         if self.config is not None:
             options.setdefault("outage_budget", self.config.worker.outage_budget)
-        worker = Worker(self.engine, self.queue, self.handlers, self.hooks, **options)
+        settings = WorkerSettings(**options)
+        worker = Worker(
+            self.engine, self.queue, self.handlers, self.hooks, settings, name=name, rng=rng
+        )
         self._workers.append((worker, asked))  # a reload adds or drops its policies' queues
         return worker
 

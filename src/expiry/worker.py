@@ -105,6 +105,37 @@ class _Loop:
     queue each time (the idle loop's latency is kept: a hint, or at most one poll)."""
 
 
+@dataclass(frozen=True)
+class WorkerSettings:
+    """How a worker claims and runs its jobs: one object, so that the App, the
+    CLI and a test hand a worker its tuning the same way (App.worker builds it
+    from keywords)."""
+
+    concurrency: int = 1
+    """Job loops: threads that claim and run jobs."""
+    queues: tuple[str, ...] = (defaults.QUEUE,)
+    """The queues it works."""
+    batch: int = defaults.CLAIM_BATCH
+    """The most jobs one claim takes."""
+    claim_hold: float | None = defaults.CLAIM_HOLD_SECONDS
+    """About how many seconds of work a claim takes (by its recent jobs'
+    durations), and fair share; None: always ``batch``, no fair share."""
+    lease: float = defaults.LEASE_SECONDS
+    poll: float = defaults.POLL_SECONDS
+    until_idle: bool = False
+    """Stop once nothing is due or running (the demo, the tests, a cron job)."""
+    rescue_every: float = defaults.RESCUE_SECONDS
+    prune_after: float = defaults.PRUNE_AFTER_SECONDS
+    pools: Mapping[str, int] = field(default_factory=dict)
+    """Queues with threads of their own (cron calls): the job loops never
+    claim from them, so a slow call never holds a thread that cleans."""
+    ack_delay: float = defaults.ACK_DELAY_SECONDS
+    claim_ahead: bool = False
+    """Claim the next batch while running a full one (the module says when)."""
+    outage_budget: float = defaults.OUTAGE_BUDGET_SECONDS
+    """A database outage's failures spend no attempt for this long."""
+
+
 class Worker:
     def __init__(
         self,
@@ -112,48 +143,38 @@ class Worker:
         queue: Queue,
         handlers: Mapping[str, Handler],
         hooks: Hooks | None = None,
+        settings: WorkerSettings | None = None,
         *,
-        concurrency: int = 1,
-        queues: tuple[str, ...] = (defaults.QUEUE,),
-        batch: int = defaults.CLAIM_BATCH,
-        claim_hold: float | None = defaults.CLAIM_HOLD_SECONDS,
-        lease: float = defaults.LEASE_SECONDS,
-        poll: float = defaults.POLL_SECONDS,
-        until_idle: bool = False,
-        rescue_every: float = defaults.RESCUE_SECONDS,
-        prune_after: float = defaults.PRUNE_AFTER_SECONDS,
         name: str | None = None,
         rng: random.Random | None = None,
-        pools: Mapping[str, int] | None = None,
-        ack_delay: float = defaults.ACK_DELAY_SECONDS,
-        claim_ahead: bool = False,
-        outage_budget: float = defaults.OUTAGE_BUDGET_SECONDS,
     ) -> None:
+        settings = settings or WorkerSettings()
+        self.settings = settings
         self.engine = engine
         self.queue = queue
         self.handlers = handlers
         self.hooks = hooks or Hooks()
-        self.concurrency = max(1, concurrency)
-        self.queues = tuple(dict.fromkeys(queues))  # a queue named twice is read once
-        self.pools = {q: max(1, n) for q, n in (pools or {}).items() if q in self.queues}
+        self.concurrency = max(1, settings.concurrency)
+        self.queues = tuple(dict.fromkeys(settings.queues))  # a queue named twice is read once
+        self.pools = {q: max(1, n) for q, n in settings.pools.items() if q in self.queues}
         """Queues with threads of their own (cron calls): the ``concurrency`` job
         loops never claim from them, so a slow call never holds a thread that cleans."""
-        self.batch = max(1, batch)
-        self.claim_hold = claim_hold
-        self.lease = lease
-        self.poll = poll
-        self.until_idle = until_idle
-        self.claim_ahead = claim_ahead and engine.concurrent_writers
+        self.batch = max(1, settings.batch)
+        self.claim_hold = settings.claim_hold
+        self.lease = settings.lease
+        self.poll = settings.poll
+        self.until_idle = settings.until_idle
+        self.claim_ahead = settings.claim_ahead and engine.concurrent_writers
         """Claim the next batch while running a full one (the module says when).
         Off unless asked: on a 2-core machine it paid only for one process of
         group-committed jobs (1.15x; 0.97x-1.00x elsewhere, docs/performance.md).
         Off, a job loop has no second thread."""
-        self.outage_budget = outage_budget
+        self.outage_budget = settings.outage_budget
         """A database outage's failures spend no attempt for this long (engine
         OUTAGE_KINDS: connection lost, shutdown, read-only, disk full): a
         database that is down is not the job's fault."""
-        self.rescue_every = rescue_every
-        self.prune_after = prune_after
+        self.rescue_every = settings.rescue_every
+        self.prune_after = settings.prune_after
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{random.randrange(16**4):04x}"
         self.rng = rng or random.Random()
         self.stopping = threading.Event()
@@ -163,7 +184,9 @@ class Worker:
         self.acks: AckBuffer | None = None
         """The batched acknowledgements of batched_ack handlers (None: none here)."""
         if any(h.batched_ack for h in handlers.values()):
-            self.acks = AckBuffer(queue, size=self.batch, delay=ack_delay, acked=self._acked)
+            self.acks = AckBuffer(
+                queue, size=self.batch, delay=settings.ack_delay, acked=self._acked
+            )
 
     # -- lifecycle -------------------------------------------------------------
 

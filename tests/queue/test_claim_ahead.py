@@ -20,7 +20,7 @@ from _support import execute
 from expiry.app import App
 from expiry.queue import new_job
 from expiry.types import Gates, Job, JobState
-from expiry.worker import Hooks, Worker
+from expiry.worker import Hooks, Worker, WorkerSettings
 
 BATCH = 5
 
@@ -46,12 +46,12 @@ def worker(app: App, hooks: Hooks | None = None, **kwargs: Any) -> Worker:
         "until_idle": True,
         "poll": 0.05,
         "rescue_every": 3600,
-        "rng": random.Random(0),
         "queues": ("default",),
         "pools": {},
         "claim_ahead": True,
     }
-    return Worker(app.engine, app.queue, app.handlers, hooks, **{**options, **kwargs})
+    settings = WorkerSettings(**{**options, **kwargs})
+    return Worker(app.engine, app.queue, app.handlers, hooks, settings, rng=random.Random(0))
 
 
 def watched(app: App, seconds: float) -> list[int]:
@@ -98,7 +98,8 @@ def test_without_claim_ahead_a_loop_holds_one_batch(app: App) -> None:
     seen = watched(app, 0.5)
 
     enqueue(app, 30)
-    w = Worker(app.engine, app.queue, app.handlers, batch=BATCH, claim_hold=None, until_idle=True)
+    settings = WorkerSettings(batch=BATCH, claim_hold=None, until_idle=True)
+    w = Worker(app.engine, app.queue, app.handlers, settings=settings)
     assert not w.claim_ahead
     assert w.run() == 0
 

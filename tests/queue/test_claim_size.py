@@ -12,7 +12,7 @@ from expiry.app import App
 from expiry.engines import open_engine
 from expiry.queue import Queue, new_job
 from expiry.types import Gates, Job
-from expiry.worker import Hooks, Worker
+from expiry.worker import Hooks, Worker, WorkerSettings
 
 
 def record_claims(app: App) -> list[int]:
@@ -115,9 +115,7 @@ def test_a_resting_queue_does_not_cost_an_empty_claim_of_the_others_each_job(
         app.queue,
         app.handlers,
         hooks,
-        queues=("a", "b"),
-        poll=5.0,
-        rescue_every=60.0,
+        WorkerSettings(queues=("a", "b"), poll=5.0, rescue_every=60.0),
         rng=random.Random(0),
     )
     thread = threading.Thread(target=worker.run)
