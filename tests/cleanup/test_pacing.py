@@ -178,11 +178,14 @@ def test_a_resting_thread_does_not_heartbeat_the_window_it_finished(
 ) -> None:
     db.create_sessions()
     db.insert_sessions(standard_rows(300))
-    app = apps(db.url, {"nice_ratio": 100})  # rests far longer than a heartbeat period
+    # Rests (100 times a window's time) longer than a heartbeat period; a lease
+    # long enough that a loaded machine's late heartbeat does not lose a window
+    # that still runs (0.6 s did under make test's three processes).
+    app = apps(db.url, {"nice_ratio": 100})
     assert app.cleanup is not None
     opened = app.cleanup.open_run(POLICY)
     caplog.set_level(logging.WARNING, logger="expiry")
-    run_worker(app, lease=0.6)  # heartbeats every 0.2 s
+    run_worker(app, lease=1.2)  # heartbeats every 0.4 s
 
     assert db.run_state(opened.run_id) == "finished"
     assert not [r for r in caplog.records if "lease lost" in r.getMessage()]
