@@ -17,7 +17,7 @@ from ...keys import Principal
 from ...types import JobState
 from .. import views as v
 from ..deps import DashboardPages, ExpiryApp
-from ..render import Form
+from ..render import Form, Pages
 from ..sessions import Session
 
 router = APIRouter(include_in_schema=False)
@@ -180,14 +180,24 @@ def owns(app: App, session: Session, name: str) -> bool:
     return target is not None and ("admin" in session.scopes or target["owner"] == session.key_name)
 
 
-@router.post("/crons/call")
-def call_cron(request: Request, form: Form, app: ExpiryApp, pages: DashboardPages) -> Response:
+def steered(request: Request, form: Form, app: App, pages: Pages) -> tuple[Session, str] | Response:
+    """The session and the cron target a POST of the cron page steers: one the
+    session's key may steer (owns), else the answer refusing it."""
     guarded = pages.guard(request, form, "cron:manage")
     if not isinstance(guarded, Session):
         return guarded
     name = form.get("name", "")
     if not owns(app, guarded, name):
         return pages.done(request, "/crons", f"No cron target named {name}.")
+    return guarded, name
+
+
+@router.post("/crons/call")
+def call_cron(request: Request, form: Form, app: ExpiryApp, pages: DashboardPages) -> Response:
+    target = steered(request, form, app, pages)
+    if not isinstance(target, tuple):
+        return target
+    guarded, name = target
     now = app.engine.now()
     if not app.crons.call_now(name, now, actor=f"dashboard:{guarded.key_name}"):
         return pages.done(request, "/crons", f"No cron target named {name}.")
@@ -196,12 +206,11 @@ def call_cron(request: Request, form: Form, app: ExpiryApp, pages: DashboardPage
 
 @router.post("/crons/pause")
 def pause_cron(request: Request, form: Form, app: ExpiryApp, pages: DashboardPages) -> Response:
-    guarded = pages.guard(request, form, "cron:manage")
-    if not isinstance(guarded, Session):
-        return guarded
-    name, paused = form.get("name", ""), form.get("paused") == "1"
-    if not owns(app, guarded, name):
-        return pages.done(request, "/crons", f"No cron target named {name}.")
+    target = steered(request, form, app, pages)
+    if not isinstance(target, tuple):
+        return target
+    guarded, name = target
+    paused = form.get("paused") == "1"
     if not app.crons.set_paused(name, paused, actor=f"dashboard:{guarded.key_name}"):
         return pages.done(request, "/crons", f"No cron target named {name}.")
     return pages.done(request, "/crons", f"{'Paused' if paused else 'Resumed'} cron target {name}.")
@@ -210,12 +219,10 @@ def pause_cron(request: Request, form: Form, app: ExpiryApp, pages: DashboardPag
 @router.post("/crons/edit")
 def edit_cron(request: Request, form: Form, app: ExpiryApp, pages: DashboardPages) -> Response:
     """Point a target at another URL, schedule or time zone (checked as the API checks them)."""
-    guarded = pages.guard(request, form, "cron:manage")
-    if not isinstance(guarded, Session):
-        return guarded
-    name = form.get("name", "")
-    if not owns(app, guarded, name):
-        return pages.done(request, "/crons", f"No cron target named {name}.")
+    target = steered(request, form, app, pages)
+    if not isinstance(target, tuple):
+        return target
+    guarded, name = target
     try:
         changed = app.crons.update(
             name,
