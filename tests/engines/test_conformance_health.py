@@ -42,6 +42,7 @@ def _active(engine: Engine) -> int | None:
         return engine.health_active_backends(conn)
 
 
+@pytest.mark.serial  # the server's active backends: the other tests' come and go meanwhile
 def test_health_active_backends_counts_others_running_a_statement(engine: Engine) -> None:
     """The count is the server's: another test's teardown may run a statement
     meanwhile, so the quiet reading is the least of a few, the busy one the most."""
