@@ -206,7 +206,7 @@ class Process(soak.Proc):
         self.log.write(f'{{"level": "info", "message": "--- chaos: start #{self.starts}"}}\n')
         self.log.flush()
         self.popen = subprocess.Popen(
-            [sys.executable, "-m", "expiry.cli", *self.args],
+            [sys.executable, "-m", "expiry", *self.args],
             env=self.env,
             stdout=self.log,
             stderr=subprocess.STDOUT,

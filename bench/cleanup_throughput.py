@@ -96,8 +96,8 @@ import pymysql
 from expiry import status
 from expiry.app import App
 from expiry.config import parse_config
-from expiry.handlers import Handler
-from expiry.queue import new_job
+from expiry.queue.handlers import Handler
+from expiry.queue.jobs import new_job
 from scratch import scratch_database
 
 ADMIN_URL = os.environ.get(
@@ -609,7 +609,7 @@ def _expiry_worker(config: dict[str, Any], ready: Barrier, done: Event, results:
         app.queue.complete(job, tx)  # its read brings the delete's count back too
         return int(deleted.rowcount)
 
-    # The private modes of the built-in window job (handlers.py), for comparison.
+    # The private modes of the built-in window job (queue/handlers.py), for comparison.
     app.register(Handler(QUEUE_ONLY_HANDLER, delete_window, completes_job=True, pipelined=True))
 
     app.cleanup.check()

@@ -72,7 +72,7 @@ def main() -> int:
         f'[database]\nurl = "sqlite:///{db}"\n\n[http]\nlisten = "127.0.0.1:{port}"\n'
     )
     env = {**os.environ, "PYTHONPATH": args.src, "EXPIRY_CONFIG": str(work / "expiry.toml")}
-    cli = [sys.executable, "-m", "expiry.cli"]
+    cli = [sys.executable, "-m", "expiry"]
     subprocess.run([*cli, "migrate"], env=env, check=True, capture_output=True)
     key = subprocess.run(
         [*cli, "keys", "create", "bench", "--json"], env=env, check=True, capture_output=True

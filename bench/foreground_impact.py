@@ -440,7 +440,7 @@ def run_expiry(
     env = {k: v for k, v in os.environ.items() if not k.startswith("EXPIRY_")}
     with log.open("w") as out:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "expiry.cli", "worker", "--config", str(cfg)],
+            [sys.executable, "-m", "expiry", "worker", "--config", str(cfg)],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,

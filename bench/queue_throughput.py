@@ -71,7 +71,7 @@ from psycopg import sql
 import peers
 from expiry import defaults
 from expiry.app import App
-from expiry.queue import new_job
+from expiry.queue.jobs import new_job
 from scratch import scratch_database
 
 ADMIN_URL = os.environ.get(

@@ -92,7 +92,7 @@ from typing import IO, Any, TypeVar
 
 import psycopg
 
-from expiry.queue import message_key
+from expiry.queue.jobs import message_key
 from scratch import scratch_database
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -221,7 +221,7 @@ class Proc:
     def start(self) -> None:
         self.log = self.log_path.open("w")
         self.popen = subprocess.Popen(
-            [sys.executable, "-m", "expiry.cli", *self.args],
+            [sys.executable, "-m", "expiry", *self.args],
             env=self.env,
             stdout=self.log,
             stderr=subprocess.STDOUT,
@@ -291,7 +291,7 @@ class Proc:
 def cli(env: dict[str, str], *args: str, timeout: float = 120) -> Any:
     """Run one ``expiry ... --json`` command; its parsed output."""
     done = subprocess.run(
-        [sys.executable, "-m", "expiry.cli", *args, "--json"],
+        [sys.executable, "-m", "expiry", *args, "--json"],
         env=env,
         capture_output=True,
         text=True,

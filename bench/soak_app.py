@@ -16,7 +16,7 @@ import os
 from typing import Any
 
 from expiry import App, Job
-from expiry.queue import dedupe_key
+from expiry.queue.jobs import dedupe_key
 
 NOTE = "soak.note"
 

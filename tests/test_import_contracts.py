@@ -25,18 +25,42 @@ DRIVERS = {"psycopg", "psycopg_pool", "pymysql", "sqlite3", "MySQLdb", "mysql", 
 DRIVER_OUTSIDE_ENGINES = {
     # The demo builds the user's demo SQLite database (its tables and rows)
     # before expiry cleans it through the engine: the application's part.
-    "expiry.demo",
+    "expiry.cli.demo",
 }
 
 MODEL = {"expiry.defaults", "expiry.errors", "expiry.types", "expiry.timestamps"}
 """What the engines may import from the rest of expiry: the closed, typed seam
 and what it speaks (timestamps: the stored formats an engine reads back)."""
 
-FACES = ("expiry.cli", "expiry.http", "expiry.status", "expiry.demo", "expiry.__main__")
+FACES = ("expiry.cli", "expiry.http", "expiry.status", "expiry.__main__")
 """The floor above the App: what users run and read. ``expiry`` itself (the
 package's ``__init__``) re-exports the App for the Python API."""
 
 ABOVE_SERVICES = ("expiry.app", *FACES)
+
+FLOORS: list[tuple[str, ...]] = [
+    # the model: plain data, errors, defaults and pure helpers
+    (
+        "expiry.types",
+        "expiry.errors",
+        "expiry.defaults",
+        "expiry.times",
+        "expiry.timestamps",
+        "expiry.crontab",
+        "expiry.log",
+        "expiry.signals",
+    ),
+    ("expiry.engines",),
+    ("expiry.config", "expiry.keys"),
+    ("expiry.queue",),
+    ("expiry.cleanup",),
+    ("expiry.health",),
+    ("expiry.cron",),
+    ("expiry.app",),
+    FACES,
+]
+"""The floors of the house, from the bottom: the folders of ``src/expiry`` and
+the modules at its top. A module imports its own floor and those below."""
 
 
 def module_name(path: Path) -> str:
@@ -137,6 +161,30 @@ def test_no_service_imports_the_app_or_a_face() -> None:
     assert found == []
 
 
+def floor(name: str) -> int | None:
+    return next((i for i, names in enumerate(FLOORS) if under(name, names)), None)
+
+
+def test_every_module_stands_on_a_floor() -> None:
+    assert [module_name(p) for p in sources() if floor(module_name(p)) is None] == ["expiry"]
+
+
+def test_the_floors_import_only_down() -> None:
+    """A folder is a floor: a module of the queue imports nothing of cleanup,
+    cleanup nothing of cron, and so on up; ``from .. import defaults`` names
+    the model module, not the package above."""
+    found = [
+        f"{module_name(path)}:{line} imports {target}"
+        for path in sources()
+        if (here := floor(module_name(path))) is not None
+        for target, line in imports(path)
+        if target != "expiry"
+        and (there := floor(target)) is not None
+        and there > here
+    ]
+    assert found == []
+
+
 def test_the_module_level_imports_have_no_circle() -> None:
     graph = {
         module_name(path): {
@@ -173,7 +221,10 @@ def test_the_contracts_see_the_imports_they_govern() -> None:
     imports of the App (a reader that found nothing would pass every test)."""
     postgres = SRC / "engines" / "postgres" / "engine.py"
     assert "psycopg" in {t for t, _ in imports(postgres)}
-    cli = SRC / "cli.py"
+    cli = SRC / "cli" / "main.py"
     assert "expiry.app" in {t for t, _ in imports(cli)}
     status = SRC / "status.py"
-    assert "expiry.roll" in {t for t, _ in imports(status)}
+    assert "expiry.health.roll" in {t for t, _ in imports(status)}
+    worker = SRC / "queue" / "worker.py"
+    assert floor("expiry.queue.worker") == FLOORS.index(("expiry.queue",))
+    assert "expiry.signals" in {t for t, _ in imports(worker)}

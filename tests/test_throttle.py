@@ -6,7 +6,7 @@ counted by reason."""
 
 from __future__ import annotations
 
-from expiry.throttle import CRITICAL, HELD, MIN_RATE, OPEN, STEP, Controller
+from expiry.health.throttle import CRITICAL, HELD, MIN_RATE, OPEN, STEP, Controller
 
 LIMITS = {"replica_lag": 5.0, "latency_ratio": 1.25}
 CRITICAL_LIMITS = {"replica_lag": 60.0}

@@ -104,7 +104,7 @@ class Mutant:
 MUTANTS = [
     Mutant(
         "where-parens",
-        "src/expiry/target.py",
+        "src/expiry/cleanup/target.py",
         'pred += " and ({where})" if p.where else ""',
         'pred += " and {where}" if p.where else ""',
         (
@@ -115,7 +115,7 @@ MUTANTS = [
     ),
     Mutant(
         "retain-sign",
-        "src/expiry/cleanup.py",
+        "src/expiry/cleanup/service.py",
         "latest = now - timedelta(seconds=policy.retain)",
         "latest = now + timedelta(seconds=policy.retain)",
         (
@@ -130,7 +130,7 @@ MUTANTS = [
     ),
     Mutant(
         "preview-retain-sign",
-        "src/expiry/cleanup.py",
+        "src/expiry/cleanup/service.py",
         "cutoff = engine.now(conn).replace(microsecond=0) - timedelta(seconds=policy.retain)",
         "cutoff = engine.now(conn).replace(microsecond=0) + timedelta(seconds=policy.retain)",
         (
@@ -142,7 +142,7 @@ MUTANTS = [
     ),
     Mutant(
         "watermark-retain-sign",
-        "src/expiry/cleanup.py",
+        "src/expiry/cleanup/service.py",
         "cutoff = self.engine.now(conn) - timedelta(seconds=policy.retain)",
         "cutoff = self.engine.now(conn) + timedelta(seconds=policy.retain)",
         (f"{SAFETY}::test_retain_keeps_rows_expired_less_than_retain_ago[postgres]",),
@@ -150,7 +150,7 @@ MUTANTS = [
     ),
     Mutant(
         "scheduler-retain-sign",
-        "src/expiry/scheduler.py",
+        "src/expiry/cron/scheduler.py",
         "cutoff = fire - timedelta(seconds=policy.retain)",
         "cutoff = fire + timedelta(seconds=policy.retain)",
         (
@@ -161,7 +161,7 @@ MUTANTS = [
     ),
     Mutant(
         "cutoff-inclusive",
-        "src/expiry/target.py",
+        "src/expiry/cleanup/target.py",
         'PREDICATE = "{ts} < {bound}{guard}"',
         'PREDICATE = "{ts} <= {bound}{guard}"',
         (
@@ -235,7 +235,7 @@ MUTANTS = [
     ),
     Mutant(
         "retry-jitter",
-        "src/expiry/retry.py",
+        "src/expiry/queue/retry.py",
         "return (rng or random).uniform(0.0, ceiling(attempt, base, cap))",
         "return ceiling(attempt, base, cap)",
         (
@@ -246,7 +246,7 @@ MUTANTS = [
     ),
     Mutant(
         "retry-half-jitter",
-        "src/expiry/retry.py",
+        "src/expiry/queue/retry.py",
         "return (rng or random).uniform(0.0, ceiling(attempt, base, cap))",
         "return (rng or random).uniform(ceiling(attempt, base, cap) / 2, ceiling(attempt, base, cap))",
         (f"{RETRY}::test_delays_for_the_same_attempt_spread_over_zero_to_the_ceiling",),
@@ -254,7 +254,7 @@ MUTANTS = [
     ),
     Mutant(
         "retry-cap",
-        "src/expiry/retry.py",
+        "src/expiry/queue/retry.py",
         "return min(cap, base * 2.0 ** max(0, min(attempt, 62)))",
         "return base * 2.0 ** max(0, min(attempt, 62))",
         (
@@ -265,7 +265,7 @@ MUTANTS = [
     ),
     Mutant(
         "ledger-guard",
-        "src/expiry/target.py",
+        "src/expiry/cleanup/target.py",
         UNBOOKED,
         "UNBOOKED = WINDOW",
         (
@@ -290,7 +290,7 @@ MUTANTS = [
     # rolls back). With both gone, a duplicate deletes rows that expired since.
     Mutant(
         "ledger-guard+strict-sqlite",
-        "src/expiry/target.py",
+        "src/expiry/cleanup/target.py",
         UNBOOKED,
         "UNBOOKED = WINDOW",
         (f"{SAFETY}::test_a_redelivered_window_takes_nothing_that_expired_since[sqlite]",),
@@ -299,7 +299,7 @@ MUTANTS = [
     ),
     Mutant(
         "ledger-guard+strict-pg",
-        "src/expiry/target.py",
+        "src/expiry/cleanup/target.py",
         UNBOOKED,
         "UNBOOKED = WINDOW",
         (f"{SAFETY}::test_a_redelivered_window_takes_nothing_that_expired_since[postgres]",),
@@ -308,7 +308,7 @@ MUTANTS = [
     ),
     Mutant(
         "ledger-guard+strict-mysql",
-        "src/expiry/target.py",
+        "src/expiry/cleanup/target.py",
         UNBOOKED,
         "UNBOOKED = WINDOW",
         (f"{SAFETY}::test_a_redelivered_window_takes_nothing_that_expired_since[mysql]",),
@@ -347,7 +347,7 @@ MUTANTS = [
     ),
     Mutant(
         "mixed-classes",
-        "src/expiry/target.py",
+        "src/expiry/cleanup/target.py",
         'if "blob" in classes or ("text" in classes and len(classes) > 1):',
         'if "blob" in classes:',
         (f"{TIMESTAMPS}::test_a_column_that_could_be_misread_is_refused[integers and ISO text]",),
@@ -355,7 +355,7 @@ MUTANTS = [
     ),
     Mutant(
         "numeric-ranges",
-        "src/expiry/target.py",
+        "src/expiry/cleanup/target.py",
         "if low is None or high is None or low != high:",
         "if low is None and high is None:",
         (
@@ -366,7 +366,7 @@ MUTANTS = [
     ),
     Mutant(
         "late-cutoff",
-        "src/expiry/cleanup.py",
+        "src/expiry/cleanup/service.py",
         "elif cutoff > latest and not force:",
         "elif cutoff > latest and force:",
         (
@@ -377,7 +377,7 @@ MUTANTS = [
     ),
     Mutant(
         "time-upper-open",
-        "src/expiry/target.py",
+        "src/expiry/cleanup/target.py",
         '" and {ts} <= {p_hi_ts} and ({ts}, {tie}) <= ({p_hi_ts}, {p_hi_tie})",',
         '" and {ts} <= {p_hi_ts} and ({ts}, {tie}) < ({p_hi_ts}, {p_hi_tie})",',
         (
@@ -388,7 +388,7 @@ MUTANTS = [
     ),
     Mutant(
         "time-position-seconds",
-        "src/expiry/target.py",
+        "src/expiry/cleanup/target.py",
         "        return value.isoformat()\n",
         '        return value.isoformat(timespec="seconds")\n',
         (f"{ORACLE}::test_postgres_deletes_exactly_what_the_oracle_expires",),
@@ -396,7 +396,7 @@ MUTANTS = [
     ),
     Mutant(
         "blocks-lower-item",
-        "src/expiry/cleanup.py",
+        "src/expiry/cleanup/service.py",
         "Span.blocks(block * BLOCK, LAST_ADDRESS",
         "Span.blocks(block * BLOCK + 1, LAST_ADDRESS",
         (f"{ORACLE}::test_postgres_deletes_exactly_what_the_oracle_expires",),
@@ -404,7 +404,7 @@ MUTANTS = [
     ),
     Mutant(
         "sample-check",
-        "src/expiry/target.py",
+        "src/expiry/cleanup/target.py",
         "if when is None or not when < self.edge(cutoff):",
         "if when is None:",
         (
@@ -414,7 +414,7 @@ MUTANTS = [
     ),
     Mutant(
         "turns-wait-for-any-run",
-        "src/expiry/cleanup.py",
+        "src/expiry/cleanup/service.py",
         "earlier = [t for t in turns if (t.cutoff, t.id) < order]",
         "earlier = [t for t in turns if t.id != rid]",
         (
@@ -425,7 +425,7 @@ MUTANTS = [
     ),
     Mutant(
         "turns-no-coalescing",
-        "src/expiry/cleanup.py",
+        "src/expiry/cleanup/service.py",
         "if newest and newest[0].id != rid and not mine.started:",
         "if False:",
         (f"{TURNS}::test_two_runs_opened_before_any_worker_finish_in_one_pass[mysql]",),
@@ -433,7 +433,7 @@ MUTANTS = [
     ),
     Mutant(
         "turns-wait-on-backoff",
-        "src/expiry/cleanup.py",
+        "src/expiry/cleanup/service.py",
         "moving = [t for t in earlier if t.started and t.active]",
         "moving = [t for t in earlier if t.started and t.pending]",
         (
@@ -445,7 +445,7 @@ MUTANTS = [
     ),
     Mutant(
         "quarantine-dead-letters",
-        "src/expiry/cleanup.py",
+        "src/expiry/cleanup/service.py",
         '            raise Snooze(QUARANTINE_WAIT_SECONDS, f"policy quarantined: {exc}") from exc\n',
         '            raise PermanentError(f"policy quarantined: {exc}") from exc\n',
         (
@@ -455,7 +455,7 @@ MUTANTS = [
     ),
     Mutant(
         "tie-index-advised-everywhere",
-        "src/expiry/target.py",
+        "src/expiry/cleanup/target.py",
         "        ends = relation is not None and p.key in (relation.rowid, relation.clustered)\n",
         "        ends = False\n",
         (
@@ -467,7 +467,7 @@ MUTANTS = [
     ),
     Mutant(
         "unscheduled-silent",
-        "src/expiry/roll.py",
+        "src/expiry/health/roll.py",
         "        if late > grace:\n",
         "        if late > grace * 1000:\n",
         (
@@ -479,7 +479,7 @@ MUTANTS = [
     ),
     Mutant(
         "redelivered-from-attempts",
-        "src/expiry/runs.py",
+        "src/expiry/cleanup/runs.py",
         '        "redelivered": sum(j.redelivered for j in windows),',
         '        "redelivered": sum(\n            j.attempts - j.n - j.failures for j in windows if j.state == "completed"\n        ),',
         (
@@ -503,7 +503,7 @@ MUTANTS = [
     ),
     Mutant(
         "throttle-detail-stale",
-        "src/expiry/throttle.py",
+        "src/expiry/health/throttle.py",
         "            self.detail = detail  # the same breach: its reading as of now\n",
         "",
         (
@@ -514,7 +514,7 @@ MUTANTS = [
     ),
     Mutant(
         "cron-dead-letter-every-fire",
-        "src/expiry/crons.py",
+        "src/expiry/cron/targets.py",
         "            if job.attempt >= job.max_attempts and self._next_soon(target, job, result.error):",
         "            if False:",
         (
@@ -526,7 +526,7 @@ MUTANTS = [
     ),
     Mutant(
         "drift-dead-letters",
-        "src/expiry/cleanup.py",
+        "src/expiry/cleanup/service.py",
         "            if not self.engine.schema_drift(exc):\n                raise\n",
         "            if True:\n                raise\n",
         (
@@ -539,7 +539,7 @@ MUTANTS = [
     ),
     Mutant(
         "stall-never-said",
-        "src/expiry/worker.py",
+        "src/expiry/queue/worker.py",
         "return 1 if stalled else 0",
         "return 0",
         (f"{STALLED}::test_an_idle_worker_exits_1_while_a_run_it_serves_is_stalled[sqlite]",),
@@ -547,7 +547,7 @@ MUTANTS = [
     ),
     Mutant(
         "shrink-retry-backs-off",
-        "src/expiry/cleanup.py",
+        "src/expiry/cleanup/service.py",
         "retry_within=defaults.SHRINK_RETRY_SECONDS,",
         "retry_within=None,",
         (f"{TIMEOUTS}::test_a_slow_row_is_isolated_in_seconds_after_spent_attempts",),
@@ -555,7 +555,7 @@ MUTANTS = [
     ),
     Mutant(
         "shrink-spends-attempts",
-        "src/expiry/cleanup.py",
+        "src/expiry/cleanup/service.py",
         "                        spend=False,\n",
         "",
         (f"{TIMEOUTS}::test_a_held_row_is_isolated_in_seconds_with_the_backoff_as_shipped",),
@@ -564,7 +564,7 @@ MUTANTS = [
     ),
     Mutant(
         "late-sigterm-kills",
-        "src/expiry/cli.py",
+        "src/expiry/cli/main.py",
         "signals.listening(grace=args.stop_grace, exiting=True)",
         "signals.listening(grace=args.stop_grace)",
         (f"{SIGNALS}::test_a_second_sigterm_during_a_clean_exit_never_kills_the_worker",),
@@ -572,7 +572,7 @@ MUTANTS = [
     ),
     Mutant(
         "outage-spends-attempts",
-        "src/expiry/worker.py",
+        "src/expiry/queue/worker.py",
         "            return self.outage_budget\n",
         "            return None\n",
         (
@@ -583,7 +583,7 @@ MUTANTS = [
     ),
     Mutant(
         "timeout-no-shrink",
-        "src/expiry/cleanup.py",
+        "src/expiry/cleanup/service.py",
         "rows = max(1, -(-n // 2 ** min(halvings, 62)))",
         "rows = max(1, n)",
         (
@@ -596,7 +596,7 @@ MUTANTS = [
     ),
     Mutant(
         "shrunk-rest-full-size",
-        "src/expiry/cleanup.py",
+        "src/expiry/cleanup/service.py",
         "halvings=max(0, halvings - 1), held=held)",
         "halvings=0, held=held)",
         (f"{TIMEOUTS}::test_the_rest_of_a_shrunk_window_starts_small_and_grows_back",),
@@ -605,7 +605,7 @@ MUTANTS = [
     ),
     Mutant(
         "timeout-last-attempt-dies",
-        "src/expiry/cleanup.py",
+        "src/expiry/cleanup/service.py",
         "if not alone and job.attempt < job.max_attempts:",
         "if not alone:",
         (
@@ -632,7 +632,7 @@ MUTANTS = [
     ),
     Mutant(
         "check-migrates",
-        "src/expiry/cli.py",
+        "src/expiry/cli/main.py",
         "    app = reading(args, need_config=True)\n    cleanup = app.table_reader()\n",
         "    app = migrated(args, need_config=True)\n    cleanup = app.table_reader()\n",
         (f"{READ_ONLY}::test_reading_commands_create_nothing_on_a_never_migrated_postgres[owner]",),
@@ -669,7 +669,7 @@ MUTANTS = [
         "the zone ignored by the predicate and the sample check alike: live sessions go",
         also=(
             (
-                "src/expiry/target.py",
+                "src/expiry/cleanup/target.py",
                 'when = UNIX_EPOCH if zero else instant(row["v"], storage.zone)',
                 'when = UNIX_EPOCH if zero else instant(row["v"])',
             ),
@@ -701,7 +701,7 @@ MUTANTS = [
     ),
     Mutant(
         "zone-on-zoned-column",
-        "src/expiry/target.py",
+        "src/expiry/cleanup/target.py",
         "        if self._naive:\n            return storage.zoned(zone) if zone else storage\n",
         "        if True:\n            return storage.zoned(zone) if zone else storage\n",
         (
@@ -780,7 +780,7 @@ MUTANTS = [
     ),
     Mutant(
         "evidence-skips-a-run",
-        "src/expiry/runs.py",
+        "src/expiry/cleanup/runs.py",
         "            if run is None or entry.run_id is None:",
         '            if run is None or entry.run_id is None or run.state != "finished":',
         ("tests/cli/test_cli.py::test_evidence_lists_what_each_run_deleted_as_the_table_lost_it",),
@@ -801,7 +801,7 @@ MUTANTS = [
     ),
     Mutant(
         "late-cutoff-against-now",
-        "src/expiry/cleanup.py",
+        "src/expiry/cleanup/service.py",
         "        elif cutoff > latest and not force:",
         "        elif cutoff > now and not force:",
         (
@@ -813,7 +813,7 @@ MUTANTS = [
     ),
     Mutant(
         "key-window-lower-inclusive",
-        "src/expiry/target.py",
+        "src/expiry/cleanup/target.py",
         '"key": "{key} > {p_lo} and {key} <= {p_hi}",',
         '"key": "{key} >= {p_lo} and {key} <= {p_hi}",',
         (
@@ -837,7 +837,7 @@ MUTANTS = [
     ),
     Mutant(
         "turns-wait-on-two",
-        "src/expiry/cleanup.py",
+        "src/expiry/cleanup/service.py",
         "moving = [t for t in earlier if t.started and t.active]",
         "moving = [t for t in earlier if t.started and t.active > 1]",
         (f"{TURNS}::test_a_run_waits_for_an_earlier_run_that_started_and_says_so",),
@@ -846,7 +846,7 @@ MUTANTS = [
     ),
     Mutant(
         "heartbeat-every-lease",
-        "src/expiry/worker.py",
+        "src/expiry/queue/worker.py",
         "        while not self.stopping.wait(self.lease / 3):",
         "        while not self.stopping.wait(self.lease):",
         ("tests/queue/test_worker.py::test_a_job_longer_than_its_lease_keeps_it_by_heartbeats",),
@@ -855,7 +855,7 @@ MUTANTS = [
     ),
     Mutant(
         "inclusive-ignored",
-        "src/expiry/target.py",
+        "src/expiry/cleanup/target.py",
         "        return cutoff + timedelta(microseconds=1) if self.policy.inclusive else cutoff\n",
         "        return cutoff\n",
         (
@@ -865,7 +865,7 @@ MUTANTS = [
     ),
     Mutant(
         "inclusive-a-second",
-        "src/expiry/target.py",
+        "src/expiry/cleanup/target.py",
         "        return cutoff + timedelta(microseconds=1) if self.policy.inclusive else cutoff\n",
         "        return cutoff + timedelta(seconds=1) if self.policy.inclusive else cutoff\n",
         (
@@ -887,7 +887,7 @@ MUTANTS = [
     ),
     Mutant(
         "held-rows-halved",
-        "src/expiry/cleanup.py",
+        "src/expiry/cleanup/service.py",
         '        return bool(job.payload.get("held"))\n',
         "        return False\n",
         (
@@ -901,7 +901,7 @@ MUTANTS = [
     ),
     Mutant(
         "held-rest-dropped",
-        "src/expiry/cleanup.py",
+        "src/expiry/cleanup/service.py",
         "part, rest = (span, None) if held[0] == span.hi else span.split(held[0])",
         "part, rest = (span, None) if held[0] == span.hi else (span, None)",
         (f"{TIMEOUTS}::test_rows_held_apart_in_one_window_cost_one_lock_wait[postgres]",),
@@ -910,7 +910,7 @@ MUTANTS = [
     ),
     Mutant(
         "probe-refusal-fatal",
-        "src/expiry/cleanup.py",
+        "src/expiry/cleanup/service.py",
         'if self.engine.classify(exc)[1] != "insufficient_privilege":',
         "if True:",
         (f"{TIMEOUTS}::test_a_role_that_may_not_lock_rows_halves_around_a_held_row",),
@@ -957,7 +957,7 @@ MUTANTS = [
     ),
     Mutant(
         "cron-busy-called-again",
-        "src/expiry/crons.py",
+        "src/expiry/cron/targets.py",
         "                if unfinished.get(target.name, 0) > 0:\n",
         "                if False:\n",
         (
@@ -969,7 +969,7 @@ MUTANTS = [
     ),
     Mutant(
         "cron-owners-unfair",
-        "src/expiry/crons.py",
+        "src/expiry/cron/targets.py",
         "            priority = ahead.get(target.owner, 0)\n",
         "            priority = 0\n",
         (
@@ -981,7 +981,7 @@ MUTANTS = [
     ),
     Mutant(
         "cron-quota-ignored",
-        "src/expiry/crons.py",
+        "src/expiry/cron/targets.py",
         "            if owner is not None:\n                self._check_quota(owner, conn)\n",
         "",
         ("tests/http/test_http_exposure.py::test_a_key_owns_at_most_its_quota_of_cron_targets",),
@@ -989,7 +989,7 @@ MUTANTS = [
     ),
     Mutant(
         "unserved-silent",
-        "src/expiry/roll.py",
+        "src/expiry/health/roll.py",
         "        if queue in stats.oldest_due_seconds and queue not in worked:\n",
         "        if queue in stats.oldest_due_seconds and queue in worked:\n",
         (
@@ -1042,7 +1042,7 @@ MUTANTS = [
     ),
     Mutant(
         "partition-waits-lock-timeout",
-        "src/expiry/cleanup.py",
+        "src/expiry/cleanup/service.py",
         "lock_timeout_ms=int(policy.partition_lock_timeout * 1000),",
         "lock_timeout_ms=int(policy.lock_timeout * 1000),",
         (PARTITION_HELD,),
@@ -1051,7 +1051,7 @@ MUTANTS = [
     ),
     Mutant(
         "partition-lock-spends-attempts",
-        "src/expiry/cleanup.py",
+        "src/expiry/cleanup/service.py",
         '        kind="lock_timeout",\n        retry_within=within,\n        spend=False,\n',
         '        kind="lock_timeout",\n        retry_within=within,\n        spend=True,\n',
         (PARTITION_HELD,),
@@ -1060,7 +1060,7 @@ MUTANTS = [
     ),
     Mutant(
         "referenced-rows-split",
-        "src/expiry/cleanup.py",
+        "src/expiry/cleanup/service.py",
         "        if not target.skips_referenced:\n            return None\n        first =",
         "        if target.skips_referenced:\n            return None\n        first =",
         (REFERENCED,),
@@ -1069,7 +1069,7 @@ MUTANTS = [
     ),
     Mutant(
         "referenced-kept-uncounted",
-        "src/expiry/cleanup.py",
+        "src/expiry/cleanup/service.py",
         "        kept = target.count_span(tx, cutoff, span, storage)\n        if kept:",
         "        kept = target.count_span(tx, cutoff, span, storage)\n        if not kept:",
         (REFERENCED,),
@@ -1078,7 +1078,7 @@ MUTANTS = [
     ),
     Mutant(
         "referenced-skip-forgotten",
-        "src/expiry/cleanup.py",
+        "src/expiry/cleanup/service.py",
         "        skip = policy.name in self._referenced and target.skips_referenced\n",
         "        skip = False\n",
         (REFERENCED,),
@@ -1087,7 +1087,7 @@ MUTANTS = [
     ),
     Mutant(
         "dedupe-across-queues",
-        "src/expiry/queue.py",
+        "src/expiry/queue/jobs.py",
         '    return f"{queue}/{key}"\n',
         "    return key\n",
         ("tests/http/test_http_exposure.py::test_a_dedupe_key_is_its_queues_own[sqlite]",),
@@ -1117,7 +1117,7 @@ MUTANTS = [
     ),
     Mutant(
         "lock-wait-names-no-one",
-        "src/expiry/cleanup.py",
+        "src/expiry/cleanup/service.py",
         "                    words += self._behind(policy)\n",
         '                    words += ""\n',
         (f"{TIMEOUTS}::test_a_lock_wait_says_whom_it_waited_behind[postgres]",),

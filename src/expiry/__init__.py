@@ -22,9 +22,9 @@ from .errors import (
     Snooze,
     TransientError,
 )
-from .queue import Queue, new_job
+from .queue.jobs import Queue, new_job
+from .queue.worker import Worker, WorkerSettings
 from .types import EnqueueResult, Job, JobState, NewJob, QueueStats
-from .worker import Worker, WorkerSettings
 
 __version__ = "0.1.0"
 

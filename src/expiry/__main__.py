@@ -3,6 +3,6 @@ first on the PATH (Debian's passwd package installs a /usr/bin/expiry of its own
 
 import sys
 
-from .cli import main
+from .cli.main import main
 
 sys.exit(main())

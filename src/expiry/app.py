@@ -19,22 +19,22 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import cleanup as cleanup_jobs
-from . import crons as cron_jobs
 from . import defaults
-from .cleanup import Cleanup
+from .cleanup import service as cleanup_jobs
+from .cleanup.runs import Runs
+from .cleanup.service import Cleanup
 from .config import Config, config_path, load_config
-from .crons import Crons
+from .cron import targets as cron_jobs
+from .cron.scheduler import Scheduler
+from .cron.targets import Crons
 from .engines import Engine, open_engine
 from .errors import AlreadyApplied, ConfigError, MigrationError
-from .handlers import Handler, HandlerFn
-from .health import Health
+from .health.database import Health
 from .keys import Keys
-from .queue import CRON_QUEUE, Queue, is_reserved, policy_queue
-from .runs import Runs
-from .scheduler import Scheduler
+from .queue.handlers import Handler, HandlerFn
+from .queue.jobs import CRON_QUEUE, Queue, is_reserved, policy_queue
+from .queue.worker import Hooks, Worker, WorkerSettings
 from .types import Gates, Job
-from .worker import Hooks, Worker, WorkerSettings
 
 log = logging.getLogger("expiry.app")
 
@@ -370,7 +370,7 @@ class App:
     ) -> Callable[[HandlerFn], HandlerFn]:
         """Register ``fn(job, tx)`` to run jobs enqueued under ``name`` in the job's
         transaction; with ``transactional=False``, ``fn(job)`` outside any
-        (handlers.py says what each choice promises)."""
+        (queue/handlers.py says what each choice promises)."""
 
         def register(fn: HandlerFn) -> HandlerFn:
             self.register(

@@ -28,9 +28,9 @@ from pydantic import (
 )
 
 from . import defaults
-from .cron import check_expression, period
-from .durations import parse_duration
+from .crontab import check_expression, period
 from .errors import ConfigError
+from .times import parse_duration
 
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -201,7 +201,7 @@ class HttpConfig(Strict):
 
 class HealthSettings(Strict):
     """When to hold a policy's windows, read from the database's health every
-    ``health_interval`` (health.py; the controller is throttle.py)."""
+    ``health_interval`` (health/database.py; the controller is health/throttle.py)."""
 
     max_replica_lag: Duration | None = None
     """Hold while a replica replays more than this behind (pg_stat_replication
@@ -475,7 +475,7 @@ class Config(Strict):
     def _timestamp_zones(self) -> Config:
         """Each policy knows [database] timestamp_zone, kept apart from its own
         timestamp_zone: a stated zone on a column that carries its zone is
-        refused, the database's default is not applied there (target.py)."""
+        refused, the database's default is not applied there (cleanup/target.py)."""
         for policy in self.policy:
             policy._database_zone = self.database.timestamp_zone
         return self

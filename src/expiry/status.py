@@ -1,7 +1,7 @@
 """What operators read: policies, the queue, runs and workers, as plain dicts for the
 CLI's tables, its --json output, the HTTP API and the dashboard.
 
-Runs are read by runs.py; ``run_summary`` and ``runs`` stay here, taking the
+Runs are read by cleanup/runs.py; ``run_summary`` and ``runs`` stay here, taking the
 App, for the HTTP layer and the dashboard.
 """
 
@@ -10,18 +10,18 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from . import defaults, roll
-from .cron import next_fire
-from .durations import format_duration
+from . import defaults
+from .crontab import next_fire
 from .errors import SchemaError
-from .health import merge_throttles
-from .queue import is_reserved, policy_queue
-from .times import format_time
+from .health import roll
+from .health.database import merge_throttles
+from .queue.jobs import is_reserved, policy_queue
+from .times import format_duration, format_time
 from .types import JobState
 
 if TYPE_CHECKING:
     from .app import App
-    from .cleanup import Cleanup
+    from .cleanup.service import Cleanup
 
 
 def run_summary(app: App, run_id: str) -> dict[str, Any] | None:

@@ -7,7 +7,7 @@ Apps store an expiry time in many ways: a typed ``timestamptz``/``timestamp``/
 deletes live rows (in SQLite an integer sorts below every text, so an epoch
 column compared with an ISO cutoff matches every row), so the storage is read
 from the data, never from one row, and a reading that could be wrong is
-refused with the counts and the fix (``target.py`` runs the statements).
+refused with the counts and the fix (``cleanup/target.py`` runs the statements).
 
 Each storage gives the retention predicate two parts:
 
@@ -47,7 +47,7 @@ clocks went forward, it is the cutoff's wall-clock time read at the offset
 before the change (a skipped-hour value is read at that offset). Epoch
 numbers are UTC by definition and zoned columns (``timestamptz``, MySQL
 ``TIMESTAMP``, ISO text with ``Z`` or an offset) carry their zone: no
-wall-clock zone applies to them (target.py refuses one a policy states).
+wall-clock zone applies to them (cleanup/target.py refuses one a policy states).
 """
 
 from __future__ import annotations
@@ -246,7 +246,7 @@ class Storage:
         }[self.format] + (" (0 is the epoch itself: expired)" if self.zero else "")
 
     # -- the cutoff in the column's storage (SQLite binds these; PostgreSQL
-    # converts its timestamptz parameter in SQL, see target.py) --------------------
+    # converts its timestamptz parameter in SQL, see cleanup/target.py) --------------------
 
     def compared(self, cutoff: datetime) -> datetime:
         """The time the column is compared with, aware: the cutoff itself, or

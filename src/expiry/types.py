@@ -504,7 +504,7 @@ class Partition:
 @dataclass(frozen=True)
 class WindowApply:
     """One window's work for Engine.window_apply: its statements, built by
-    target.py in the engine's own placeholders, and what books it."""
+    cleanup/target.py in the engine's own placeholders, and what books it."""
 
     delete: str
     """Delete the window's expired rows not yet booked (the ledger guard)."""

@@ -27,7 +27,7 @@ import pymysql
 
 from expiry.app import App
 from expiry.config import parse_config
-from expiry.worker import Worker
+from expiry.queue.worker import Worker
 
 NOW = {
     "postgres": "now()",
@@ -412,7 +412,7 @@ def cli_env(**extra: str) -> dict[str, str]:
 
 
 def expiry_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "expiry.cli", *args]
+    return [sys.executable, "-m", "expiry", *args]
 
 
 def cli(
@@ -443,7 +443,7 @@ def wait_for(
 
 def claim_plan(app: App) -> None:
     """Claim exactly the planning job that is due and run it, nothing else."""
-    from expiry.cleanup import PLAN
+    from expiry.cleanup.service import PLAN
 
     jobs = app.queue.claim(100, 60, owner="test-planner", queues=app.worked_queues())
     assert [job.handler for job in jobs] == [PLAN]

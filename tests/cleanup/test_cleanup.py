@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-import expiry.cleanup
+import expiry.cleanup.runs
+import expiry.defaults
 from expiry.app import App
 from expiry.errors import TransientError
 from expiry.types import Job
@@ -290,12 +291,12 @@ def test_planning_in_pages_gives_the_same_windows(
     one_page = app.cleanup.preview(POLICY, limit=1000)
     assert [(s.lo, s.hi) for s in one_page.first_windows] == expected_windows(gone, 10)
 
-    monkeypatch.setattr(expiry.cleanup.defaults, "PLAN_PAGE", 3)
+    monkeypatch.setattr(expiry.defaults, "PLAN_PAGE", 3)
     assert app.cleanup.preview(POLICY, limit=1000).first_windows == one_page.first_windows
     opened = app.cleanup.open_run(POLICY)
     run_worker(app)
 
-    plans = db.jobs(expiry.cleanup.PLAN, opened.run_id)
+    plans = db.jobs(expiry.cleanup.runs.PLAN, opened.run_id)
     assert len(plans) == len(one_page.first_windows) // 3 + 1
     jobs = sorted((j["payload"]["lo"], j["payload"]["hi"]) for j in db.windows(opened.run_id))
     assert jobs == [(s.lo, s.hi) for s in one_page.first_windows]  # no gaps, duplicates
@@ -321,14 +322,14 @@ def test_a_runs_first_page_is_short_and_the_rest_follows_it(
     gone = doomed(rows)
     app = apps(db.url, {"window": 10})
     assert app.cleanup is not None
-    monkeypatch.setattr(expiry.cleanup.defaults, "FIRST_PLAN_PAGE", 4)
-    monkeypatch.setattr(expiry.cleanup.defaults, "PLAN_PAGE", 25)
+    monkeypatch.setattr(expiry.defaults, "FIRST_PLAN_PAGE", 4)
+    monkeypatch.setattr(expiry.defaults, "PLAN_PAGE", 25)
     opened = app.cleanup.open_run(POLICY)
 
     def waiting() -> list[str]:
         """The run's waiting jobs in claim order: "plan" or a window's lo."""
         return [
-            "plan" if j["handler"] == expiry.cleanup.PLAN else j["payload"]["lo"]
+            "plan" if j["handler"] == expiry.cleanup.runs.PLAN else j["payload"]["lo"]
             for j in db.jobs(run_id=opened.run_id)
             if j["state"] == "available"
         ]
@@ -336,13 +337,13 @@ def test_a_runs_first_page_is_short_and_the_rest_follows_it(
     [first] = app.queue.claim(1, queues=app.worked_queues())
     app.worker().process(first)
     assert len(db.windows(opened.run_id)) == 4
-    plans = db.jobs(expiry.cleanup.PLAN, opened.run_id)
+    plans = db.jobs(expiry.cleanup.runs.PLAN, opened.run_id)
     assert [p["state"] for p in plans] == ["completed", "available"]
     first_page = [j["payload"]["lo"] for j in db.windows(opened.run_id)]
     assert waiting() == ["plan", *first_page]
 
     [second] = app.queue.claim(1, queues=app.worked_queues())
-    assert second.handler == expiry.cleanup.PLAN
+    assert second.handler == expiry.cleanup.runs.PLAN
     app.worker().process(second)
     second_page = [j["payload"]["lo"] for j in db.windows(opened.run_id)[4:]]  # id order: as queued
     assert len(second_page) == 25
@@ -354,7 +355,7 @@ def test_a_runs_first_page_is_short_and_the_rest_follows_it(
     jobs = sorted((j["payload"]["lo"], j["payload"]["hi"]) for j in db.windows(opened.run_id))
     assert jobs == planned
     pages = 1 + -(-(len(planned) - 4) // 25)  # 4, then pages of 25
-    assert len(db.jobs(expiry.cleanup.PLAN, opened.run_id)) == pages + (
+    assert len(db.jobs(expiry.cleanup.runs.PLAN, opened.run_id)) == pages + (
         (len(planned) - 4) % 25 == 0
     )
     assert db.ids() == {i for i, _, _ in rows} - gone
@@ -496,7 +497,7 @@ def test_concurrent_workers_on_postgres(pg_db: Db, apps: Apps) -> None:
     assert {w["attempt"] for w in windows} == {1}
     assert pg_db.audit("window.duplicate") == 0
     assert sum(row["rows"] for row in pg_db.ledger()) == len(gone)
-    plans = pg_db.jobs(expiry.cleanup.PLAN, opened.run_id)
+    plans = pg_db.jobs(expiry.cleanup.runs.PLAN, opened.run_id)
     assert len(plans) == 2  # a short first page, then the rest
     assert sum(w.processed for w in workers) == len(windows) + len(plans)
     assert app.cleanup.watermark(POLICY) == 0

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from expiry import status
 from expiry.app import App
-from expiry.metrics import render
+from expiry.health.metrics import render
 
 from .support import Db, standard_rows, wait_for
 

@@ -13,10 +13,10 @@ from collections.abc import Callable
 import pytest
 
 from expiry.app import App
-from expiry.cleanup import MIN_CHUNK, WINDOW, WindowResult
+from expiry.cleanup.service import MIN_CHUNK, WINDOW, WindowResult
 from expiry.config import parse_config
 from expiry.errors import ConfigError, Snooze
-from expiry.queue import policy_queue
+from expiry.queue.jobs import policy_queue
 from expiry.types import Job
 
 from .support import Db, config_data, doomed, run_worker, standard_rows, wait_for

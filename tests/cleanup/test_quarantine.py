@@ -15,7 +15,7 @@ import pytest
 from expiry import status
 from expiry.app import App
 from expiry.errors import SchemaError
-from expiry.metrics import render
+from expiry.health.metrics import render
 
 from .support import Db, cli, doomed, drain, run_worker, standard_rows, write_config
 

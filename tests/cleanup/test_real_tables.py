@@ -26,8 +26,8 @@ import psycopg
 import pytest
 
 from expiry.app import App
+from expiry.cleanup.runs import PARTITION
 from expiry.errors import SchemaError
-from expiry.runs import PARTITION
 
 from .support import Db, assert_run_clean, cli, cli_env, drain, expiry_cmd, wait_for, write_config
 

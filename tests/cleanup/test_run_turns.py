@@ -19,7 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import expiry.cleanup
+import expiry.cleanup.runs
+import expiry.defaults
 from expiry.app import App
 from expiry.types import JobState
 

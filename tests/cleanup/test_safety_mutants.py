@@ -13,7 +13,7 @@ from datetime import timedelta
 import psycopg
 
 from expiry.app import App
-from expiry.cleanup import WINDOW, Cleanup
+from expiry.cleanup.service import WINDOW, Cleanup
 from expiry.types import JobState
 
 from .support import (

@@ -12,7 +12,7 @@ import pytest
 
 from expiry import status
 from expiry.app import App
-from expiry.metrics import render
+from expiry.health.metrics import render
 
 from .support import Db, make_app, standard_rows
 

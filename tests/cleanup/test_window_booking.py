@@ -18,12 +18,12 @@ import pytest
 from psycopg.pq import TransactionStatus
 
 from expiry.app import App
-from expiry.cleanup import WINDOW, Cleanup
+from expiry.cleanup.service import WINDOW, Cleanup
+from expiry.cleanup.target import Target
+from expiry.cleanup.windows import Span
 from expiry.engines.mysql.engine import parse_url
 from expiry.errors import AlreadyApplied
-from expiry.target import Target
 from expiry.times import parse_time
-from expiry.windows import Span
 
 from .support import (
     Db,

@@ -54,7 +54,7 @@ def environment() -> dict[str, str]:
 
 def expiry(*args: str | Path, timeout: float = 120) -> Result:
     proc = subprocess.run(
-        [sys.executable, "-m", "expiry.cli", *map(str, args)],
+        [sys.executable, "-m", "expiry", *map(str, args)],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -323,7 +323,7 @@ def trigger_wait_with_a_worker(ws: Workspace, cutoff: str) -> Result:
     """`trigger --wait --json` in the background; once its run is open, a worker
     runs until idle; then the waiting trigger's result."""
     waiting = subprocess.Popen(
-        [sys.executable, "-m", "expiry.cli", "--config", str(ws.config), "--json"]
+        [sys.executable, "-m", "expiry", "--config", str(ws.config), "--json"]
         + ["trigger", POLICY, "--cutoff", cutoff, "--wait", "--actor", "tester"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -542,7 +542,7 @@ class Running:
     def __init__(self, ws: Workspace, port: int, *args: str) -> None:
         self.port = port
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "expiry.cli", "--config", str(ws.config), *args],
+            [sys.executable, "-m", "expiry", "--config", str(ws.config), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -690,7 +690,7 @@ def test_worker_without_queue_works_the_queues_of_its_apps_handlers(any_ws: Work
     finally:
         app.close()
     proc = subprocess.run(
-        [sys.executable, "-m", "expiry.cli", "worker", "--app", "digest_app:app", "--until-idle"],
+        [sys.executable, "-m", "expiry", "worker", "--app", "digest_app:app", "--until-idle"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -732,7 +732,7 @@ def test_rough_edges_are_usage_errors_of_one_line(ws: Workspace) -> None:
 
     def with_env(name: str, value: str, *args: str) -> Result:
         proc = subprocess.run(
-            [sys.executable, "-m", "expiry.cli", "--config", str(ws.config), *args],
+            [sys.executable, "-m", "expiry", "--config", str(ws.config), *args],
             capture_output=True,
             text=True,
             timeout=60,
@@ -770,7 +770,7 @@ def test_runs_and_dead_letters_keep_whole_ids_on_an_80_column_terminal(ws: Works
         (["dlq", "list"], "a-rather-long-dead-letter-key-that-would-not-fit-80-columns"),
     ):
         proc = subprocess.run(
-            [sys.executable, "-m", "expiry.cli", "--config", str(ws.config), *args],
+            [sys.executable, "-m", "expiry", "--config", str(ws.config), *args],
             capture_output=True,
             text=True,
             timeout=60,

@@ -58,7 +58,7 @@ def seed(url: str) -> None:
 def expiry(config: Path, *args: str) -> Any:
     env = {k: v for k, v in os.environ.items() if not k.startswith("EXPIRY_")}
     proc = subprocess.run(
-        [sys.executable, "-m", "expiry.cli", "--config", str(config), *args],
+        [sys.executable, "-m", "expiry", "--config", str(config), *args],
         capture_output=True,
         text=True,
         timeout=120,

@@ -15,7 +15,7 @@ from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.common.by import By
 
 from expiry import status
-from expiry.queue import policy_queue
+from expiry.queue.jobs import policy_queue
 
 from .conftest import Dashboard, screenshot, sign_in
 from .html_check import check_html

@@ -133,7 +133,7 @@ class Proc:
         self.log.write(f"--- start #{self.starts + 1}\n")
         self.log.flush()
         self.popen = subprocess.Popen(
-            [sys.executable, "-m", "expiry.cli", *self.args],
+            [sys.executable, "-m", "expiry", *self.args],
             env=self.env,
             stdout=self.log,
             stderr=subprocess.STDOUT,
@@ -196,7 +196,7 @@ def trigger(config_path: Path, policy: str = "expired-sessions", *extra: str) ->
         [
             sys.executable,
             "-m",
-            "expiry.cli",
+            "expiry",
             "trigger",
             policy,
             "--json",
@@ -272,7 +272,7 @@ def plan_only(app: Any, owner: str = "drill-planner") -> int:
     """Run every planning page of the due runs and no window; returns the number of
     window jobs waiting. The windows each page emits are held back (run_at an hour
     ahead) so that the next claim finds the next page, then all made due at once."""
-    from expiry.cleanup import PLAN
+    from expiry.cleanup.service import PLAN
 
     planner = app.worker(name=owner)
     mysql = app.engine.dialect == "mysql"

@@ -15,9 +15,9 @@ from collections.abc import Callable
 
 from cleanup.support import drain
 from expiry.app import App
-from expiry.cleanup import WINDOW
+from expiry.cleanup.service import WINDOW
+from expiry.queue.worker import Worker
 from expiry.types import Job
-from expiry.worker import Worker
 
 from .harness import connect, dialect, load_sessions, plan_only, scale
 from .invariants import check, record_expected

@@ -41,7 +41,7 @@ def storage(engine: Engine) -> Storage:
 
 
 def delete_statement(engine: Engine, table: str = "sessions") -> str:
-    """The window's delete as target.py writes it, in this engine's style."""
+    """The window's delete as cleanup/target.py writes it, in this engine's style."""
     bound, guard = engine.time_predicate(storage(engine))
     p = engine.placeholder
     pred = f"{{ts}} < {bound}{guard}".format(

@@ -315,4 +315,4 @@ def cli_env() -> dict[str, str]:
 
 
 def expiry_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "expiry.cli", *args]
+    return [sys.executable, "-m", "expiry", *args]

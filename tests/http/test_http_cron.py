@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 from _http_live import Live, Receiver, Serve, assert_error, make_app
 
-from expiry import webhooks
+from expiry.cron import webhooks
 from expiry.times import parse_time
 from expiry.types import JobState
 

@@ -19,7 +19,7 @@ import pytest
 from _http_live import Live, Serve, assert_error
 
 from expiry.keys import Keys
-from expiry.queue import new_job
+from expiry.queue.jobs import new_job
 from expiry.times import format_time
 from expiry.types import JobState
 

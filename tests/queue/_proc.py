@@ -24,7 +24,7 @@ from typing import Any
 
 from expiry.app import App
 from expiry.engines import open_engine
-from expiry.queue import Queue
+from expiry.queue.jobs import Queue
 from expiry.types import Job, JobState
 
 

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from expiry.engines import Engine
-from expiry.queue import Queue
+from expiry.queue.jobs import Queue
 
 
 @pytest.fixture

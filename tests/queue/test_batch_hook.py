@@ -8,9 +8,9 @@ from typing import Any
 
 from expiry.app import App
 from expiry.errors import PermanentError
-from expiry.queue import new_job
+from expiry.queue.jobs import new_job
+from expiry.queue.worker import Worker
 from expiry.types import Job
-from expiry.worker import Worker
 
 
 def make_worker(app: App, **kwargs: Any) -> Worker:

@@ -17,10 +17,10 @@ from _support import execute, finish, spawn, wait_for
 
 from expiry.app import App
 from expiry.errors import ConfigError
-from expiry.handlers import Handler
-from expiry.queue import new_job
+from expiry.queue.handlers import Handler
+from expiry.queue.jobs import new_job
+from expiry.queue.worker import Worker
 from expiry.types import Job, JobState
-from expiry.worker import Worker
 
 
 def make_worker(app: App, **kwargs: Any) -> Worker:

@@ -18,9 +18,9 @@ import pytest
 from _support import execute
 
 from expiry.app import App
-from expiry.queue import new_job
+from expiry.queue.jobs import new_job
+from expiry.queue.worker import Hooks, Worker, WorkerSettings
 from expiry.types import Gates, Job, JobState
-from expiry.worker import Hooks, Worker, WorkerSettings
 
 BATCH = 5
 

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from expiry.engines.postgres.engine import PostgresEngine
-from expiry.queue import new_job
+from expiry.queue.jobs import new_job
 
 CLAIMS = 20
 

@@ -10,9 +10,9 @@ from typing import Any
 
 from expiry.app import App
 from expiry.engines import open_engine
-from expiry.queue import Queue, new_job
+from expiry.queue.jobs import Queue, new_job
+from expiry.queue.worker import Hooks, Worker, WorkerSettings
 from expiry.types import Gates, Job
-from expiry.worker import Hooks, Worker, WorkerSettings
 
 
 def record_claims(app: App) -> list[int]:

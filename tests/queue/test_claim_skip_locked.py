@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from expiry.engines import Engine, open_engine
-from expiry.queue import Queue
+from expiry.queue.jobs import Queue
 from expiry.types import Job
 
 WAIT_SECONDS = 3.0

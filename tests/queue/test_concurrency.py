@@ -15,9 +15,9 @@ from typing import Any
 from _support import finish, spawn, wait_for
 
 from expiry.app import App
-from expiry.queue import new_job
+from expiry.queue.jobs import new_job
+from expiry.queue.worker import Worker
 from expiry.types import Job, JobState
-from expiry.worker import Worker
 
 CLAIMERS = 4
 JOBS = 2_000

@@ -17,10 +17,10 @@ from typing import Any, TypeVar
 import pytest
 from _support import age_finished, execute, expire_leases, make_due, seconds, sql
 
-from expiry import retry
 from expiry.engines import Engine, open_engine
 from expiry.errors import LeaseLost, MigrationError, PayloadTooLarge
-from expiry.queue import Queue, new_job
+from expiry.queue import retry
+from expiry.queue.jobs import Queue, new_job
 from expiry.types import Job, JobState
 
 T = TypeVar("T")

@@ -9,9 +9,10 @@ from typing import Any
 
 from _support import execute, make_due
 
-from expiry import defaults, retry
+from expiry import defaults
 from expiry.engines import Engine
-from expiry.queue import Queue
+from expiry.queue import retry
+from expiry.queue.jobs import Queue
 from expiry.types import JobState
 
 CAP = 600.0

@@ -37,10 +37,10 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from expiry import retry
 from expiry.engines import Engine, open_engine
 from expiry.errors import LeaseLost
-from expiry.queue import Queue
+from expiry.queue import retry
+from expiry.queue.jobs import Queue
 from expiry.types import FINAL_STATES, WAITING_STATES, Job, JobState
 
 KEYS = [f"k{i}" for i in range(5)]

@@ -14,9 +14,9 @@ from _support import execute, finish, make_due, placeholder, spawn, sql, wait_fo
 
 from expiry.app import App
 from expiry.errors import PermanentError
-from expiry.queue import new_job
+from expiry.queue.jobs import new_job
+from expiry.queue.worker import Worker
 from expiry.types import Job, JobState
-from expiry.worker import Worker
 
 
 def make_worker(app: App, **kwargs: Any) -> Worker:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from expiry.app import App
 from expiry.config import parse_config
-from expiry.scheduler import Fire
+from expiry.cron.scheduler import Fire
 from expiry.times import format_time, parse_time
 
 

@@ -26,9 +26,9 @@ import pytest
 from expiry import status
 from expiry.app import App
 from expiry.config import parse_config
+from expiry.cron.scheduler import Fire, Scheduler
 from expiry.errors import ConfigError
-from expiry.metrics import render
-from expiry.scheduler import Fire, Scheduler
+from expiry.health.metrics import render
 from expiry.times import format_time
 
 HERE = Path(__file__).parent
@@ -608,7 +608,7 @@ def test_the_scheduler_command_registers_reloads_on_sighup_and_stops_on_sigterm(
     config_file.write_text(scheduler_config(pg_url, "first"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("EXPIRY_")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "expiry.cli", "--config", str(config_file), "scheduler"],
+        [sys.executable, "-m", "expiry", "--config", str(config_file), "scheduler"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -685,7 +685,7 @@ def test_the_scheduler_wakes_for_cron_targets_not_only_policies(
 
 def cron_calls(app: App) -> list[Any]:
     """The calls of cron targets not finished yet, in the order a worker claims them."""
-    from expiry.queue import CRON_QUEUE
+    from expiry.queue.jobs import CRON_QUEUE
     from expiry.types import JobState
 
     waiting = app.engine.job_list(JobState.AVAILABLE, CRON_QUEUE, 1000)

@@ -95,7 +95,7 @@ OUTAGE_KINDS = frozenset(
 """Error kinds that say the database, not the job, is failing: down, restarting,
 failed over (read-only), full, or behind a transaction pooler expiry was not
 told of. A job they fail spends no attempt while the outage budget lasts
-(worker.py)."""
+(queue/worker.py)."""
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
@@ -211,12 +211,12 @@ class Engine(abc.ABC):
     """The kinds of error (``classify``) that say a window's delete ran out of
     time: past the policy's statement_timeout, or waiting past its
     lock_timeout for a row that live traffic holds. A window whose attempts
-    end in one is retried smaller, down to one row (cleanup.py)."""
+    end in one is retried smaller, down to one row (cleanup/service.py)."""
 
     next_key_reads: bool = False
     """A locking range read (a window's delete) also waits on the lock of the
     first row past its range (InnoDB): a window cut before a held row must end
-    one candidate earlier, and that candidate is kept with it (cleanup.py's
+    one candidate earlier, and that candidate is kept with it (cleanup/service.py's
     _around_held)."""
 
     concurrent_writers: bool = True
@@ -444,9 +444,9 @@ class Engine(abc.ABC):
         found = self._run(conn, name, params)
         return found[0] if found else None
 
-    # -- a policy's table: what target.py builds its statements from -------------
+    # -- a policy's table: what cleanup/target.py builds its statements from -------------
     # Each engine says how its dialect names, binds, types and compares; the
-    # statements themselves are written once, in target.py.
+    # statements themselves are written once, in cleanup/target.py.
 
     ledger_table: str
     """expiry's ledger, quoted, for the window's guard."""
@@ -1361,7 +1361,7 @@ class Engine(abc.ABC):
         conn: Any | None = None,
     ) -> None:
         """A worker's roll call (every heartbeat): stored or refreshed, with its
-        policies' throttles (health.py's snapshot), and any worker not seen for
+        policies' throttles (health/database.py's snapshot), and any worker not seen for
         a day forgotten."""
         params = {
             "name": name,

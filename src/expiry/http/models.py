@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ..queue import is_reserved, is_reserved_key, message_key
+from ..queue.jobs import is_reserved, is_reserved_key, message_key
 from ..times import in_utc
 from ..types import RESERVED_PREFIX
 

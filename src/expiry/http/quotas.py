@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..keys import Principal
-from ..queue import Queue
+from ..queue.jobs import Queue
 from .errors import ApiError
 
 RETRY_AFTER = "5"

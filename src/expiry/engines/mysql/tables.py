@@ -286,7 +286,7 @@ class MySQLTables(Engine):
             return int(conn.execute(label + window.delete, window.params).rowcount)
         head = "delete from "
         assert window.delete.lstrip().startswith(head), window.delete
-        # target.py's statement (identifiers quoted, values bound), as a locking read.
+        # cleanup/target.py's statement (identifiers quoted, values bound), as a locking read.
         lock = "select 1 from " + window.delete.lstrip()[len(head) :] + " for update"  # noqa: S608
         conn.execute(label + lock, window.params).fetchall()
         copied = int(conn.execute(label + window.copy, window.params).rowcount)

@@ -7,7 +7,7 @@ costs no round trips), and an archive copies then deletes, checking that the
 two counts agree. Writers take turns (BEGIN IMMEDIATE), so a later delivery
 of a window sees the earlier one's ledger row. Each value has its own storage
 class whatever the column's declared type, so timestamps are read from the
-data (target.py), and the predicate binds values Python computed.
+data (cleanup/target.py), and the predicate binds values Python computed.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Path, Query
 
 from ... import status as status_view
 from ...app import App
-from ...cleanup import Cleanup
+from ...cleanup.service import Cleanup
 from ...errors import ConfigError
 from ...times import format_time, parse_since
 from .. import models as m

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path
 
-from ...crons import Crons
+from ...cron.targets import Crons
 from ...keys import Principal
 from .. import models as m
 from ..deps import CronManager, ExpiryApp

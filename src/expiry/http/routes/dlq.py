@@ -11,7 +11,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from ...keys import Principal
-from ...queue import dedupe_key, message_key
+from ...queue.jobs import dedupe_key, message_key
 from ...types import Job
 from .. import models as m
 from ..deps import ExpiryApp, Key, forbidden

@@ -12,8 +12,8 @@ from fastapi.responses import HTMLResponse, PlainTextResponse
 
 from ... import defaults
 from ...config import HttpConfig
-from ...metrics import render
-from ...queue import is_reserved
+from ...health.metrics import render
+from ...queue.jobs import is_reserved
 from ...times import format_time
 from ..deps import ExpiryApp, require_key
 from ..discovery import capabilities, describe

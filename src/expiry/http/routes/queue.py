@@ -17,7 +17,7 @@ from fastapi import APIRouter
 from ... import defaults
 from ...errors import LeaseLost
 from ...keys import Principal
-from ...queue import dedupe_key, message_key, new_job
+from ...queue.jobs import dedupe_key, message_key, new_job
 from ...types import Job, JobState, NewJob
 from .. import models as m
 from ..deps import ExpiryApp, Key, PublishQuotas, forbidden

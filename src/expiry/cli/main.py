@@ -5,8 +5,8 @@ line on stderr; --debug shows the traceback. Every option that takes a value
 also reads an EXPIRY_* environment variable (see --help).
 
 One ``cmd_*`` function per command, over the services (Cleanup, Runs, Queue,
-the App's worker and scheduler); what each command accepts is in cli_args.py,
-how it prints in cli_output.py. A command that only reads opens the App with
+the App's worker and scheduler); what each command accepts is in cli/args.py,
+how it prints in cli/output.py. A command that only reads opens the App with
 ``reading`` (read_only: it creates and alters nothing, not even an SQLite
 file); one that writes opens it with ``migrated``. The HTTP stack (FastAPI,
 uvicorn) is imported inside `expiry serve` only: it is most of a command's
@@ -30,11 +30,16 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import start_http_server
 
-from . import defaults, signals, status
-from . import log as logconfig
-from .app import App
-from .cleanup import Cleanup, PlanPreview
-from .cli_args import (
+from .. import defaults, signals, status
+from .. import log as logconfig
+from ..app import App
+from ..cleanup.service import Cleanup, PlanPreview
+from ..config import check_listen, config_path
+from ..errors import ConfigError, ExpiryError, MigrationError, SchemaError
+from ..queue.jobs import policy_queue
+from ..times import format_time, parse_duration, parse_time
+from ..times import parse_since as since_of
+from .args import (
     Parser,
     common,
     demo_args,
@@ -50,7 +55,8 @@ from .cli_args import (
     trigger_args,
     worker_args,
 )
-from .cli_output import (
+from .demo import run_demo
+from .output import (
     emit,
     out,
     print_check,
@@ -64,16 +70,9 @@ from .cli_output import (
     wait_with_progress,
     write_evidence_csv,
 )
-from .config import check_listen, config_path
-from .demo import run_demo
-from .durations import parse_duration
-from .errors import ConfigError, ExpiryError, MigrationError, SchemaError
-from .queue import policy_queue
-from .times import format_time, parse_time
-from .times import parse_since as since_of
 
 if TYPE_CHECKING:
-    from .queue import Queue
+    from ..queue.jobs import Queue
 
 logger = logging.getLogger("expiry.cli")
 
@@ -324,7 +323,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         prune_after=config.worker.prune_after,
         ack_delay=config.worker.ack_delay,
     )
-    from .http.serving import http_server  # lazy: the HTTP stack (the module docstring)
+    from ..http.serving import http_server  # lazy: the HTTP stack (the module docstring)
 
     logger.info("serving on http://%s", listen)
     server = http_server(app, listen)

@@ -18,8 +18,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from .queue import Queue
-from .types import Job
+from ..types import Job
+from .jobs import Queue
 
 log = logging.getLogger("expiry.worker")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 
-from .defaults import BACKOFF_BASE_SECONDS, BACKOFF_CAP_SECONDS
+from ..defaults import BACKOFF_BASE_SECONDS, BACKOFF_CAP_SECONDS
 
 
 def ceiling(

@@ -30,11 +30,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from . import defaults
-from .config import Config, Policy
-from .durations import format_duration
-from .engines import Engine
-from .errors import (
+from prometheus_client import Histogram
+
+from .. import defaults
+from ..config import Config, Policy
+from ..engines import Engine
+from ..errors import (
     CutoffRefused,
     ForeignKeyBlocked,
     KeyConflict,
@@ -43,28 +44,23 @@ from .errors import (
     Snooze,
     TransientError,
 )
-from .handlers import Handler
-from .metrics import WINDOW_ROWS
-from .queue import new_job, policy_queue
+from ..queue.handlers import Handler
+from ..queue.jobs import new_job, policy_queue
+from ..times import format_duration, format_time, parse_time
+from ..timestamps import Storage
+from ..types import UNFINISHED_STATES, AuditAction, Gates, Job, NewJob, Partition
 from .runs import PARTITION, PLAN, VACUUM, WINDOW, Runs
 from .target import Target
-from .times import format_time, parse_time
-from .timestamps import Storage
-from .types import UNFINISHED_STATES, AuditAction, Gates, Job, NewJob, Partition
-from .windows import (
-    BLOCK,
-    BLOCKS,
-    KEY,
-    LAST_ADDRESS,
-    TIME,
-    Position,
-    Span,
-    address,
-    position_name,
-)
+from .windows import BLOCK, BLOCKS, KEY, LAST_ADDRESS, TIME, Position, Span, address, position_name
 
 log = logging.getLogger("expiry.cleanup")
 
+WINDOW_ROWS = Histogram(
+    "expiry_window_rows",
+    "Rows deleted or archived per window transaction",
+    ["policy"],
+    buckets=(0, 1, 10, 100, 1000, 5000, 10000, 50000, 100000),
+)
 MIN_CHUNK = 100
 MAX_REST_SECONDS = 2.0  # a nice_ratio rest never outlasts this
 OVERLAP_WAIT_SECONDS = 5.0
@@ -349,7 +345,7 @@ class Cleanup:
         return cutoff
 
     def finish_runs(self, run_ids: set[str]) -> None:
-        """Finish each run that is planned and has nothing pending (runs.py's rule)."""
+        """Finish each run that is planned and has nothing pending (cleanup/runs.py's rule)."""
         self._after_finish([rid for rid in run_ids if self.runs.finish(rid)])
 
     def finish_idle_runs(self) -> int:
@@ -1509,7 +1505,7 @@ def _log_blocked(job: Job, reason: str, *, split: bool, timed_out: bool) -> None
 def handlers(cleanup: Callable[[], Cleanup]) -> list[Handler]:
     """The built-in planning and window jobs, over the Cleanup that ``cleanup``
     returns (the App builds it on first use). The window job completes its own
-    job in its one statement (handlers.py's private modes)."""
+    job in its one statement (queue/handlers.py's private modes)."""
     return [
         Handler(
             PLAN,

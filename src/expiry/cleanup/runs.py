@@ -2,7 +2,7 @@
 run, and waiting for a run to finish.
 
 A run is ``policy:cutoff``: one planning job (PLAN), then the window jobs
-(WINDOW) it emits. A run is opened by the planner's side, cleanup.py's
+(WINDOW) it emits. A run is opened by the planner's side, cleanup/service.py's
 ``Cleanup.open_run``, because opening checks the policy's table and queues the
 first planning page in the same transaction; everything after is here. A
 run's summary is what `expiry runs show`, `trigger --wait`, ``GET /v1/runs``
@@ -18,15 +18,15 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from .engines.base import Engine
-from .errors import ConfigError
-from .times import format_time
-from .types import UNFINISHED_STATES, AuditAction, JobState, Run, RunJobs, RunTotals, RunWait
+from ..engines.base import Engine
+from ..errors import ConfigError
+from ..times import format_time
+from ..types import UNFINISHED_STATES, AuditAction, JobState, Run, RunJobs, RunTotals, RunWait
 
 log = logging.getLogger("expiry.runs")
 
 PLAN = "expiry.plan"
-"""The handler of a run's planning jobs (cleanup.py's planner)."""
+"""The handler of a run's planning jobs (cleanup/service.py's planner)."""
 
 WINDOW = "expiry.window"
 """The handler of a run's window jobs."""

@@ -22,11 +22,11 @@ import math
 from datetime import date, datetime, timedelta
 from typing import Any
 
-from .config import Policy
-from .engines.base import Engine
-from .errors import SchemaError
-from .times import format_time
-from .timestamps import (
+from ..config import Policy
+from ..engines.base import Engine
+from ..errors import SchemaError
+from ..times import format_time
+from ..timestamps import (
     NUMERIC_RANGES,
     UNIX_EPOCH,
     UTC_ZONES,
@@ -35,7 +35,7 @@ from .timestamps import (
     naive_type,
     numeric_format,
 )
-from .types import Column, Index, Job, Partition, Reference, Relation, WindowApply
+from ..types import Column, Index, Job, Partition, Reference, Relation, WindowApply
 from .windows import (
     BLOCKS,
     BLOCKS_CORRELATION,
@@ -166,7 +166,7 @@ COUNT_SPAN = "select count(*) as n from {table} where {span} and {pred}"
 # those this transaction can lock at once (FREE: the free ones, locked on the
 # way for the delete that follows; a held one is skipped, never waited for).
 # Around the held rows the window is cut at once, where halving it would wait
-# out one lock_timeout a halving (cleanup.py's _around_held).
+# out one lock_timeout a halving (cleanup/service.py's _around_held).
 _POSITIONS = {
     KEY: ("{key} as k", "{key}"),
     BLOCKS: ("{block_of_row} as k", "ctid"),
@@ -951,7 +951,7 @@ class Target:
         """The warning for a CASCADE, SET NULL or SET DEFAULT reference that no
         index serves: each row a window deletes makes the database scan the
         referencing table for its references, so a window's delete runs long
-        (a timeout then halves the window down to one row, cleanup.py)."""
+        (a timeout then halves the window down to one row, cleanup/service.py)."""
         create = self.engine.index_statement(ref.table, ref.columns)
         return (
             f"policy {self.policy.name!r}: {named}, and no index of {ref.table} leads with "

@@ -21,10 +21,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Protocol
 
-from . import defaults
-from .cron import Rule, next_fire
-from .queue import policy_queue
-from .types import QueueStats, Schedule, WorkerSeen
+from .. import defaults
+from ..crontab import Rule, next_fire
+from ..queue.jobs import policy_queue
+from ..types import QueueStats, Schedule, WorkerSeen
 
 
 class Scheduled(Rule, Protocol):

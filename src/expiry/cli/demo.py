@@ -22,10 +22,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from . import status
-from .app import App
-from .config import load_config
-from .durations import format_duration
+from .. import status
+from ..app import App
+from ..config import load_config
+from ..times import format_duration
 
 CONFIG = """\
 [database]

@@ -32,17 +32,26 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import defaults, retry, signals
+from prometheus_client import Histogram
+
+from .. import defaults, signals
+from ..engines import Engine
+from ..engines.base import OUTAGE_KINDS
+from ..errors import AlreadyApplied, LeaseLost, Snooze, TransientError
+from ..types import AuditAction, Gates, Job, JobState
+from . import retry
 from .acks import AckBuffer
-from .engines import Engine
-from .engines.base import OUTAGE_KINDS
-from .errors import AlreadyApplied, LeaseLost, Snooze, TransientError
 from .handlers import Handler
-from .metrics import JOB_SECONDS
-from .queue import Queue, policy_queue
-from .types import AuditAction, Gates, Job, JobState
+from .jobs import Queue, policy_queue
 
 log = logging.getLogger("expiry.worker")
+
+JOB_SECONDS = Histogram(
+    "expiry_job_duration_seconds",
+    "Time a job's transaction took, by handler and outcome",
+    ["handler", "outcome"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
 
 HELPER_JOIN_SECONDS = 10.0
 UNTIL_IDLE_WAIT_SECONDS = 0.05

@@ -18,14 +18,15 @@ from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from . import defaults, webhooks
-from .cron import check_expression, cron_fires, cron_next
-from .engines import Engine
-from .errors import ConfigError, QuotaExceeded, TransientError
-from .handlers import Handler
-from .queue import CRON_QUEUE, new_job
-from .times import format_time, parse_time
-from .types import UNFINISHED_STATES, AuditAction, CronCall, CronTarget, Job
+from .. import defaults
+from ..crontab import check_expression, cron_fires, cron_next
+from ..engines import Engine
+from ..errors import ConfigError, QuotaExceeded, TransientError
+from ..queue.handlers import Handler
+from ..queue.jobs import CRON_QUEUE, new_job
+from ..times import format_time, parse_time
+from ..types import UNFINISHED_STATES, AuditAction, CronCall, CronTarget, Job
+from . import webhooks
 
 log = logging.getLogger("expiry.crons")
 
@@ -129,7 +130,7 @@ class Crons:
 
     def _check(self, http_url: str, schedule: str, timezone: str) -> None:
         """ConfigError naming the field, for a schedule, zone or URL a target
-        may not have (the URL checked against the SSRF rules of webhooks.py)."""
+        may not have (the URL checked against the SSRF rules of cron/webhooks.py)."""
         try:
             check_expression(schedule)
         except ValueError as exc:

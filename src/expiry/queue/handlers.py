@@ -12,7 +12,7 @@ handler share one transaction and one commit.
 
 The built-in window job uses three private modes of the same model
 (``completes_job``, ``pipelined``, ``statement``): its one statement deletes,
-books the ledger and completes the job (cleanup.py, target.py).
+books the ledger and completes the job (cleanup/service.py, cleanup/target.py).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ConfigError
-from .types import Job
+from ..errors import ConfigError
+from ..types import Job
 
 HandlerFn = Callable[..., Any]
 """``fn(job, tx)``; ``fn(job)`` when not transactional."""
@@ -46,7 +46,7 @@ class Handler:
     batched_ack: bool = False
     """With ``transactional=False``: the worker acknowledges the jobs in batches,
     one transaction for up to a claim's worth, at most ``[worker] ack_delay``
-    after the first of them finished (acks.py). Until its batch commits a job is
+    after the first of them finished (queue/acks.py). Until its batch commits a job is
     still leased, so a crash runs it again: at least once, as without batching,
     but a crash repeats up to two batches of jobs (2 x claim_batch), not one."""
     group_commit: bool = False

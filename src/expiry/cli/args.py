@@ -1,6 +1,6 @@
 """What each command of the expiry command line accepts: the common options,
 then one function per command adding its own. Every option that takes a value
-also reads an EXPIRY_* environment variable; cli.py lists the commands.
+also reads an EXPIRY_* environment variable; cli/main.py lists the commands.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import os
 import sys
 from typing import NoReturn
 
-from . import defaults
-from .durations import parse_duration
+from .. import defaults
+from ..times import parse_duration
 
 
 def env(name: str, default: str | None = None) -> str | None:

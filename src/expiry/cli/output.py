@@ -1,7 +1,7 @@
 """How the CLI prints: with --json, a command's data as JSON on stdout; without,
 text and tables on the terminal (rich), drawn from the same data.
 
-Nothing here reads the database: the commands in cli.py fetch, these print.
+Nothing here reads the database: the commands in cli/main.py fetch, these print.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from .types import Job
+from ..types import Job
 
 if TYPE_CHECKING:
-    from .cleanup import PlanPreview
-    from .runs import Runs
+    from ..cleanup.runs import Runs
+    from ..cleanup.service import PlanPreview
 
 out = Console()
 err = Console(stderr=True)

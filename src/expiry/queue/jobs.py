@@ -16,16 +16,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from . import defaults, retry
-from .engines.base import Engine
-from .types import RESERVED_PREFIX, AuditAction, EnqueueResult, Job, JobState, NewJob, QueueStats
+from .. import defaults
+from ..engines.base import Engine
+from ..types import RESERVED_PREFIX, AuditAction, EnqueueResult, Job, JobState, NewJob, QueueStats
+from . import retry
 
 log = logging.getLogger("expiry.queue")
 
 RunAt = datetime | timedelta | float | int | None
 
 CRON_QUEUE = "expiry.cron"
-"""Where cron calls wait (crons.py)."""
+"""Where cron calls wait (cron/targets.py)."""
 
 
 def policy_queue(policy: str) -> str:

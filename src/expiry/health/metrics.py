@@ -1,7 +1,8 @@
 """Prometheus metrics. State that lives in the database (jobs by state, the
 watermark, rows affected, fires) is read at scrape time by a collector, so any
 process serving /metrics reports the whole system. Timings observed while
-running jobs (job duration, rows per window) are histograms of this process."""
+running jobs are histograms of this process, each declared by the module that
+observes it (the worker's job durations, the window's rows)."""
 
 from __future__ import annotations
 
@@ -14,33 +15,19 @@ from prometheus_client import (
     CONTENT_TYPE_LATEST,
     REGISTRY,
     CollectorRegistry,
-    Histogram,
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from ..config import Policy
+from ..engines import Engine
+from ..queue.jobs import Queue
+from ..types import QueueStats
 from . import roll
-from .config import Policy
-from .engines import Engine
-from .health import merge_throttles
-from .queue import Queue
-from .types import QueueStats
+from .database import merge_throttles
 
 log = logging.getLogger("expiry.metrics")
-
-JOB_SECONDS = Histogram(
-    "expiry_job_duration_seconds",
-    "Time a job's transaction took, by handler and outcome",
-    ["handler", "outcome"],
-    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
-)
-WINDOW_ROWS = Histogram(
-    "expiry_window_rows",
-    "Rows deleted or archived per window transaction",
-    ["policy"],
-    buckets=(0, 1, 10, 100, 1000, 5000, 10000, 50000, 100000),
-)
 
 
 class Watermarks(Protocol):

@@ -34,11 +34,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import Config, Policy
-from .engines import Engine, open_engine
-from .queue import policy_queue
+from ..config import Config, Policy
+from ..engines import Engine, open_engine
+from ..queue.jobs import policy_queue
+from ..types import AuditAction, Gates, WorkerSeen
 from .throttle import CRITICAL, Controller
-from .types import AuditAction, Gates, WorkerSeen
 
 log = logging.getLogger("expiry.health")
 

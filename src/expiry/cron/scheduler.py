@@ -38,15 +38,15 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from . import signals
-from .cleanup import Cleanup
-from .config import Policy
-from .cron import choose, cron_next, fires_between, next_fire
-from .crons import Crons
-from .engines import Engine
-from .errors import SchemaError
-from .times import format_time
-from .types import AuditAction, Schedule
+from .. import signals
+from ..cleanup.service import Cleanup
+from ..config import Policy
+from ..crontab import choose, cron_next, fires_between, next_fire
+from ..engines import Engine
+from ..errors import SchemaError
+from ..times import format_time
+from ..types import AuditAction, Schedule
+from .targets import Crons
 
 log = logging.getLogger("expiry.scheduler")
 
