@@ -178,9 +178,7 @@ def test_the_floors_import_only_down() -> None:
         for path in sources()
         if (here := floor(module_name(path))) is not None
         for target, line in imports(path)
-        if target != "expiry"
-        and (there := floor(target)) is not None
-        and there > here
+        if target != "expiry" and (there := floor(target)) is not None and there > here
     ]
     assert found == []
 

@@ -104,7 +104,7 @@ class Mutant:
 MUTANTS = [
     Mutant(
         "where-parens",
-        "src/expiry/cleanup/target.py",
+        "src/expiry/cleanup/statements.py",
         'pred += " and ({where})" if p.where else ""',
         'pred += " and {where}" if p.where else ""',
         (
@@ -130,7 +130,7 @@ MUTANTS = [
     ),
     Mutant(
         "preview-retain-sign",
-        "src/expiry/cleanup/service.py",
+        "src/expiry/cleanup/preview.py",
         "cutoff = engine.now(conn).replace(microsecond=0) - timedelta(seconds=policy.retain)",
         "cutoff = engine.now(conn).replace(microsecond=0) + timedelta(seconds=policy.retain)",
         (
@@ -142,7 +142,7 @@ MUTANTS = [
     ),
     Mutant(
         "watermark-retain-sign",
-        "src/expiry/cleanup/service.py",
+        "src/expiry/cleanup/preview.py",
         "cutoff = self.engine.now(conn) - timedelta(seconds=policy.retain)",
         "cutoff = self.engine.now(conn) + timedelta(seconds=policy.retain)",
         (f"{SAFETY}::test_retain_keeps_rows_expired_less_than_retain_ago[postgres]",),
@@ -161,7 +161,7 @@ MUTANTS = [
     ),
     Mutant(
         "cutoff-inclusive",
-        "src/expiry/cleanup/target.py",
+        "src/expiry/cleanup/sql.py",
         'PREDICATE = "{ts} < {bound}{guard}"',
         'PREDICATE = "{ts} <= {bound}{guard}"',
         (
@@ -265,7 +265,7 @@ MUTANTS = [
     ),
     Mutant(
         "ledger-guard",
-        "src/expiry/cleanup/target.py",
+        "src/expiry/cleanup/sql.py",
         UNBOOKED,
         "UNBOOKED = WINDOW",
         (
@@ -290,16 +290,16 @@ MUTANTS = [
     # rolls back). With both gone, a duplicate deletes rows that expired since.
     Mutant(
         "ledger-guard+strict-sqlite",
-        "src/expiry/cleanup/target.py",
+        "src/expiry/cleanup/sql.py",
         UNBOOKED,
         "UNBOOKED = WINDOW",
         (f"{SAFETY}::test_a_redelivered_window_takes_nothing_that_expired_since[sqlite]",),
         "SQLite: no ledger guard, and the ledger insert after a delete is not strict",
-        also=(("src/expiry/engines/base.py", "strict=rows > 0,", "strict=False,"),),
+        also=(("src/expiry/engines/seam/ledger.py", "strict=rows > 0,", "strict=False,"),),
     ),
     Mutant(
         "ledger-guard+strict-pg",
-        "src/expiry/cleanup/target.py",
+        "src/expiry/cleanup/sql.py",
         UNBOOKED,
         "UNBOOKED = WINDOW",
         (f"{SAFETY}::test_a_redelivered_window_takes_nothing_that_expired_since[postgres]",),
@@ -308,12 +308,12 @@ MUTANTS = [
     ),
     Mutant(
         "ledger-guard+strict-mysql",
-        "src/expiry/cleanup/target.py",
+        "src/expiry/cleanup/sql.py",
         UNBOOKED,
         "UNBOOKED = WINDOW",
         (f"{SAFETY}::test_a_redelivered_window_takes_nothing_that_expired_since[mysql]",),
         "MySQL: no ledger guard, and the ledger insert after a delete is not strict",
-        also=(("src/expiry/engines/base.py", "strict=rows > 0,", "strict=False,"),),
+        also=(("src/expiry/engines/seam/ledger.py", "strict=rows > 0,", "strict=False,"),),
     ),
     Mutant(
         "mysql-epoch-bound",
@@ -347,7 +347,7 @@ MUTANTS = [
     ),
     Mutant(
         "mixed-classes",
-        "src/expiry/cleanup/target.py",
+        "src/expiry/cleanup/detection.py",
         'if "blob" in classes or ("text" in classes and len(classes) > 1):',
         'if "blob" in classes:',
         (f"{TIMESTAMPS}::test_a_column_that_could_be_misread_is_refused[integers and ISO text]",),
@@ -355,7 +355,7 @@ MUTANTS = [
     ),
     Mutant(
         "numeric-ranges",
-        "src/expiry/cleanup/target.py",
+        "src/expiry/cleanup/detection.py",
         "if low is None or high is None or low != high:",
         "if low is None and high is None:",
         (
@@ -377,7 +377,7 @@ MUTANTS = [
     ),
     Mutant(
         "time-upper-open",
-        "src/expiry/cleanup/target.py",
+        "src/expiry/cleanup/sql.py",
         '" and {ts} <= {p_hi_ts} and ({ts}, {tie}) <= ({p_hi_ts}, {p_hi_tie})",',
         '" and {ts} <= {p_hi_ts} and ({ts}, {tie}) < ({p_hi_ts}, {p_hi_tie})",',
         (
@@ -388,7 +388,7 @@ MUTANTS = [
     ),
     Mutant(
         "time-position-seconds",
-        "src/expiry/cleanup/target.py",
+        "src/expiry/cleanup/statements.py",
         "        return value.isoformat()\n",
         '        return value.isoformat(timespec="seconds")\n',
         (f"{ORACLE}::test_postgres_deletes_exactly_what_the_oracle_expires",),
@@ -396,7 +396,7 @@ MUTANTS = [
     ),
     Mutant(
         "blocks-lower-item",
-        "src/expiry/cleanup/service.py",
+        "src/expiry/cleanup/planner.py",
         "Span.blocks(block * BLOCK, LAST_ADDRESS",
         "Span.blocks(block * BLOCK + 1, LAST_ADDRESS",
         (f"{ORACLE}::test_postgres_deletes_exactly_what_the_oracle_expires",),
@@ -404,7 +404,7 @@ MUTANTS = [
     ),
     Mutant(
         "sample-check",
-        "src/expiry/cleanup/target.py",
+        "src/expiry/cleanup/statements.py",
         "if when is None or not when < self.edge(cutoff):",
         "if when is None:",
         (
@@ -414,7 +414,7 @@ MUTANTS = [
     ),
     Mutant(
         "turns-wait-for-any-run",
-        "src/expiry/cleanup/service.py",
+        "src/expiry/cleanup/planner.py",
         "earlier = [t for t in turns if (t.cutoff, t.id) < order]",
         "earlier = [t for t in turns if t.id != rid]",
         (
@@ -425,7 +425,7 @@ MUTANTS = [
     ),
     Mutant(
         "turns-no-coalescing",
-        "src/expiry/cleanup/service.py",
+        "src/expiry/cleanup/planner.py",
         "if newest and newest[0].id != rid and not mine.started:",
         "if False:",
         (f"{TURNS}::test_two_runs_opened_before_any_worker_finish_in_one_pass[mysql]",),
@@ -433,7 +433,7 @@ MUTANTS = [
     ),
     Mutant(
         "turns-wait-on-backoff",
-        "src/expiry/cleanup/service.py",
+        "src/expiry/cleanup/planner.py",
         "moving = [t for t in earlier if t.started and t.active]",
         "moving = [t for t in earlier if t.started and t.pending]",
         (
@@ -445,7 +445,7 @@ MUTANTS = [
     ),
     Mutant(
         "quarantine-dead-letters",
-        "src/expiry/cleanup/service.py",
+        "src/expiry/cleanup/policies.py",
         '            raise Snooze(QUARANTINE_WAIT_SECONDS, f"policy quarantined: {exc}") from exc\n',
         '            raise PermanentError(f"policy quarantined: {exc}") from exc\n',
         (
@@ -455,7 +455,7 @@ MUTANTS = [
     ),
     Mutant(
         "tie-index-advised-everywhere",
-        "src/expiry/cleanup/target.py",
+        "src/expiry/cleanup/strategy.py",
         "        ends = relation is not None and p.key in (relation.rowid, relation.clustered)\n",
         "        ends = False\n",
         (
@@ -491,7 +491,7 @@ MUTANTS = [
     ),
     Mutant(
         "redrive-leaves-run-finished",
-        "src/expiry/engines/base.py",
+        "src/expiry/engines/seam/jobs.py",
         '                self._rows(conn, "run_reopen", {"ids": self._list(runs)})\n',
         "                pass\n",
         (
@@ -526,7 +526,7 @@ MUTANTS = [
     ),
     Mutant(
         "drift-dead-letters",
-        "src/expiry/cleanup/service.py",
+        "src/expiry/cleanup/policies.py",
         "            if not self.engine.schema_drift(exc):\n                raise\n",
         "            if True:\n                raise\n",
         (
@@ -547,7 +547,7 @@ MUTANTS = [
     ),
     Mutant(
         "shrink-retry-backs-off",
-        "src/expiry/cleanup/service.py",
+        "src/expiry/cleanup/window.py",
         "retry_within=defaults.SHRINK_RETRY_SECONDS,",
         "retry_within=None,",
         (f"{TIMEOUTS}::test_a_slow_row_is_isolated_in_seconds_after_spent_attempts",),
@@ -555,7 +555,7 @@ MUTANTS = [
     ),
     Mutant(
         "shrink-spends-attempts",
-        "src/expiry/cleanup/service.py",
+        "src/expiry/cleanup/window.py",
         "                        spend=False,\n",
         "",
         (f"{TIMEOUTS}::test_a_held_row_is_isolated_in_seconds_with_the_backoff_as_shipped",),
@@ -583,7 +583,7 @@ MUTANTS = [
     ),
     Mutant(
         "timeout-no-shrink",
-        "src/expiry/cleanup/service.py",
+        "src/expiry/cleanup/window.py",
         "rows = max(1, -(-n // 2 ** min(halvings, 62)))",
         "rows = max(1, n)",
         (
@@ -596,7 +596,7 @@ MUTANTS = [
     ),
     Mutant(
         "shrunk-rest-full-size",
-        "src/expiry/cleanup/service.py",
+        "src/expiry/cleanup/jobs.py",
         "halvings=max(0, halvings - 1), held=held)",
         "halvings=0, held=held)",
         (f"{TIMEOUTS}::test_the_rest_of_a_shrunk_window_starts_small_and_grows_back",),
@@ -605,7 +605,7 @@ MUTANTS = [
     ),
     Mutant(
         "timeout-last-attempt-dies",
-        "src/expiry/cleanup/service.py",
+        "src/expiry/cleanup/window.py",
         "if not alone and job.attempt < job.max_attempts:",
         "if not alone:",
         (
@@ -669,7 +669,7 @@ MUTANTS = [
         "the zone ignored by the predicate and the sample check alike: live sessions go",
         also=(
             (
-                "src/expiry/cleanup/target.py",
+                "src/expiry/cleanup/statements.py",
                 'when = UNIX_EPOCH if zero else instant(row["v"], storage.zone)',
                 'when = UNIX_EPOCH if zero else instant(row["v"])',
             ),
@@ -701,7 +701,7 @@ MUTANTS = [
     ),
     Mutant(
         "zone-on-zoned-column",
-        "src/expiry/cleanup/target.py",
+        "src/expiry/cleanup/detection.py",
         "        if self._naive:\n            return storage.zoned(zone) if zone else storage\n",
         "        if True:\n            return storage.zoned(zone) if zone else storage\n",
         (
@@ -813,7 +813,7 @@ MUTANTS = [
     ),
     Mutant(
         "key-window-lower-inclusive",
-        "src/expiry/cleanup/target.py",
+        "src/expiry/cleanup/sql.py",
         '"key": "{key} > {p_lo} and {key} <= {p_hi}",',
         '"key": "{key} >= {p_lo} and {key} <= {p_hi}",',
         (
@@ -837,7 +837,7 @@ MUTANTS = [
     ),
     Mutant(
         "turns-wait-on-two",
-        "src/expiry/cleanup/service.py",
+        "src/expiry/cleanup/planner.py",
         "moving = [t for t in earlier if t.started and t.active]",
         "moving = [t for t in earlier if t.started and t.active > 1]",
         (f"{TURNS}::test_a_run_waits_for_an_earlier_run_that_started_and_says_so",),
@@ -855,7 +855,7 @@ MUTANTS = [
     ),
     Mutant(
         "inclusive-ignored",
-        "src/expiry/cleanup/target.py",
+        "src/expiry/cleanup/statements.py",
         "        return cutoff + timedelta(microseconds=1) if self.policy.inclusive else cutoff\n",
         "        return cutoff\n",
         (
@@ -865,7 +865,7 @@ MUTANTS = [
     ),
     Mutant(
         "inclusive-a-second",
-        "src/expiry/cleanup/target.py",
+        "src/expiry/cleanup/statements.py",
         "        return cutoff + timedelta(microseconds=1) if self.policy.inclusive else cutoff\n",
         "        return cutoff + timedelta(seconds=1) if self.policy.inclusive else cutoff\n",
         (
@@ -887,7 +887,7 @@ MUTANTS = [
     ),
     Mutant(
         "held-rows-halved",
-        "src/expiry/cleanup/service.py",
+        "src/expiry/cleanup/window.py",
         '        return bool(job.payload.get("held"))\n',
         "        return False\n",
         (
@@ -901,7 +901,7 @@ MUTANTS = [
     ),
     Mutant(
         "held-rest-dropped",
-        "src/expiry/cleanup/service.py",
+        "src/expiry/cleanup/window.py",
         "part, rest = (span, None) if held[0] == span.hi else span.split(held[0])",
         "part, rest = (span, None) if held[0] == span.hi else (span, None)",
         (f"{TIMEOUTS}::test_rows_held_apart_in_one_window_cost_one_lock_wait[postgres]",),
@@ -910,7 +910,7 @@ MUTANTS = [
     ),
     Mutant(
         "probe-refusal-fatal",
-        "src/expiry/cleanup/service.py",
+        "src/expiry/cleanup/window.py",
         'if self.engine.classify(exc)[1] != "insufficient_privilege":',
         "if True:",
         (f"{TIMEOUTS}::test_a_role_that_may_not_lock_rows_halves_around_a_held_row",),
@@ -1042,7 +1042,7 @@ MUTANTS = [
     ),
     Mutant(
         "partition-waits-lock-timeout",
-        "src/expiry/cleanup/service.py",
+        "src/expiry/cleanup/partitions.py",
         "lock_timeout_ms=int(policy.partition_lock_timeout * 1000),",
         "lock_timeout_ms=int(policy.lock_timeout * 1000),",
         (PARTITION_HELD,),
@@ -1051,7 +1051,7 @@ MUTANTS = [
     ),
     Mutant(
         "partition-lock-spends-attempts",
-        "src/expiry/cleanup/service.py",
+        "src/expiry/cleanup/partitions.py",
         '        kind="lock_timeout",\n        retry_within=within,\n        spend=False,\n',
         '        kind="lock_timeout",\n        retry_within=within,\n        spend=True,\n',
         (PARTITION_HELD,),
@@ -1060,7 +1060,7 @@ MUTANTS = [
     ),
     Mutant(
         "referenced-rows-split",
-        "src/expiry/cleanup/service.py",
+        "src/expiry/cleanup/window.py",
         "        if not target.skips_referenced:\n            return None\n        first =",
         "        if target.skips_referenced:\n            return None\n        first =",
         (REFERENCED,),
@@ -1069,7 +1069,7 @@ MUTANTS = [
     ),
     Mutant(
         "referenced-kept-uncounted",
-        "src/expiry/cleanup/service.py",
+        "src/expiry/cleanup/window.py",
         "        kept = target.count_span(tx, cutoff, span, storage)\n        if kept:",
         "        kept = target.count_span(tx, cutoff, span, storage)\n        if not kept:",
         (REFERENCED,),
@@ -1078,7 +1078,7 @@ MUTANTS = [
     ),
     Mutant(
         "referenced-skip-forgotten",
-        "src/expiry/cleanup/service.py",
+        "src/expiry/cleanup/window.py",
         "        skip = policy.name in self._referenced and target.skips_referenced\n",
         "        skip = False\n",
         (REFERENCED,),
@@ -1117,7 +1117,7 @@ MUTANTS = [
     ),
     Mutant(
         "lock-wait-names-no-one",
-        "src/expiry/cleanup/service.py",
+        "src/expiry/cleanup/window.py",
         "                    words += self._behind(policy)\n",
         '                    words += ""\n',
         (f"{TIMEOUTS}::test_a_lock_wait_says_whom_it_waited_behind[postgres]",),

@@ -46,7 +46,7 @@ class ForeignKeyBlocked(ExpiryError):
 
     Raised by Engine.window_apply after undoing the window's statements, with the
     caller's transaction still usable: the window is then split until the
-    referenced rows stand alone (cleanup/service.py)."""
+    referenced rows stand alone (cleanup/window.py)."""
 
 
 class MigrationError(ExpiryError):

@@ -103,7 +103,7 @@ class QueueStats:
     dead: int
 
 
-# -- rows the engine reads back (engines/base.py: one method per named query) ---------
+# -- rows the engine reads back (engines/seam/: one method per named query) ---------
 
 
 @dataclass(frozen=True)

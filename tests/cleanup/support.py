@@ -443,7 +443,7 @@ def wait_for(
 
 def claim_plan(app: App) -> None:
     """Claim exactly the planning job that is due and run it, nothing else."""
-    from expiry.cleanup.service import PLAN
+    from expiry.cleanup.runs import PLAN
 
     jobs = app.queue.claim(100, 60, owner="test-planner", queues=app.worked_queues())
     assert [job.handler for job in jobs] == [PLAN]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from expiry.app import App
-from expiry.cleanup.service import PLAN, WINDOW
+from expiry.cleanup.runs import PLAN, WINDOW
 from expiry.errors import ConfigError
 
 from .support import Db, claim_plan, cli, doomed, standard_rows, write_config

@@ -13,7 +13,9 @@ from collections.abc import Callable
 import pytest
 
 from expiry.app import App
-from expiry.cleanup.service import MIN_CHUNK, WINDOW, WindowResult
+from expiry.cleanup.jobs import WindowResult
+from expiry.cleanup.pacing import MIN_CHUNK
+from expiry.cleanup.runs import WINDOW
 from expiry.config import parse_config
 from expiry.errors import ConfigError, Snooze
 from expiry.queue.jobs import policy_queue

@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import expiry.cleanup.planner
 import expiry.cleanup.runs
 import expiry.defaults
 from expiry.app import App
@@ -80,7 +81,7 @@ def test_a_run_waits_for_an_earlier_run_that_started_and_says_so(
     caplog: pytest.LogCaptureFixture,
     old_rows: int,
 ) -> None:
-    monkeypatch.setattr(expiry.cleanup, "OVERLAP_WAIT_SECONDS", 0.3)
+    monkeypatch.setattr(expiry.cleanup.planner, "OVERLAP_WAIT_SECONDS", 0.3)
     caplog.set_level(logging.INFO, logger="expiry")
     db.create_sessions()
     old = [(i, -7200.0, False) for i in range(1, old_rows + 1)]  # expired for both runs

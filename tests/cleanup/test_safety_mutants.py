@@ -13,7 +13,8 @@ from datetime import timedelta
 import psycopg
 
 from expiry.app import App
-from expiry.cleanup.service import WINDOW, Cleanup
+from expiry.cleanup.runs import WINDOW
+from expiry.cleanup.service import Cleanup
 from expiry.types import JobState
 
 from .support import (

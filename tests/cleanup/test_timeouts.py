@@ -34,7 +34,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from expiry.app import App
-from expiry.cleanup.service import MIN_CHUNK
+from expiry.cleanup.pacing import MIN_CHUNK
 
 from .support import Db, MySQLConn, grant_expiry_tables, wait_for
 

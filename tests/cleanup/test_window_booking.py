@@ -18,7 +18,8 @@ import pytest
 from psycopg.pq import TransactionStatus
 
 from expiry.app import App
-from expiry.cleanup.service import WINDOW, Cleanup
+from expiry.cleanup.runs import WINDOW
+from expiry.cleanup.service import Cleanup
 from expiry.cleanup.target import Target
 from expiry.cleanup.windows import Span
 from expiry.engines.mysql.engine import parse_url

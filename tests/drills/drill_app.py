@@ -22,7 +22,7 @@ import sys
 from typing import Any
 
 from expiry import App
-from expiry.cleanup.service import WINDOW
+from expiry.cleanup.runs import WINDOW
 from expiry.types import Job
 
 app = App.from_config()

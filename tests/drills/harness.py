@@ -272,7 +272,7 @@ def plan_only(app: Any, owner: str = "drill-planner") -> int:
     """Run every planning page of the due runs and no window; returns the number of
     window jobs waiting. The windows each page emits are held back (run_at an hour
     ahead) so that the next claim finds the next page, then all made due at once."""
-    from expiry.cleanup.service import PLAN
+    from expiry.cleanup.runs import PLAN
 
     planner = app.worker(name=owner)
     mysql = app.engine.dialect == "mysql"

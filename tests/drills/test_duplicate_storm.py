@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from cleanup.support import drain
 from expiry.app import App
-from expiry.cleanup.service import WINDOW
+from expiry.cleanup.runs import WINDOW
 from expiry.queue.worker import Worker
 from expiry.types import Job
 

@@ -26,7 +26,7 @@ from ..types import UNFINISHED_STATES, AuditAction, JobState, Run, RunJobs, RunT
 log = logging.getLogger("expiry.runs")
 
 PLAN = "expiry.plan"
-"""The handler of a run's planning jobs (cleanup/service.py's planner)."""
+"""The handler of a run's planning jobs (cleanup/planner.py)."""
 
 WINDOW = "expiry.window"
 """The handler of a run's window jobs."""

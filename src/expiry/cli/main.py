@@ -33,7 +33,8 @@ from prometheus_client import start_http_server
 from .. import defaults, signals, status
 from .. import log as logconfig
 from ..app import App
-from ..cleanup.service import Cleanup, PlanPreview
+from ..cleanup.preview import PlanPreview
+from ..cleanup.service import Cleanup
 from ..config import check_listen, config_path
 from ..errors import ConfigError, ExpiryError, MigrationError, SchemaError
 from ..queue.jobs import policy_queue

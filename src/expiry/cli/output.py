@@ -20,8 +20,8 @@ from rich.table import Table
 from ..types import Job
 
 if TYPE_CHECKING:
+    from ..cleanup.preview import PlanPreview
     from ..cleanup.runs import Runs
-    from ..cleanup.service import PlanPreview
 
 out = Console()
 err = Console(stderr=True)

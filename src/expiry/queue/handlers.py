@@ -12,7 +12,7 @@ handler share one transaction and one commit.
 
 The built-in window job uses three private modes of the same model
 (``completes_job``, ``pipelined``, ``statement``): its one statement deletes,
-books the ledger and completes the job (cleanup/service.py, cleanup/target.py).
+books the ledger and completes the job (cleanup/window.py, cleanup/target.py).
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from prometheus_client import Histogram
 
 from .. import defaults, signals
 from ..engines import Engine
-from ..engines.base import OUTAGE_KINDS
+from ..engines.common import OUTAGE_KINDS
 from ..errors import AlreadyApplied, LeaseLost, Snooze, TransientError
 from ..types import AuditAction, Gates, Job, JobState
 from . import retry

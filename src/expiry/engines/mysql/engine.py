@@ -35,7 +35,7 @@ from pymysql.constants import CLIENT, ER
 from ...defaults import MYSQL_POLL_SECONDS
 from ...errors import AlreadyApplied, ConfigError, MigrationError, TransientError
 from ...types import EnqueueResult, Job, NewJob
-from ..base import (
+from ..common import (
     Row,
     check_payload,
     classify_exception,

@@ -34,7 +34,8 @@ from ...types import (
     VacuumStats,
     WindowApply,
 )
-from ..base import Engine, index_leads
+from ..base import Engine
+from ..common import index_leads
 
 _COLUMNS = """
 select c.column_name as name, c.column_type as type,

@@ -32,13 +32,7 @@ from ...errors import (
     TransientError,
 )
 from ...types import Job, NewJob
-from ..base import (
-    Row,
-    classify_exception,
-    load_migrations,
-    load_queries,
-    run_of,
-)
+from ..common import Row, classify_exception, load_migrations, load_queries, run_of
 from .tables import PostgresTables
 
 log = logging.getLogger("expiry.engine")

@@ -26,14 +26,7 @@ from typing import Any
 from ...defaults import SQLITE_POLL_SECONDS
 from ...errors import ConfigError, MigrationError
 from ...types import Job, NewJob
-from ..base import (
-    Row,
-    classify_exception,
-    in_turns,
-    load_migrations,
-    load_queries,
-    run_of,
-)
+from ..common import Row, classify_exception, in_turns, load_migrations, load_queries, run_of
 from .tables import SQLiteTables
 
 NOW_SQL = "((julianday('now') - 2440587.5) * 86400.0)"

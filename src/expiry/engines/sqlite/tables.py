@@ -29,7 +29,8 @@ from ...types import (
     VacuumStats,
     WindowApply,
 )
-from ..base import Engine, index_leads
+from ..base import Engine
+from ..common import index_leads
 
 
 def quote(identifier: str) -> str:

@@ -1,0 +1,36 @@
+"""The seam's part for the database's health: the signals the throttle reads
+every check (WAL position, replicas, replay lag, active backends)."""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+from ...types import (
+    Replica,
+)
+from .primitives import Primitives
+
+
+class HealthSeam(Primitives):
+    """The database's health signals."""
+
+    @abc.abstractmethod
+    def health_wal_position(self, conn: Any) -> int | None:
+        """The primary's current WAL position in bytes (None: no WAL to speak of,
+        or a standby)."""
+
+    @abc.abstractmethod
+    def health_replicas(self, conn: Any) -> list[Replica]:
+        """The standbys streaming from this primary ([] for none, or SQLite)."""
+
+    @abc.abstractmethod
+    def health_replay_lag(self, conn: Any) -> float | None:
+        """On a standby: seconds its replay is behind what it received (0 when it
+        has replayed all of it; infinite when it is behind but has replayed no
+        transaction since it started, to date the lag by); None on a primary or
+        SQLite."""
+
+    @abc.abstractmethod
+    def health_active_backends(self, conn: Any) -> int | None:
+        """Client backends running a statement now, this one aside (None: SQLite)."""
