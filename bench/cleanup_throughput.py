@@ -322,7 +322,7 @@ def raw_postgres(
 
 
 def mysql_connect(url: str) -> Any:
-    from expiry.engines.mysql.engine import parse_url
+    from expiry.engines.mysql.sessions import parse_url
 
     return pymysql.connect(
         **parse_url(url), autocommit=True, init_command="set session time_zone = '+00:00'"
@@ -402,7 +402,7 @@ def raw_mysql(url: str, cutoff: datetime, window: int, connections: int) -> tupl
 def pt_archiver(url: str, cutoff: datetime, *, bulk: bool) -> tuple[int, int, float]:
     """``pt-archiver --purge --limit 10000 --commit-each`` on the same table:
     (rows deleted, chunks, seconds). Its statistics say how many rows it took."""
-    from expiry.engines.mysql.engine import parse_url
+    from expiry.engines.mysql.sessions import parse_url
 
     p = parse_url(url)
     dsn = f"h={p['host']},P={p['port']},u={p['user']},D={p['database']},t=sessions"

@@ -32,7 +32,7 @@ DB = f"expiry_bench_driver_{os.getpid()}"
 
 
 def connect(driver: str) -> Any:
-    from expiry.engines.mysql.engine import parse_url
+    from expiry.engines.mysql.sessions import parse_url
 
     p = parse_url(MYSQL_URL.rstrip("/") + "/" + DB)
     if driver == "pymysql":
@@ -57,7 +57,7 @@ def connect(driver: str) -> Any:
 def setup() -> None:
     import pymysql
 
-    from expiry.engines.mysql.engine import parse_url
+    from expiry.engines.mysql.sessions import parse_url
 
     p = parse_url(MYSQL_URL.rstrip("/") + "/mysql")
     p.pop("database")
@@ -74,7 +74,7 @@ def setup() -> None:
 def teardown() -> None:
     import pymysql
 
-    from expiry.engines.mysql.engine import parse_url
+    from expiry.engines.mysql.sessions import parse_url
 
     p = parse_url(MYSQL_URL.rstrip("/") + "/mysql")
     p.pop("database")

@@ -101,7 +101,7 @@ def sqlite_url(tmp_path: Path) -> str:
 
 def mysql_admin() -> pymysql.connections.Connection:
     """A connection to the MariaDB server with no database chosen."""
-    from expiry.engines.mysql.engine import parse_url
+    from expiry.engines.mysql.sessions import parse_url
 
     params = parse_url(MYSQL_URL.rstrip("/") + "/mysql")
     params.pop("database")

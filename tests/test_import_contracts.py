@@ -219,7 +219,7 @@ def test_the_contracts_see_the_imports_they_govern() -> None:
     imports of the App (a reader that found nothing would pass every test)."""
     postgres = SRC / "engines" / "postgres" / "engine.py"
     assert "psycopg" in {t for t, _ in imports(postgres)}
-    cli = SRC / "cli" / "main.py"
+    cli = SRC / "cli" / "opening.py"
     assert "expiry.app" in {t for t, _ in imports(cli)}
     status = SRC / "status.py"
     assert "expiry.health.roll" in {t for t, _ in imports(status)}

@@ -572,7 +572,7 @@ MUTANTS = [
     ),
     Mutant(
         "outage-spends-attempts",
-        "src/expiry/queue/worker.py",
+        "src/expiry/queue/runner.py",
         "            return self.outage_budget\n",
         "            return None\n",
         (
@@ -632,7 +632,7 @@ MUTANTS = [
     ),
     Mutant(
         "check-migrates",
-        "src/expiry/cli/main.py",
+        "src/expiry/cli/running.py",
         "    app = reading(args, need_config=True)\n    cleanup = app.table_reader()\n",
         "    app = migrated(args, need_config=True)\n    cleanup = app.table_reader()\n",
         (f"{READ_ONLY}::test_reading_commands_create_nothing_on_a_never_migrated_postgres[owner]",),
@@ -1019,7 +1019,7 @@ MUTANTS = [
     ),
     Mutant(
         "pooler-timezone-dropped",
-        "src/expiry/engines/postgres/engine.py",
+        "src/expiry/engines/postgres/sessions.py",
         '    connection and stay there for the pooler\'s other clients."""\n'
         "    conn.execute(\"set timezone to 'UTC'\")\n",
         '    connection and stay there for the pooler\'s other clients."""\n',
@@ -1030,7 +1030,7 @@ MUTANTS = [
     ),
     Mutant(
         "pooler-mismatch-permanent",
-        "src/expiry/engines/postgres/engine.py",
+        "src/expiry/engines/postgres/sessions.py",
         '    "42P05": "pooler_mismatch",\n    "26000": "pooler_mismatch",\n',
         "",
         (

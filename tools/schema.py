@@ -93,7 +93,7 @@ def mysql_schema(url: str) -> str:
     """SHOW CREATE TABLE of expiry's tables and SHOW CREATE TRIGGER of its
     triggers in the database at ``url``, without the AUTO_INCREMENT counter and
     the trigger's definer (they vary by run and by user)."""
-    from expiry.engines.mysql.engine import parse_url
+    from expiry.engines.mysql.sessions import parse_url
 
     conn = pymysql.connect(**parse_url(url))
     parts: list[str] = []
@@ -121,7 +121,7 @@ def mysql_schema(url: str) -> str:
 
 
 def built_mysql() -> str:
-    from expiry.engines.mysql.engine import parse_url
+    from expiry.engines.mysql.sessions import parse_url
 
     name = f"expiry_schema_{uuid.uuid4().hex[:8]}"
     params = parse_url(MYSQL_URL.rstrip("/") + "/mysql")

@@ -23,7 +23,8 @@ from .errors import (
     TransientError,
 )
 from .queue.jobs import Queue, new_job
-from .queue.worker import Worker, WorkerSettings
+from .queue.runner import WorkerSettings
+from .queue.worker import Worker
 from .types import EnqueueResult, Job, JobState, NewJob, QueueStats
 
 __version__ = "0.1.0"

@@ -33,7 +33,8 @@ from .health.database import Health
 from .keys import Keys
 from .queue.handlers import Handler, HandlerFn
 from .queue.jobs import CRON_QUEUE, Queue, is_reserved, policy_queue
-from .queue.worker import Hooks, Worker, WorkerSettings
+from .queue.runner import Hooks, WorkerSettings
+from .queue.worker import Worker
 from .types import Gates, Job
 
 log = logging.getLogger("expiry.app")

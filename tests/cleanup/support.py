@@ -61,7 +61,7 @@ class MySQLConn:
     ``execute`` returns a cursor of tuples."""
 
     def __init__(self, url: str) -> None:
-        from expiry.engines.mysql.engine import parse_url
+        from expiry.engines.mysql.sessions import parse_url
 
         self.raw = pymysql.connect(
             **parse_url(url), autocommit=True, init_command="set session time_zone = '+00:00'"

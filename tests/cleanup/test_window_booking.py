@@ -22,7 +22,7 @@ from expiry.cleanup.runs import WINDOW
 from expiry.cleanup.service import Cleanup
 from expiry.cleanup.target import Target
 from expiry.cleanup.windows import Span
-from expiry.engines.mysql.engine import parse_url
+from expiry.engines.mysql.sessions import parse_url
 from expiry.errors import AlreadyApplied
 from expiry.times import parse_time
 

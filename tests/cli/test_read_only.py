@@ -27,7 +27,7 @@ import pytest
 from test_cli import Result, expiry
 
 from cleanup.support import Db, write_config
-from expiry.engines.mysql.engine import parse_url
+from expiry.engines.mysql.sessions import parse_url
 
 POLICY = {
     "name": "expired-sessions",

@@ -19,7 +19,8 @@ from _support import execute
 
 from expiry.app import App
 from expiry.queue.jobs import new_job
-from expiry.queue.worker import Hooks, Worker, WorkerSettings
+from expiry.queue.runner import Hooks, WorkerSettings
+from expiry.queue.worker import Worker
 from expiry.types import Gates, Job, JobState
 
 BATCH = 5

@@ -11,7 +11,8 @@ from typing import Any
 from expiry.app import App
 from expiry.engines import open_engine
 from expiry.queue.jobs import Queue, new_job
-from expiry.queue.worker import Hooks, Worker, WorkerSettings
+from expiry.queue.runner import Hooks, WorkerSettings
+from expiry.queue.worker import Worker
 from expiry.types import Gates, Job
 
 

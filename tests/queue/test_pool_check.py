@@ -10,7 +10,8 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from expiry.engines.postgres.engine import IDLE_CHECK_SECONDS, PostgresEngine
+from expiry.engines.postgres.engine import PostgresEngine
+from expiry.engines.postgres.sessions import IDLE_CHECK_SECONDS
 
 
 @pytest.fixture

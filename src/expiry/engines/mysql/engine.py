@@ -12,28 +12,27 @@ A named query may be several statements (queries.sql says why): they run in
 order on one connection, in the caller's transaction, and the rows of the last
 one that returns rows come back. An insert that meets an existing key (1062)
 ends its query with no rows, the statement alone rolled back.
+
+How its connections are set up and which errors pass is sessions.py's.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import re
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 import pymysql
 import pymysql.cursors
 from pymysql.constants import CLIENT, ER
 
 from ...defaults import MYSQL_POLL_SECONDS
-from ...errors import AlreadyApplied, ConfigError, MigrationError, TransientError
+from ...errors import AlreadyApplied, MigrationError, TransientError
 from ...types import EnqueueResult, Job, NewJob
 from ..common import (
     Row,
@@ -45,143 +44,27 @@ from ..common import (
     load_queries,
     run_of,
 )
+from .sessions import (
+    EXISTS,
+    MIGRATION_LOCK,
+    NOW_SQL,
+    PERMANENT_ERRORS,
+    PING_AFTER_SECONDS,
+    TRANSIENT_ERRORS,
+    Connection,
+    Echo,
+    begin,
+    bind,
+    errno,
+    inserts,
+    ms,
+    parse_url,
+    split_statements,
+    utc,
+)
 from .tables import MySQLTables
 
 log = logging.getLogger("expiry.engine")
-
-NOW_SQL = "utc_timestamp(6)"
-
-# Error numbers that pass: lock wait timeout, deadlock, the statement timeouts
-# (MariaDB's max_statement_time, MySQL's max_execution_time), a read-only server
-# (--read-only, super_read_only, a replica), too many connections, and the
-# connection gone (client errors 2002 to 2013).
-TRANSIENT_ERRORS = {
-    1205: "lock_timeout",
-    1213: "deadlock",
-    1969: "statement_timeout",
-    3024: "statement_timeout",
-    1290: "read_only",
-    1836: "read_only",
-    1792: "read_only",
-    1040: "too_many_connections",
-    1021: "disk_full",
-    1114: "disk_full",
-    1053: "admin_shutdown",
-    1927: "connection_lost",
-    2002: "connection_lost",
-    2003: "connection_lost",
-    2006: "connection_lost",
-    2013: "connection_lost",
-}
-
-PERMANENT_ERRORS = {
-    1146: "undefined_table",
-    1054: "undefined_column",
-    1142: "insufficient_privilege",
-    1143: "insufficient_privilege",
-    1044: "insufficient_privilege",
-    1064: "syntax_error",
-}
-
-# A migration run again after a crash part-way meets what it made already:
-# a table, column, key or trigger that exists is passed over.
-_EXISTS = {1050, 1060, 1061, 1359}
-
-_MIGRATION_LOCK = "expiry.migrate"
-PING_AFTER_SECONDS = 5.0
-"""A connection back from a rest longer than this is pinged before a statement-mode
-transaction (one that would not begin with BEGIN, which finds a broken one
-itself); one used since is not: a session lost meanwhile fails its statement,
-a transient error that runs again."""
-
-
-def split_statements(script: str) -> list[str]:
-    """A script's statements: each ends with ';' at the end of a line (comment
-    lines dropped)."""
-    statements, buffer = [], []
-    for line in script.splitlines():
-        if line.lstrip().startswith("--") or not line.strip():
-            continue
-        buffer.append(line)
-        if line.rstrip().endswith(";"):
-            statements.append("\n".join(buffer).rstrip().rstrip(";"))
-            buffer = []
-    if buffer:
-        statements.append("\n".join(buffer))
-    return statements
-
-
-_ECHO = re.compile(
-    r"select\s+%\((\w+)\)s\s+as\s+`?(\w+)`?\s+from\s+dual(\s+where\s+row_count\(\)\s*>\s*0)?",
-    re.IGNORECASE,
-)
-
-
-@dataclass(frozen=True)
-class Echo:
-    """``select %(p)s as c from dual [where row_count() > 0]``, a query's answer
-    made of a bound value (MySQL has no RETURNING): read by the client, no round
-    trip. With the condition, a row only when the statement before it changed
-    one: the driver's row count is the server's row_count() (both count rows
-    matched, CLIENT_FOUND_ROWS)."""
-
-    param: str
-    column: str
-    changed: bool
-
-    @classmethod
-    def of(cls, statement: str) -> Echo | None:
-        match = _ECHO.fullmatch(" ".join(statement.split()))
-        return cls(match[1], match[2], match[3] is not None) if match else None
-
-
-def parse_url(url: str) -> dict[str, Any]:
-    """mysql://user:password@host:port/database (or mariadb://) as PyMySQL's
-    connect() arguments."""
-    parts = urlsplit(url)
-    database = parts.path.lstrip("/")
-    if not database:
-        raise ConfigError(
-            f"database url {url!r} names no database: use mysql://user@host:3306/dbname"
-        )
-    return {
-        "host": parts.hostname or "127.0.0.1",
-        "port": parts.port or 3306,
-        "user": unquote(parts.username or "root"),
-        "password": unquote(parts.password or ""),
-        "database": unquote(database),
-    }
-
-
-def utc(value: datetime) -> datetime:
-    """An aware datetime as the naive UTC value a DATETIME(6) column holds."""
-    if value.tzinfo is None:
-        return value
-    return value.astimezone(UTC).replace(tzinfo=None)
-
-
-class Connection:
-    """A PyMySQL connection as the rest of expiry uses a driver connection:
-    ``execute(sql, params)`` returns a cursor of dict rows."""
-
-    def __init__(self, raw: pymysql.connections.Connection) -> None:
-        self.raw = raw
-        self.limits: tuple[str, str] | None = None
-        self.in_transaction = False
-        self.returned_at = time.monotonic()
-
-    def execute(self, sql: str, params: Any = None) -> Any:
-        cur = self.raw.cursor(pymysql.cursors.DictCursor)
-        cur.execute(sql, _bind(params) if params is not None else None)
-        return cur
-
-
-def _bind(params: Any) -> Any:
-    if isinstance(params, Mapping):
-        return {k: utc(v) if isinstance(v, datetime) else v for k, v in params.items()}
-    if isinstance(params, (list, tuple)):
-        return [utc(v) if isinstance(v, datetime) else v for v in params]
-    return params
 
 
 class MySQLEngine(MySQLTables):
@@ -306,14 +189,14 @@ class MySQLEngine(MySQLTables):
                 else:
                     if conn.limits is not None:
                         self._reset_limits(conn)
-                    _begin(conn, read_only)
+                    begin(conn, read_only)
             except pymysql.err.OperationalError:
                 self._forget(conn)  # gone since its last use: one fresh try
                 conn = self._open()
                 with self._lock:
                     self._all.append(conn)
                 if not statement:
-                    _begin(conn, read_only)
+                    begin(conn, read_only)
             with self._within(conn, begun=not statement):
                 yield conn
         finally:
@@ -343,9 +226,9 @@ class MySQLEngine(MySQLTables):
                     conn.raw.rollback()
                 except Exception:
                     conn.raw.close()
-            if _errno(exc) == ER.DUP_ENTRY and "expiry_ledger" in str(exc).lower():
+            if errno(exc) == ER.DUP_ENTRY and "expiry_ledger" in str(exc).lower():
                 raise AlreadyApplied(f"ledger: {exc}") from exc
-            if isinstance(exc, pymysql.err.OperationalError) and _errno(exc) >= 2000:
+            if isinstance(exc, pymysql.err.OperationalError) and errno(exc) >= 2000:
                 conn.raw.close()
             raise
         else:
@@ -371,8 +254,8 @@ class MySQLEngine(MySQLTables):
         and the statement timeout (MariaDB's max_statement_time, in seconds, for
         every statement; MySQL's max_execution_time, in ms, binds SELECT only, so
         a window's DELETE there is bound by the lock wait alone)."""
-        lock_s = max(1, round(_ms(lock_timeout) / 1000))
-        statement_s = _ms(statement_timeout) / 1000
+        lock_s = max(1, round(ms(lock_timeout) / 1000))
+        statement_s = ms(statement_timeout) / 1000
         if conn.limits == (lock_timeout, statement_timeout):
             return
         timeout = (
@@ -398,7 +281,7 @@ class MySQLEngine(MySQLTables):
     # -- named queries ------------------------------------------------------------
 
     def _rows(self, conn: Any, name: str, params: dict[str, Any] | None = None) -> list[Row]:
-        bound = _bind(params or {})
+        bound = bind(params or {})
         found: list[Row] = []
         cur = conn.raw.cursor(pymysql.cursors.DictCursor)
         changed = 0
@@ -411,7 +294,7 @@ class MySQLEngine(MySQLTables):
                 cur.execute(statement, bound)
                 changed = cur.rowcount
             except pymysql.err.IntegrityError as exc:
-                if _errno(exc) == ER.DUP_ENTRY and i == 0 and _inserts(statement):
+                if errno(exc) == ER.DUP_ENTRY and i == 0 and inserts(statement):
                     return []  # the key exists: nothing inserted (ON CONFLICT DO NOTHING)
                 raise
             if cur.description is not None:
@@ -450,7 +333,7 @@ class MySQLEngine(MySQLTables):
                 try:
                     c.execute(self.queries["job_insert_many"], params)
                 except pymysql.err.IntegrityError as exc:
-                    if _errno(exc) == ER.DUP_ENTRY:
+                    if errno(exc) == ER.DUP_ENTRY:
                         continue
                     raise
                 inserted = {jobs[i].key for i in new}
@@ -528,7 +411,7 @@ class MySQLEngine(MySQLTables):
         if known:
             return known
         if isinstance(exc, pymysql.err.MySQLError):
-            code = _errno(exc)
+            code = errno(exc)
             if code in TRANSIENT_ERRORS:
                 return True, TRANSIENT_ERRORS[code]
             if code in PERMANENT_ERRORS:
@@ -560,7 +443,7 @@ class MySQLEngine(MySQLTables):
         applied: list[int] = []
         conn = self._open()
         try:
-            got = conn.execute(f"select get_lock('{_MIGRATION_LOCK}', 60) as ok").fetchone()["ok"]
+            got = conn.execute(f"select get_lock('{MIGRATION_LOCK}', 60) as ok").fetchone()["ok"]
             if got != 1:
                 raise MigrationError("another process has been migrating for 60 s; try again")
             conn.execute(
@@ -578,7 +461,7 @@ class MySQLEngine(MySQLTables):
                     try:
                         conn.execute(statement, None)
                     except pymysql.err.MySQLError as exc:
-                        if _errno(exc) in _EXISTS:
+                        if errno(exc) in EXISTS:
                             continue
                         raise MigrationError(f"migration {version:04d} failed: {exc}") from exc
                 conn.execute(
@@ -588,36 +471,7 @@ class MySQLEngine(MySQLTables):
                 applied.append(version)
         finally:
             try:
-                conn.execute(f"select release_lock('{_MIGRATION_LOCK}')")
+                conn.execute(f"select release_lock('{MIGRATION_LOCK}')")
             finally:
                 conn.raw.close()
         return applied
-
-
-def _begin(conn: Connection, read_only: bool) -> None:
-    """BEGIN, or START TRANSACTION READ ONLY: the server refuses a write in it."""
-    if read_only:
-        conn.execute("start transaction read only")
-    else:
-        conn.raw.begin()
-
-
-def _errno(exc: BaseException) -> int:
-    args = getattr(exc, "args", ())
-    return args[0] if args and isinstance(args[0], int) else 0
-
-
-def _inserts(statement: str) -> bool:
-    return statement.lstrip().lower().startswith("insert")
-
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s)?\s*$")
-
-
-def _ms(value: str) -> float:
-    """'2000ms', '2s' or '2000' (ms, as PostgreSQL reads a bare number) in ms."""
-    match = _DURATION.match(str(value))
-    if not match:
-        raise ConfigError(f"cannot read {value!r} as a duration")
-    number = float(match.group(1))
-    return number * 1000 if match.group(2) == "s" else number

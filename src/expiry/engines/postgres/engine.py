@@ -3,263 +3,59 @@ the schema ``expiry`` of the application's database.
 
 Workers share the pool. The rescuer and the NOTIFY listener each hold their own
 connection so that a saturated pool never delays giving abandoned work back.
+
+How its connections are set up and which errors pass is sessions.py's.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
-import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from datetime import datetime
 from typing import Any
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from ...errors import (
     AlreadyApplied,
-    DatabaseUnavailable,
     LeaseLost,
     MigrationError,
     TransientError,
 )
 from ...types import Job, NewJob
 from ..common import Row, classify_exception, load_migrations, load_queries, run_of
+from .sessions import (
+    LEASE_LOST,
+    MIGRATION_LOCK,
+    PERMANENT_SQLSTATES,
+    POOLER_FIX,
+    POOLERS,
+    TRANSIENT_SQLSTATES,
+    autocommit,
+    chained,
+    check_if_idle,
+    clear_limits,
+    completing_transaction,
+    configure,
+    configure_pooled,
+    limits_set,
+    named,
+    pipelined_transaction,
+    probe,
+    reset_limits,
+    returned_at,
+    unchain,
+)
 from .tables import PostgresTables
 
 log = logging.getLogger("expiry.engine")
-
-# SQLSTATEs that pass: lock_not_available, query_canceled (statement_timeout),
-# deadlock_detected, serialization_failure, read_only_sql_transaction (a
-# standby or a read-only target), disk_full, out_of_memory, too_many_connections,
-# admin_shutdown, cannot_connect_now. Class 08 (connection) passes too.
-TRANSIENT_SQLSTATES = {
-    "55P03": "lock_timeout",
-    "57014": "statement_timeout",
-    "40P01": "deadlock",
-    "40001": "serialization_failure",
-    "25006": "read_only",
-    "53100": "disk_full",
-    "53200": "out_of_memory",
-    "53300": "too_many_connections",
-    "57P01": "admin_shutdown",
-    "57P02": "crash_shutdown",
-    "57P03": "cannot_connect_now",
-    # A statement prepared on a server connection is taken or gone: a pooler in
-    # transaction mode lends that connection to others ([database] pooler).
-    "42P05": "pooler_mismatch",
-    "26000": "pooler_mismatch",
-}
-
-PERMANENT_SQLSTATES = {
-    "42P01": "undefined_table",
-    "42703": "undefined_column",
-    "42501": "insufficient_privilege",
-}
-
-# Raised by expiry.window_apply (migration 0004) when the job's lease moved on.
-LEASE_LOST = "EX001"
-
-IDLE_CHECK_SECONDS = 1.0
-
-# Any stable number: serializes concurrent migrators across processes.
-_MIGRATION_LOCK = 0x65787069
-
-
-def _configure(conn: psycopg.Connection[Any]) -> None:
-    # UTC so that a target's "timestamp without time zone" compares as UTC (a
-    # transaction pooler carries TimeZone to every server connection it lends:
-    # pgbouncer tracks it, as it tracks application_name).
-    conn.execute("set timezone to 'UTC'")
-    # A statement whose client has gone fails within a second instead of running
-    # on: the backend of a worker killed during a window rolls it back rather
-    # than committing it by itself (a window is one statement, its own transaction).
-    conn.execute("set client_connection_check_interval to '1s'")
-    conn.commit()
-
-
-def _configure_pooled(conn: psycopg.Connection[Any]) -> None:
-    """``_configure`` behind a transaction pooler: the time zone only, which the
-    pooler carries; any other session setting would land on one server
-    connection and stay there for the pooler's other clients."""
-    conn.execute("set timezone to 'UTC'")
-    conn.commit()
-
-
-POOLER_FIX = (
-    "{}: a pooler in transaction mode (pgbouncer) stands between expiry and PostgreSQL; "
-    'set [database] pooler = "transaction" (jobs wait meanwhile, spending no attempt)'
-)
-"""What a statement prepared on a lent server connection and found taken or
-gone says (SQLSTATE 42P05, 26000)."""
-
-POOLERS = ("none", "session", "transaction")
-"""What may stand between expiry and PostgreSQL ([database] pooler): nothing,
-a pooler in session mode (a session keeps its server connection: nothing
-changes), or one in transaction mode (each transaction may get another server
-connection: no prepared statements, no session settings, no LISTEN)."""
-
-
-# The limits (lock_timeout, statement_timeout) a window last set on a pooled
-# connection's session, so that the next window of the same policy sets nothing,
-# and a transaction of any other kind resets them first.
-_session_limits: weakref.WeakKeyDictionary[psycopg.Connection[Any], tuple[str, str]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-# When each pooled connection was last given back (monotonic seconds). Noted by
-# PostgresEngine._pooled, not by the pool's reset hook: psycopg_pool runs that
-# hook on one of its worker threads, and a connection returned through it is
-# back only once that thread has run, which on a busy machine can take longer
-# than the job loop takes to ask for it again.
-_returned_at: weakref.WeakKeyDictionary[psycopg.Connection[Any], float] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-# Connections left inside an empty transaction by COMMIT AND CHAIN (a job's
-# transaction with chain=True), with when it was opened (monotonic seconds): the
-# thread's next job transaction starts in it instead of sending BEGIN. A chained
-# connection stays in autocommit (psycopg cannot switch it inside a transaction).
-_chained: weakref.WeakKeyDictionary[psycopg.Connection[Any], float] = weakref.WeakKeyDictionary()
-
-CHAIN_FRESH_SECONDS = 0.05
-"""A job's transaction starts in a chained one opened at most this long ago;
-an older one is rolled back and a fresh one begun, so that now() in a job's
-transaction (its start) is never older than this when the job begins."""
-
-
-def _unchain(conn: psycopg.Connection[Any]) -> None:
-    """Roll back the empty transaction COMMIT AND CHAIN left open, if any, and
-    give the connection back its default mode: for any use but a job's
-    transaction (a claim, a failure's record, the pool)."""
-    if _chained.pop(conn, None) is None:
-        return
-    with suppress(psycopg.Error):  # a broken connection: the pool drops it
-        conn.execute("rollback")
-        conn.autocommit = False
-
-
-def _check_if_idle(conn: psycopg.Connection[Any]) -> None:
-    """Check a connection with a round trip only when it sat in the pool for a
-    while (the server may have restarted or cut it meanwhile). One back within
-    the last IDLE_CHECK_SECONDS worked then: a busy worker's window transactions
-    skip the extra round trip, and a connection broken in that gap fails one
-    transaction, which retries (a broken connection leaves the pool on return)."""
-    if time.monotonic() - _returned_at.get(conn, float("-inf")) > IDLE_CHECK_SECONDS:
-        ConnectionPool.check_connection(conn)
-
-
-PROBE_TIMEOUT_SECONDS = 10
-
-
-def _probe(url: str) -> None:
-    """One connection before the pool opens, so that a database that does not
-    exist, a wrong password or a server that is down fails at once with the
-    server's own words, not after the pool's 30 s wait as a PoolTimeout."""
-    try:
-        psycopg.connect(url, connect_timeout=PROBE_TIMEOUT_SECONDS).close()
-    except psycopg.OperationalError as exc:
-        info = conninfo_to_dict(url)
-        where = f"{info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
-        reason = " ".join(str(exc).split())
-        raise DatabaseUnavailable(f"cannot connect to PostgreSQL at {where}: {reason}") from exc
-
-
-def _named(url: str) -> str:
-    """``url`` with ``application_name = expiry`` for expiry's sessions, so that
-    an operator finds them in pg_stat_activity (and a DBA's pg_terminate_backend
-    can aim), unless the URL or PGAPPNAME names them already."""
-    if "application_name" in conninfo_to_dict(url) or os.environ.get("PGAPPNAME"):
-        return url
-    return make_conninfo(url, application_name=APPLICATION_NAME)
-
-
-APPLICATION_NAME = "expiry"
-"""The application_name expiry's PostgreSQL sessions carry by default."""
-
-
-@contextmanager
-def _autocommit(conn: psycopg.Connection[Any]) -> Iterator[None]:
-    """The connection outside any transaction: each statement its own, unless the
-    caller opens one (Engine.atomic, or BEGIN written out). A transaction still
-    open at the end (after an error, or a Python exception before its COMMIT) is
-    rolled back, and the connection goes back to the pool as it came."""
-    if not conn.autocommit:  # a chained connection is already (and cannot be set)
-        conn.autocommit = True
-    try:
-        yield
-    finally:
-        if conn not in _chained:  # else its COMMIT AND CHAIN opened the next one
-            with suppress(psycopg.Error):  # a broken connection: the pool drops it
-                if conn.info.transaction_status != TransactionStatus.IDLE:
-                    conn.rollback()
-                conn.autocommit = False
-
-
-@contextmanager
-def _pipelined_transaction(conn: psycopg.Connection[Any]) -> Iterator[None]:
-    """A transaction in pipeline mode, BEGIN queued with its first statements and
-    COMMIT with its last. Written out rather than conn.transaction(), which in
-    pipeline mode syncs after BEGIN and again before COMMIT: two round trips.
-    In autocommit, else psycopg sends a BEGIN of its own, and waits for it."""
-    with _autocommit(conn), conn.pipeline() as pipeline:
-        conn.execute("begin")
-        try:
-            yield
-        except BaseException:
-            # Collect what an error left queued (the server skipped it, COMMIT
-            # included, until the pipeline's sync), so that leaving the pipeline
-            # does not report it again.
-            with suppress(psycopg.Error):
-                pipeline.sync()
-            raise
-        conn.execute("commit")
-
-
-@contextmanager
-def _completing_transaction(conn: psycopg.Connection[Any]) -> Iterator[None]:
-    """A job's transaction whose last statements, the completion and COMMIT, the
-    caller sends together in pipeline mode: one round trip, where
-    conn.transaction() would wait for the completion and then for the COMMIT.
-    BEGIN is written out in autocommit (psycopg's would be the same round trip),
-    so a handler's own ``with tx.transaction():`` is a savepoint inside it, as
-    in conn.transaction(); or, on a connection a fresh COMMIT AND CHAIN left
-    inside an empty transaction, not sent at all. Rolled back when the block
-    raises (_autocommit); left open when the caller chained its COMMIT."""
-    opened = _chained.pop(conn, None)
-    if opened is not None and time.monotonic() - opened > CHAIN_FRESH_SECONDS:
-        conn.execute("rollback")  # too old a start for now(): begin afresh
-        opened = None
-    with _autocommit(conn):
-        if opened is None:
-            conn.execute("begin")
-        yield
-
-
-def _reset_limits(conn: psycopg.Connection[Any]) -> None:
-    """Give a connection back its own limits before a transaction that is not a
-    window's (a handler's statements are not bound by a policy's timeouts)."""
-    conn.autocommit = True
-    try:
-        _clear_limits(conn)
-    finally:
-        conn.autocommit = False
-
-
-def _clear_limits(conn: psycopg.Connection[Any]) -> None:
-    conn.execute("reset lock_timeout")
-    conn.execute("reset statement_timeout")
-    del _session_limits[conn]
 
 
 class PostgresEngine(PostgresTables):
@@ -278,11 +74,11 @@ class PostgresEngine(PostgresTables):
             # pooler's next client on that server connection would find it
             {"prepare_threshold": None} if self.transaction_pooler else {}
         )
-        self._configure = _configure_pooled if self.transaction_pooler else _configure
+        self._configure = configure_pooled if self.transaction_pooler else configure
         self.queries = load_queries(__package__ or "expiry.engines.postgres")
         self.migrations = load_migrations(__package__ or "expiry.engines.postgres")
-        _probe(url)
-        self._conninfo = _named(url)
+        probe(url)
+        self._conninfo = named(url)
         self.pool: ConnectionPool[psycopg.Connection[Row]] = ConnectionPool(
             self._conninfo,
             min_size=1,
@@ -290,7 +86,7 @@ class PostgresEngine(PostgresTables):
             kwargs={"row_factory": dict_row, "autocommit": False, **self._connect_options},
             configure=self._configure,
             open=True,
-            check=_check_if_idle,
+            check=check_if_idle,
         )
         self._listener: psycopg.Connection[Any] | None = None
         self._maintenance: psycopg.Connection[Row] | None = None
@@ -321,7 +117,7 @@ class PostgresEngine(PostgresTables):
             self._pin.busy = True
             try:
                 if not chained:
-                    _unchain(pin)
+                    unchain(pin)
                 yield pin
             finally:
                 self._pin.busy = False
@@ -330,7 +126,7 @@ class PostgresEngine(PostgresTables):
             try:
                 yield conn
             finally:
-                _returned_at[conn] = time.monotonic()
+                returned_at[conn] = time.monotonic()
 
     @contextmanager
     def pinned(self) -> Iterator[None]:
@@ -343,7 +139,7 @@ class PostgresEngine(PostgresTables):
                 yield
             finally:
                 self._pin.conn = None
-                _unchain(conn)
+                unchain(conn)
 
     @contextmanager
     def transaction(
@@ -394,7 +190,7 @@ class PostgresEngine(PostgresTables):
         """The pooled connection in the transaction ``transaction()`` was asked for,
         around the caller's block; the job's completion after it."""
         if statement:
-            with _autocommit(conn):
+            with autocommit(conn):
                 yield
                 # Behind a transaction pooler a window's limits opened a
                 # transaction (session_limits): its statement commits with them.
@@ -404,15 +200,15 @@ class PostgresEngine(PostgresTables):
                 ):
                     conn.execute("commit")
             return
-        if conn in _session_limits:  # never a chained one: a job transaction reset them
-            _reset_limits(conn)
+        if conn in limits_set:  # never a chained one: a job transaction reset them
+            reset_limits(conn)
         if pipelined:
-            with _pipelined_transaction(conn):
+            with pipelined_transaction(conn):
                 yield
                 if completing is not None:
                     self._complete_strict(conn, completing)
         elif completing is not None:
-            with _completing_transaction(conn):
+            with completing_transaction(conn):
                 yield
                 if conn.info.transaction_status != TransactionStatus.INTRANS:
                     raise psycopg.ProgrammingError(
@@ -424,7 +220,7 @@ class PostgresEngine(PostgresTables):
                     self._complete_strict(conn, completing)
                     conn.execute("commit and chain" if chain else "commit")
                 if chain:  # committed, and inside the next one: keep it open
-                    _chained[conn] = time.monotonic()
+                    chained[conn] = time.monotonic()
         else:
             with conn.transaction():
                 yield
@@ -437,7 +233,7 @@ class PostgresEngine(PostgresTables):
         plan does not depend on the values: each queue's jobs_due index in
         order, then the picked rows by primary key. BEGIN, the setting, the
         claim and COMMIT go in one round trip (pipeline mode)."""
-        with self._pooled() as conn, _autocommit(conn), conn.pipeline() as pipeline:
+        with self._pooled() as conn, autocommit(conn), conn.pipeline() as pipeline:
             conn.execute("begin")
             conn.execute("set local plan_cache_mode = force_generic_plan")
             cur = conn.execute(self.queries["job_claim"], params, prepare=True)
@@ -493,7 +289,7 @@ class PostgresEngine(PostgresTables):
                 prepare=False,
             )
             return
-        if idle and _session_limits.get(conn) == limits:
+        if idle and limits_set.get(conn) == limits:
             return
         conn.execute(
             "select set_config('lock_timeout', %s, %s), set_config('statement_timeout', %s, %s)",
@@ -501,13 +297,13 @@ class PostgresEngine(PostgresTables):
             prepare=True,
         )
         if idle:
-            _session_limits[conn] = limits
+            limits_set[conn] = limits
 
     def table_vacuum(self, conn: Any, table: str) -> None:
         """A window's limits, left on the session in statement mode, never bind a
         whole table's vacuum."""
-        if conn in _session_limits:
-            _clear_limits(conn)
+        if conn in limits_set:
+            clear_limits(conn)
         super().table_vacuum(conn, table)
 
     @contextmanager
@@ -715,7 +511,7 @@ class PostgresEngine(PostgresTables):
             return []
         applied: list[int] = []
         with self.transaction() as conn:
-            conn.execute("select pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            conn.execute("select pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
             conn.execute("create schema if not exists expiry")
             conn.execute(
                 "create table if not exists expiry.schema_migrations ("
