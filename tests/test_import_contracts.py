@@ -226,3 +226,51 @@ def test_the_contracts_see_the_imports_they_govern() -> None:
     worker = SRC / "queue" / "worker.py"
     assert floor("expiry.queue.worker") == FLOORS.index(("expiry.queue",))
     assert "expiry.signals" in {t for t, _ in imports(worker)}
+
+
+SCHEMES = ("postgresql:", "postgres:", "mysql:", "mariadb:", "sqlite:")
+
+
+def dialect_questions(path: Path) -> Iterator[tuple[int, str]]:
+    """(line, what) for each place a module asks which database it is on: a
+    comparison with ``.dialect``, or a URL's scheme read by ``startswith``."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(isinstance(s, ast.Attribute) and s.attr == "dialect" for s in sides):
+                yield node.lineno, "compares .dialect"
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "startswith"
+        ):
+            texts = [c.value for a in node.args for c in ast.walk(a) if isinstance(c, ast.Constant)]
+            if any(isinstance(t, str) and t.startswith(SCHEMES) for t in texts):
+                yield node.lineno, "reads a URL's scheme"
+
+
+def test_only_the_engines_ask_which_database_they_are_on() -> None:
+    """What differs by database is a capability of the engine (engines/kinds.py,
+    the Engine's attributes), asked by name: ``engine.kind.embedded``, not
+    ``engine.dialect == "sqlite"``."""
+    found = [
+        f"{module_name(path)}:{line} {what}"
+        for path in sources()
+        if not under(module_name(path), ("expiry.engines",))
+        for line, what in dialect_questions(path)
+    ]
+    assert found == []
+
+
+def test_the_dialect_reader_sees_a_dialect_question(tmp_path: Path) -> None:
+    """The reader works: both kinds of question, as they were asked before the
+    engines answered them (app.py, config.py)."""
+    asked = tmp_path / "asked.py"
+    asked.write_text(
+        "def embedded(engine, url):\n"
+        '    return engine.dialect == "sqlite" or url.startswith(("sqlite:///", "x"))\n'
+    )
+    assert sorted(what for _, what in dialect_questions(asked)) == [
+        "compares .dialect",
+        "reads a URL's scheme",
+    ]

@@ -187,7 +187,7 @@ class App:
             current, latest = self.schema_versions()
             if current != latest:
                 engine.check_schema_version(current)  # newer than this expiry: says so
-                if engine.dialect != "sqlite" or self.read_only:
+                if not engine.kind.embedded or self.read_only:
                     raise schema_error(current, latest)
                 engine.migrate()
             self._engine = engine

@@ -29,6 +29,7 @@ from pydantic import (
 
 from . import defaults
 from .crontab import check_expression, period
+from .engines.kinds import SUPPORTED, kind_of
 from .errors import ConfigError
 from .times import parse_duration
 
@@ -98,9 +99,8 @@ class DatabaseConfig(Strict):
 
     @model_validator(mode="after")
     def _pooler_on_postgres(self) -> DatabaseConfig:
-        if self.pooler == "transaction" and not self.url.startswith(
-            ("postgresql://", "postgres://")
-        ):
+        kind = kind_of(self.url)
+        if kind is not None and self.pooler not in kind.poolers:
             raise ValueError(
                 'pooler = "transaction" is for PostgreSQL behind pgbouncer or the like: '
                 "remove it for this database"
@@ -110,11 +110,8 @@ class DatabaseConfig(Strict):
     @field_validator("url")
     @classmethod
     def _url(cls, value: str) -> str:
-        schemes = ("postgresql://", "postgres://", "mysql://", "mariadb://", "sqlite:///")
-        if not value.startswith(schemes):
-            raise ValueError(
-                "use postgresql://host/db, mysql://user@host/db or sqlite:///path/to/file.db"
-            )
+        if kind_of(value) is None:
+            raise ValueError(SUPPORTED)
         return value
 
 
@@ -271,7 +268,8 @@ class ReplicaConfig(Strict):
     @field_validator("url")
     @classmethod
     def _url(cls, value: str) -> str:
-        if not value.startswith(("postgresql://", "postgres://", "mysql://", "mariadb://")):
+        kind = kind_of(value)
+        if kind is None or not kind.replica:
             raise ValueError(
                 "a replica is a PostgreSQL standby (postgresql://host/db)"
                 " or a MySQL replica (mysql://user@host/db)"
@@ -459,15 +457,16 @@ class Config(Strict):
                 inherited = {f: getattr(self.worker, f) for f in given - policy.model_fields_set}
                 policies.append(policy.model_copy(update=inherited) if inherited else policy)
             object.__setattr__(self, "policy", policies)
-        sqlite = self.database.url.startswith("sqlite")
+        kind = kind_of(self.database.url)
+        signals = kind is None or kind.health_signals
         for policy in self.policy:
             for name in ("max_replica_lag", "max_active_backends", "max_dead_tuple_ratio"):
-                if sqlite and getattr(policy, name) is not None:
+                if not signals and getattr(policy, name) is not None:
                     raise ValueError(
                         f"policy {policy.name!r}: field {name!r}: SQLite has no such signal "
                         "(it has no replicas, backends or vacuum): remove it"
                     )
-        if sqlite and self.replica:
+        if kind is not None and not kind.replica and self.replica:
             raise ValueError("[[replica]] is for PostgreSQL standbys; this database is SQLite")
         return self
 
@@ -513,9 +512,9 @@ _SECTIONS: dict[str, type[BaseModel]] = {
 }
 
 
-def _describe(error: dict[str, Any], data: dict[str, Any]) -> str:
-    loc = list(error["loc"])
-    where = "config"
+def _located(loc: list[Any], data: dict[str, Any]) -> tuple[str, str, list[Any]]:
+    """Where an error is, in the user's words (``policy 'sessions'``,
+    ``[worker]``), its section, and the rest of its location."""
     section = str(loc[0]) if loc else ""
     if section == "policy" and len(loc) >= 2 and isinstance(loc[1], int):
         index = loc[1]
@@ -525,12 +524,14 @@ def _describe(error: dict[str, Any], data: dict[str, Any]) -> str:
             if index < len(policies) and isinstance(policies[index], dict)
             else None
         )
-        where = f"policy {name!r}" if name else f"policy #{index + 1}"
-        loc = loc[2:]
-        section = "policy"
-    elif section:
-        where = f"[{section}]"
-        loc = loc[1:]
+        return (f"policy {name!r}" if name else f"policy #{index + 1}"), section, loc[2:]
+    if section:
+        return f"[{section}]", section, loc[1:]
+    return "config", section, loc
+
+
+def _describe(error: dict[str, Any], data: dict[str, Any]) -> str:
+    where, section, loc = _located(list(error["loc"]), data)
     field = ".".join(str(part) for part in loc if not str(part).startswith("function-"))
     message = str(error["msg"]).removeprefix("Value error, ")
     if error["type"] == "extra_forbidden" and not field:

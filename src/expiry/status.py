@@ -7,6 +7,7 @@ App, for the HTTP layer and the dashboard.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -17,11 +18,12 @@ from .health import roll
 from .health.database import merge_throttles
 from .queue.jobs import is_reserved, policy_queue
 from .times import format_duration, format_time
-from .types import JobState
+from .types import Job, JobState, Schedule, WorkerSeen
 
 if TYPE_CHECKING:
     from .app import App
     from .cleanup.service import Cleanup
+    from .config import Policy
 
 
 def run_summary(app: App, run_id: str) -> dict[str, Any] | None:
@@ -52,45 +54,60 @@ def policies(app: App) -> list[dict[str, Any]]:
     schedules = {s.policy: s for s in app.engine.schedule_list()}
     now = app.engine.now()
     live = roll.alive(app.engine.worker_list())
-    throttles = merge_throttles(live)
-    unserved = roll.unserved([p.name for p in cleanup.policies], live, app.queue.stats())
-    unscheduled = roll.unscheduled(cleanup.policies, schedules, now)
-    ages = cleanup.open_run_ages()
-    out = []
-    for policy in cleanup.policies:
-        broken, watermark = _watermark(cleanup, policy.name)
-        last = app.runs.recent(policy.name, 1)
-        age = ages.get(policy.name)
-        out.append(
-            {
-                "name": policy.name,
-                "table": policy.table,
-                "action": policy.action,
-                "retain": format_duration(policy.retain),
-                "schedule": policy.schedule,
-                "timezone": policy.timezone,
-                "catch_up": policy.catch_up,
-                "paused": policy.name in schedules and schedules[policy.name].paused,
-                "next_fire": format_time(next_fire(policy, now)) if policy.schedule else None,
-                "watermark_seconds": None if watermark is None else round(watermark, 3),
-                "watermark": "unknown" if watermark is None else format_duration(round(watermark)),
-                "last_run": last[0] if last else None,
-                "oldest_open_run_seconds": None if age is None else round(age, 3),
-                "stall_after": format_duration(policy.stall_seconds),
-                "stalled": age is not None and age > policy.stall_seconds,
-                "broken": broken,
-                "throttle": throttles.get(policy.name),
-                "unserved_seconds": unserved.get(policy.name),
-                # No scheduler keeps its schedule: late by this long (None: never
-                # registered by one). A quarantined policy's fires wait: said as broken.
-                "unscheduled": policy.name in unscheduled and not broken,
-                "unscheduled_seconds": None
-                if broken or unscheduled.get(policy.name) is None
-                else round(unscheduled[policy.name] or 0.0, 3),
-                "vacuum": None if broken else vacuum(app, policy.table),
-            }
-        )
-    return out
+    seen = _Readings(
+        schedules=schedules,
+        now=now,
+        throttles=merge_throttles(live),
+        unserved=roll.unserved([p.name for p in cleanup.policies], live, app.queue.stats()),
+        unscheduled=roll.unscheduled(cleanup.policies, schedules, now),
+        ages=cleanup.open_run_ages(),
+    )
+    return [_policy_status(app, cleanup, policy, seen) for policy in cleanup.policies]
+
+
+@dataclass(frozen=True)
+class _Readings:
+    """What the policies' lines share, read once."""
+
+    schedules: dict[str, Schedule]
+    now: datetime
+    throttles: dict[str, dict[str, Any]]
+    unserved: dict[str, float]
+    unscheduled: dict[str, float | None]
+    ages: dict[str, float]
+
+
+def _policy_status(app: App, cleanup: Cleanup, policy: Policy, seen: _Readings) -> dict[str, Any]:
+    broken, watermark = _watermark(cleanup, policy.name)
+    last = app.runs.recent(policy.name, 1)
+    age = seen.ages.get(policy.name)
+    late = seen.unscheduled.get(policy.name)
+    schedule = seen.schedules.get(policy.name)
+    return {
+        "name": policy.name,
+        "table": policy.table,
+        "action": policy.action,
+        "retain": format_duration(policy.retain),
+        "schedule": policy.schedule,
+        "timezone": policy.timezone,
+        "catch_up": policy.catch_up,
+        "paused": schedule is not None and schedule.paused,
+        "next_fire": format_time(next_fire(policy, seen.now)) if policy.schedule else None,
+        "watermark_seconds": None if watermark is None else round(watermark, 3),
+        "watermark": "unknown" if watermark is None else format_duration(round(watermark)),
+        "last_run": last[0] if last else None,
+        "oldest_open_run_seconds": None if age is None else round(age, 3),
+        "stall_after": format_duration(policy.stall_seconds),
+        "stalled": age is not None and age > policy.stall_seconds,
+        "broken": broken,
+        "throttle": seen.throttles.get(policy.name),
+        "unserved_seconds": seen.unserved.get(policy.name),
+        # No scheduler keeps its schedule: late by this long (None: never
+        # registered by one). A quarantined policy's fires wait: said as broken.
+        "unscheduled": policy.name in seen.unscheduled and not broken,
+        "unscheduled_seconds": None if broken or late is None else round(late or 0.0, 3),
+        "vacuum": None if broken else vacuum(app, policy.table),
+    }
 
 
 def _watermark(cleanup: Cleanup, name: str) -> tuple[str | None, float | None]:
@@ -162,33 +179,8 @@ def workers(app: App, limit: int = 5000) -> dict[str, Any]:
     now = engine.now()
     held: dict[str, list[dict[str, Any]]] = {}
     for job in engine.job_list(JobState.RUNNING, None, limit):
-        held.setdefault(job.lease_owner or "", []).append(
-            {
-                "key": job.key,
-                "queue": job.queue,
-                "policy": job.payload.get("policy") if is_reserved(job.queue) else None,
-                "attempt": job.attempt,
-                "held_seconds": _seconds(now, job.attempted_at),
-                "lease_left_seconds": -_seconds(now, job.lease_expires_at),
-            }
-        )
-    roll: list[dict[str, Any]] = []
-    for w in engine.worker_list():
-        roll.append(
-            {
-                "name": w.name,
-                "host": w.host,
-                "pid": w.pid,
-                "threads": w.threads,
-                "queues": w.queues,
-                "resting": w.resting,
-                "resting_why": {q: _why_resting(app, q, w.health) for q in w.resting},
-                "started_at": format_time(w.started_at),
-                "seen_seconds_ago": round(w.seen_seconds_ago, 3),
-                "stale": w.seen_seconds_ago > STALE_AFTER_SECONDS,
-                "jobs": held.pop(w.name, []),
-            }
-        )
+        held.setdefault(job.lease_owner or "", []).append(_held_job(job, now))
+    roll = [{**_worker_line(app, w), "jobs": held.pop(w.name, [])} for w in engine.worker_list()]
     others = [{"owner": owner or None, **job} for owner, jobs in held.items() for job in jobs]
     live = [w for w in roll if not w["stale"]]
     gone = [w for w in roll if w["stale"] and w["seen_seconds_ago"] <= GONE_SHOWN_SECONDS]
@@ -198,6 +190,34 @@ def workers(app: App, limit: int = 5000) -> dict[str, Any]:
         "forgotten": len(roll) - len(live) - len(gone),
         "other_holders": others,
         "stale_after": STALE_AFTER_SECONDS,
+    }
+
+
+def _held_job(job: Job, now: datetime) -> dict[str, Any]:
+    """A running job as its holder's line shows it."""
+    return {
+        "key": job.key,
+        "queue": job.queue,
+        "policy": job.payload.get("policy") if is_reserved(job.queue) else None,
+        "attempt": job.attempt,
+        "held_seconds": _seconds(now, job.attempted_at),
+        "lease_left_seconds": -_seconds(now, job.lease_expires_at),
+    }
+
+
+def _worker_line(app: App, w: WorkerSeen) -> dict[str, Any]:
+    """A worker on the roll, and why it rests each queue it leaves alone."""
+    return {
+        "name": w.name,
+        "host": w.host,
+        "pid": w.pid,
+        "threads": w.threads,
+        "queues": w.queues,
+        "resting": w.resting,
+        "resting_why": {q: _why_resting(app, q, w.health) for q in w.resting},
+        "started_at": format_time(w.started_at),
+        "seen_seconds_ago": round(w.seen_seconds_ago, 3),
+        "stale": w.seen_seconds_ago > STALE_AFTER_SECONDS,
     }
 
 

@@ -47,19 +47,7 @@ class Checks(Strategies, Detection):
                 f"on {p.table} ({p.timestamp}))"
             )
         self.fixed = self._fixed(by_name, warnings)
-        self.notes = []
-        if view:
-            self.notes.append(
-                f"{p.table} is a {relation.kind}: the indexes of the table it reads serve it, "
-                "unseen through it (an index leading with the column behind "
-                f"{p.timestamp!r} belongs on that table: none can be created on a view)"
-            )
-        if self.fixed is not None:
-            self.notes.append(self.fixed.describe())
-        if self.fixed is None or self.fixed.name == TIME:
-            self.notes.append(self._ties(self.engine.table_indexes(conn, p.table)))
-        if relation.partitioned:
-            self.notes.append(self._partitions_note())
+        self.notes = self._layout_notes(conn, relation)
         self.notes += self._references(conn, warnings)
         self.columns = [c.name for c in columns]
         if p.action == "archive":
@@ -70,6 +58,25 @@ class Checks(Strategies, Detection):
         warnings += self.read_values(conn, self.storage)
         self.checked = True
         return warnings
+
+    def _layout_notes(self, conn: Any, relation: Relation) -> list[str]:
+        """What the check found of the table's layout: a view's unseen indexes,
+        the windows the schema decides, the ties of time windows, partitions."""
+        p = self.policy
+        notes = []
+        if relation.kind != "table":
+            notes.append(
+                f"{p.table} is a {relation.kind}: the indexes of the table it reads serve it, "
+                "unseen through it (an index leading with the column behind "
+                f"{p.timestamp!r} belongs on that table: none can be created on a view)"
+            )
+        if self.fixed is not None:
+            notes.append(self.fixed.describe())
+        if self.fixed is None or self.fixed.name == TIME:
+            notes.append(self._ties(self.engine.table_indexes(conn, p.table)))
+        if relation.partitioned:
+            notes.append(self._partitions_note())
+        return notes
 
     def _check_archive(self, conn: Any) -> None:
         p = self.policy

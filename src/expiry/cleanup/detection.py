@@ -164,19 +164,7 @@ class Detection(Statements):
     def _spelling(self, rows: list[Any]) -> Storage:
         """ISO text: one separator and one zone, so that values sort as times do."""
         p = self.policy
-        if p.timestamp_format not in (None, "iso"):
-            raise self._refuse(
-                f"holds ISO-8601 text, but the policy states timestamp_format = "
-                f'"{p.timestamp_format}"',
-                'correct timestamp_format (to "iso"), or the data',
-            )
-        unread = [r for r in rows if r["spelling"] == "?"]
-        if unread:
-            raise self._refuse(
-                f"holds {unread[0]['n']:,} text values that are not ISO-8601 times "
-                f"(such as {unread[0]['lo']!r})",
-                "rewrite them as YYYY-MM-DD HH:MM:SS, or exclude them with a where",
-            )
+        self._iso_only(rows)
         separators, zones, suffixed = _spellings(rows)
         if len(separators) > 1:
             shown = ", ".join(f"{n:,} with {s!r}" for s, n in sorted(separators.items()))
@@ -203,6 +191,24 @@ class Detection(Statements):
         self._naive = not suffixed
         separator = next(iter(separators), " ")
         return Storage("iso", separator, next(iter(zones), ""))
+
+    def _iso_only(self, rows: list[Any]) -> None:
+        """Refuse ISO text read under another stated format, or holding values
+        that are not ISO-8601 times."""
+        p = self.policy
+        if p.timestamp_format not in (None, "iso"):
+            raise self._refuse(
+                f"holds ISO-8601 text, but the policy states timestamp_format = "
+                f'"{p.timestamp_format}"',
+                'correct timestamp_format (to "iso"), or the data',
+            )
+        unread = [r for r in rows if r["spelling"] == "?"]
+        if unread:
+            raise self._refuse(
+                f"holds {unread[0]['n']:,} text values that are not ISO-8601 times "
+                f"(such as {unread[0]['lo']!r})",
+                "rewrite them as YYYY-MM-DD HH:MM:SS, or exclude them with a where",
+            )
 
     def read_values(self, conn: Any, storage: Storage) -> list[str]:
         """Set ``reading``: how the column is read, and its oldest and newest

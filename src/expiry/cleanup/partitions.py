@@ -11,7 +11,7 @@ from .. import defaults
 from ..config import Policy
 from ..errors import PermanentError, SchemaError, TransientError
 from ..times import format_duration, parse_time
-from ..types import Job
+from ..types import Job, Partition
 from .jobs import WindowResult, storage_of
 from .policies import Policies
 from .window import database_words
@@ -41,22 +41,7 @@ class Partitions(Policies):
         name = f"{part['schema']}.{part['name']}"
         found = target.expired_partitions(tx, cutoff, storage, only=part["name"])
         current = next((x for x in found if x.schema == part["schema"]), None)
-        rows = None
-        if current is not None:
-            try:  # the rows counted exactly under the removal's lock: the evidence
-                rows = self.engine.partition_remove(
-                    tx,
-                    policy.table,
-                    current,
-                    drop=p["mode"] == "drop",
-                    lock_timeout_ms=int(policy.partition_lock_timeout * 1000),
-                )
-            except SchemaError as exc:
-                raise PermanentError(str(exc)) from exc
-            except Exception as exc:
-                if self.engine.classify(exc)[1] != "lock_timeout":
-                    raise
-                raise _partition_held(job, policy, name, exc) from exc
+        rows = None if current is None else self._remove(job, policy, current, name, tx)
         # Booked after the removal, strictly: a concurrent delivery that removed
         # it first owns the key, and this transaction (its removal) rolls back.
         booked = self.engine.ledger_insert(
@@ -74,6 +59,28 @@ class Partitions(Policies):
         if not booked:
             return WindowResult(policy.name, None)
         return WindowResult(policy.name, rows or 0)
+
+    def _remove(
+        self, job: Job, policy: Policy, current: Partition, name: str, tx: Any
+    ) -> int | None:
+        """Drop or detach the partition under its short lock timeout: its rows,
+        counted exactly under the removal's lock (the evidence), or None when
+        it is no longer a partition (a concurrent removal committed first). A
+        lock wait that ran out is retried soon, no attempt spent."""
+        try:
+            return self.engine.partition_remove(
+                tx,
+                policy.table,
+                current,
+                drop=job.payload["mode"] == "drop",
+                lock_timeout_ms=int(policy.partition_lock_timeout * 1000),
+            )
+        except SchemaError as exc:
+            raise PermanentError(str(exc)) from exc
+        except Exception as exc:
+            if self.engine.classify(exc)[1] != "lock_timeout":
+                raise
+            raise _partition_held(job, policy, name, exc) from exc
 
 
 def _partition_held(job: Job, policy: Policy, name: str, exc: Exception) -> TransientError:

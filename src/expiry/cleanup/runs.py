@@ -21,7 +21,16 @@ from typing import Any
 from ..engines.base import Engine
 from ..errors import ConfigError
 from ..times import format_time
-from ..types import UNFINISHED_STATES, AuditAction, JobState, Run, RunJobs, RunTotals, RunWait
+from ..types import (
+    UNFINISHED_STATES,
+    AuditAction,
+    JobState,
+    LedgerEntry,
+    Run,
+    RunJobs,
+    RunTotals,
+    RunWait,
+)
 
 log = logging.getLogger("expiry.runs")
 
@@ -108,38 +117,12 @@ class Runs:
                 continue  # its run pruned meanwhile
             item = found.get(run.id)
             if item is None:
-                item = found[run.id] = {
-                    "run_id": run.id,
-                    "policy": run.policy,
-                    "cutoff": format_time(run.cutoff),
-                    "opened_by": run.opened_by,
-                    "opened_at": _time(run.opened_at),
-                    "finished_at": _time(run.finished_at),
-                    "outcome": _outcome(run, 0),
-                    "rows_affected": 0,
-                    "rows_by_action": {},
-                    "operations": [],
-                }
+                item = found[run.id] = _evidence_of(run)
             action = entry.action or "delete"
             item["rows_affected"] += entry.rows_affected
             by_action = item["rows_by_action"]
             by_action[action] = by_action.get(action, 0) + entry.rows_affected
-            item["operations"].append(
-                {
-                    "key": entry.key,
-                    "action": action,
-                    "range": (
-                        f"keys ({entry.lo}, {entry.hi}]"
-                        if entry.lo is not None and entry.hi is not None
-                        else entry.bounds or ""
-                    ),
-                    "rows": entry.rows_affected,
-                    "applied_at": format_time(entry.applied_at),
-                    "worker": entry.worker,
-                    "kept": entry.kept,
-                    "blocked": entry.blocked,
-                }
-            )
+            item["operations"].append(_operation(entry, action))
         return list(found.values())
 
     def prune(self, older_than: float, batch: int = 10_000) -> tuple[int, int]:
@@ -339,3 +322,37 @@ def _supersedes(followed: list[str]) -> dict[str, Any]:
 
 def _time(value: datetime | None) -> str | None:
     return None if value is None else format_time(value)
+
+
+def _evidence_of(run: Run) -> dict[str, Any]:
+    """A run's evidence before its operations are added."""
+    return {
+        "run_id": run.id,
+        "policy": run.policy,
+        "cutoff": format_time(run.cutoff),
+        "opened_by": run.opened_by,
+        "opened_at": _time(run.opened_at),
+        "finished_at": _time(run.finished_at),
+        "outcome": _outcome(run, 0),
+        "rows_affected": 0,
+        "rows_by_action": {},
+        "operations": [],
+    }
+
+
+def _operation(entry: LedgerEntry, action: str) -> dict[str, Any]:
+    """One ledger row as evidence: the window's range, its rows, when and by whom."""
+    return {
+        "key": entry.key,
+        "action": action,
+        "range": (
+            f"keys ({entry.lo}, {entry.hi}]"
+            if entry.lo is not None and entry.hi is not None
+            else entry.bounds or ""
+        ),
+        "rows": entry.rows_affected,
+        "applied_at": format_time(entry.applied_at),
+        "worker": entry.worker,
+        "kept": entry.kept,
+        "blocked": entry.blocked,
+    }

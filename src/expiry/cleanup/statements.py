@@ -103,14 +103,6 @@ class Statements:
         pred += " and ({where})" if p.where else ""
         pred += self._unreferenced() if unreferenced else ""
         names = ["cutoff", "exact", "after", "max", "window", "page", "lo", "hi", "key", "skip"]
-        ts_type, tie_type = self.types.get(p.timestamp, ""), self.types.get(self.tie, "")
-        typed = {
-            "p_lo_ts": engine.placeholder_as("lo_ts", ts_type),
-            "p_hi_ts": engine.placeholder_as("hi_ts", ts_type),
-            "p_upper": engine.placeholder_as("upper", ts_type),
-            "p_lo_tie": engine.placeholder_as("lo_tie", tie_type),
-            "p_hi_tie": engine.placeholder_as("hi_tie", tie_type),
-        }
         spans = SPANS | {"blocks": engine.block_span or "0 = 1"}
         text = template.replace("{span}", spans[span]).replace("{pred}", pred)
         text = text.replace("{bound}", bound)
@@ -128,8 +120,22 @@ class Statements:
             columns=", ".join(engine.quote(c) for c in self.columns),
             where=engine.escape(p.where) if p.where else "1 = 1",
             **{f"p_{n}": engine.placeholder(n) for n in names},
-            **typed,
+            **self._typed_placeholders(),
         )
+
+    def _typed_placeholders(self) -> dict[str, str]:
+        """The placeholders of a time window's bounds, cast where the engine
+        needs the column's type to compare them."""
+        engine = self.engine
+        ts_type = self.types.get(self.policy.timestamp, "")
+        tie_type = self.types.get(self.tie, "")
+        return {
+            "p_lo_ts": engine.placeholder_as("lo_ts", ts_type),
+            "p_hi_ts": engine.placeholder_as("hi_ts", ts_type),
+            "p_upper": engine.placeholder_as("upper", ts_type),
+            "p_lo_tie": engine.placeholder_as("lo_tie", tie_type),
+            "p_hi_tie": engine.placeholder_as("hi_tie", tie_type),
+        }
 
     def text(
         self,

@@ -176,8 +176,25 @@ def run_demo(
         f"built {sum(counts.values()):,} rows in {time.monotonic() - started:.1f}s; "
         f"config written to {config_file}"
     )
-
     cleaning = time.monotonic()
+    runs, redelivered = _clean(console, app, workers)
+    report = {
+        "database": str(path),
+        "rows_built": counts,
+        "seconds_cleaning": round(time.monotonic() - cleaning, 2),
+        "redelivered_windows": redelivered,
+        "policies": _policy_reports(app, runs, before),
+    }
+    _print_report(console, report)
+    app.close()
+    return report
+
+
+def _clean(console: Console, app: App, workers: int) -> tuple[dict[str, str], int]:
+    """A run for each policy, its workers until idle, then a few windows
+    delivered again: the runs' ids and how many windows were redelivered."""
+    cleanup = app.cleanup
+    assert cleanup is not None
     runs = {
         p.name: cleanup.open_run(p.name, opened_by="demo", actor="demo").run_id
         for p in cleanup.policies
@@ -187,39 +204,37 @@ def run_demo(
     thread.start()
     _progress(console, app, runs, thread)
     thread.join()
-
     redelivered = _redeliver(app, runs, 5)
     again = app.worker(concurrency=1, until_idle=True, poll=0.05, name="demo-redelivery")
     again.run()
-    seconds = time.monotonic() - cleaning
+    return runs, redelivered
 
+
+def _policy_reports(
+    app: App, runs: dict[str, str], before: dict[str, float]
+) -> list[dict[str, Any]]:
+    """Each policy's line of the report: its run's summary and its watermark
+    before and after."""
+    cleanup = app.cleanup
+    assert cleanup is not None
     summaries = {name: status.run_summary(app, rid) for name, rid in runs.items()}
     after = {p.name: cleanup.watermark(p.name) for p in cleanup.policies}
-    report = {
-        "database": str(path),
-        "rows_built": counts,
-        "seconds_cleaning": round(seconds, 2),
-        "redelivered_windows": redelivered,
-        "policies": [
-            {
-                "policy": p.name,
-                "action": p.action,
-                "rows_affected": s["rows_affected"],
-                "windows": s["windows_applied"],
-                "duplicates_skipped": s["duplicates_skipped"],
-                "retries": s["retries"],
-                "redelivered": s["redelivered"],
-                "dead": s["jobs_dead"],
-                "watermark_before_seconds": round(before[p.name], 1),
-                "watermark_after_seconds": round(after[p.name], 1),
-            }
-            for p in cleanup.policies
-            if (s := summaries[p.name]) is not None
-        ],
-    }
-    _print_report(console, report)
-    app.close()
-    return report
+    return [
+        {
+            "policy": p.name,
+            "action": p.action,
+            "rows_affected": s["rows_affected"],
+            "windows": s["windows_applied"],
+            "duplicates_skipped": s["duplicates_skipped"],
+            "retries": s["retries"],
+            "redelivered": s["redelivered"],
+            "dead": s["jobs_dead"],
+            "watermark_before_seconds": round(before[p.name], 1),
+            "watermark_after_seconds": round(after[p.name], 1),
+        }
+        for p in cleanup.policies
+        if (s := summaries[p.name]) is not None
+    ]
 
 
 def _progress(console: Console, app: App, runs: dict[str, str], thread: threading.Thread) -> None:

@@ -10,7 +10,7 @@ import argparse
 import csv
 import json
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -238,31 +238,7 @@ def print_status(data: dict[str, Any]) -> None:
     )
     print_table("policies", columns, (_policy_row(p) for p in data["policies"]))
     for p in data["policies"]:
-        if p["broken"]:
-            out.print(f"quarantined: {p['broken']}")
-        if p["stalled"]:
-            out.print(
-                f"STALLED: {p['name']}: a run has been open {p['oldest_open_run_seconds']:.0f}s"
-                f" (stall_after {p['stall_after']}): `expiry runs show RUN` says why it waits"
-            )
-        if p.get("unserved_seconds") is not None:
-            out.print(
-                f"UNSERVED: {p['name']}: jobs due for {p['unserved_seconds']:.0f}s and no live "
-                "worker works its queue: start one (`expiry worker`)"
-            )
-        if p.get("unscheduled"):
-            late = p.get("unscheduled_seconds")
-            since = (
-                f"its fire due {late:.0f}s ago was not taken"
-                if late is not None
-                else "no scheduler has registered its schedule"
-            )
-            out.print(
-                f"UNSCHEDULED: {p['name']}: {since}: no scheduler keeps it, so no run "
-                "opens: start one (`expiry scheduler`, or `expiry serve`) with this policy "
-                "in its config"
-            )
-        if line := _throttle_line(p):
+        for line in _policy_alerts(p):
             out.print(line)
     if "workers_alive" in data:
         out.print(f"workers alive: {data['workers_alive']}")
@@ -276,6 +252,36 @@ def print_status(data: dict[str, Any]) -> None:
         f"oldest due: {q['oldest_due_seconds'] or 'none'}; running: {len(q['running'])}; "
         f"retries by kind: {q['retries_by_kind'] or 'none'}; dead-letter depth: {q['dead']}"
     )
+
+
+def _policy_alerts(p: dict[str, Any]) -> Iterator[str]:
+    """What is wrong with a policy, a line each, with what to do about it."""
+    if p["broken"]:
+        yield f"quarantined: {p['broken']}"
+    if p["stalled"]:
+        yield (
+            f"STALLED: {p['name']}: a run has been open {p['oldest_open_run_seconds']:.0f}s"
+            f" (stall_after {p['stall_after']}): `expiry runs show RUN` says why it waits"
+        )
+    if p.get("unserved_seconds") is not None:
+        yield (
+            f"UNSERVED: {p['name']}: jobs due for {p['unserved_seconds']:.0f}s and no live "
+            "worker works its queue: start one (`expiry worker`)"
+        )
+    if p.get("unscheduled"):
+        late = p.get("unscheduled_seconds")
+        since = (
+            f"its fire due {late:.0f}s ago was not taken"
+            if late is not None
+            else "no scheduler has registered its schedule"
+        )
+        yield (
+            f"UNSCHEDULED: {p['name']}: {since}: no scheduler keeps it, so no run "
+            "opens: start one (`expiry scheduler`, or `expiry serve`) with this policy "
+            "in its config"
+        )
+    if line := _throttle_line(p):
+        yield line
 
 
 def _policy_row(p: dict[str, Any]) -> tuple[str, ...]:

@@ -159,8 +159,6 @@ class Scheduler:
         """Claim ``fires`` by moving last_fire_at from the value ``state`` read to
         the newest of them, and open their runs in the same transaction."""
         engine = self.engine
-        cleanup = self.cleanup
-        assert cleanup is not None
         to_run, missed = choose(policy, fires, now)
         newest = fires[-1]
         out: list[Fire] = []
@@ -168,28 +166,7 @@ class Scheduler:
             if not engine.schedule_advance(state, newest, conn=conn):
                 return []  # another scheduler moved last_fire_at first: it took these fires
             out += self._record_missed(policy, missed, total - len(fires), conn)
-            for fire in to_run:
-                cutoff = fire - timedelta(seconds=policy.retain)
-                # A fire is never later than the scheduler's now (the database's),
-                # so its cutoff is never later than now - retain: no check needed
-                # (and a test's fake clock may run ahead of the database's).
-                opened = cleanup.open_run(
-                    policy.name,
-                    cutoff,
-                    opened_by="scheduler",
-                    actor="scheduler",
-                    conn=conn,
-                    force=True,
-                )
-                engine.audit_append(
-                    conn,
-                    AuditAction.SCHEDULE_FIRED,
-                    actor="scheduler",
-                    policy=policy.name,
-                    run_id=opened.run_id,
-                    detail={"fire_time": format_time(fire)},
-                )
-                out.append(Fire(policy.name, fire, opened.run_id))
+            out += [self._open(policy, fire, conn) for fire in to_run]
         for done in out:
             if done.run_id:
                 log.info("schedule fired", extra={"policy": done.policy, "run": done.run_id})
@@ -201,6 +178,27 @@ class Scheduler:
                     extra={"policy": done.policy},
                 )
         return out
+
+    def _open(self, policy: Policy, fire: datetime, conn: Any) -> Fire:
+        """Open the run of one fire, audited, in ``conn``'s transaction. A fire is
+        never later than the scheduler's now (the database's), so its cutoff is
+        never later than now - retain: no check needed (and a test's fake clock
+        may run ahead of the database's)."""
+        cleanup = self.cleanup
+        assert cleanup is not None
+        cutoff = fire - timedelta(seconds=policy.retain)
+        opened = cleanup.open_run(
+            policy.name, cutoff, opened_by="scheduler", actor="scheduler", conn=conn, force=True
+        )
+        self.engine.audit_append(
+            conn,
+            AuditAction.SCHEDULE_FIRED,
+            actor="scheduler",
+            policy=policy.name,
+            run_id=opened.run_id,
+            detail={"fire_time": format_time(fire)},
+        )
+        return Fire(policy.name, fire, opened.run_id)
 
     def seconds_to_next_fire(self, now: datetime) -> float | None:
         """Until the nearest fire of a scheduled policy or of a cron target."""

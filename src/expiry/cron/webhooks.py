@@ -174,47 +174,9 @@ def post(
     and body): at the deadline the socket is shut, however slowly the target
     drips bytes. At most RESPONSE_LIMIT bytes of the response are read."""
     started = time.monotonic()
-    deadline = started + timeout
-    watchdog: threading.Timer | None = None
     expired = threading.Event()
     try:
-        scheme, host, port, address = resolve(url, allowed_hosts)
-        parts = urlsplit(url)
-        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        conn = _connection(scheme, host, port, address, max(0.001, deadline - time.monotonic()))
-        try:
-            conn.connect()
-            sock = conn.sock
-
-            def cut() -> None:
-                expired.set()
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-
-            watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), cut)
-            watchdog.daemon = True
-            watchdog.start()
-            conn.request(
-                "POST",
-                path,
-                body=body,
-                headers={**headers, "Host": parts.netloc, "Content-Type": "application/json"},
-            )
-            response = conn.getresponse()
-            chunks, kept = [], 0
-            while kept < RESPONSE_LIMIT and (chunk := response.read1(RESPONSE_LIMIT - kept)):
-                chunks.append(chunk)
-                kept += len(chunk)
-            if expired.is_set():
-                raise TimeoutError(f"the call took longer than {timeout:g} s")
-            text = b"".join(chunks).decode("utf-8", "replace")
-            status = response.status
-        finally:
-            if watchdog is not None:
-                watchdog.cancel()
-            conn.close()
-        error = None if 200 <= status < 300 else f"HTTP {status}"
-        return CallResult(status, (time.monotonic() - started) * 1000, text, error)
+        status, text = _exchange(url, body, headers, allowed_hosts, started + timeout, expired)
     except (OSError, http.client.HTTPException, UnsafeTarget) as exc:
         failure: Exception = exc
         if expired.is_set():
@@ -222,6 +184,60 @@ def post(
         return CallResult(
             None, (time.monotonic() - started) * 1000, None, f"{type(failure).__name__}: {failure}"
         )
+    error = None if 200 <= status < 300 else f"HTTP {status}"
+    return CallResult(status, (time.monotonic() - started) * 1000, text, error)
+
+
+def _exchange(
+    url: str,
+    body: bytes,
+    headers: dict[str, str],
+    allowed_hosts: Sequence[str],
+    deadline: float,
+    expired: threading.Event,
+) -> tuple[int, str]:
+    """The request and its response (status, text) by ``deadline``; past it the
+    socket is shut and ``expired`` set."""
+    scheme, host, port, address = resolve(url, allowed_hosts)
+    parts = urlsplit(url)
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    conn = _connection(scheme, host, port, address, max(0.001, deadline - time.monotonic()))
+    watchdog: threading.Timer | None = None
+    try:
+        conn.connect()
+        watchdog = _watchdog(conn.sock, deadline, expired)
+        conn.request(
+            "POST",
+            path,
+            body=body,
+            headers={**headers, "Host": parts.netloc, "Content-Type": "application/json"},
+        )
+        response = conn.getresponse()
+        chunks, kept = [], 0
+        while kept < RESPONSE_LIMIT and (chunk := response.read1(RESPONSE_LIMIT - kept)):
+            chunks.append(chunk)
+            kept += len(chunk)
+        if expired.is_set():
+            raise TimeoutError("the call ran past its deadline")
+        return response.status, b"".join(chunks).decode("utf-8", "replace")
+    finally:
+        if watchdog is not None:
+            watchdog.cancel()
+        conn.close()
+
+
+def _watchdog(sock: socket.socket, deadline: float, expired: threading.Event) -> threading.Timer:
+    """A timer that shuts ``sock`` at ``deadline``, however slowly the target drips bytes."""
+
+    def cut() -> None:
+        expired.set()
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+    watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), cut)
+    watchdog.daemon = True
+    watchdog.start()
+    return watchdog
 
 
 def _connection(

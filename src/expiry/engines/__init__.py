@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 from .base import Engine
+from .kinds import MYSQL, POSTGRES, SUPPORTED, kind_of
 
 
 def open_engine(
@@ -19,17 +20,20 @@ def open_engine(
     session setting would outlive the session behind a transaction pooler):
     there the reads use read_transaction() where it matters. ``pooler``: what
     stands between expiry and PostgreSQL ("none", "session", "transaction":
-    postgres.engine.POOLERS); the other engines take "none" only."""
-    if url.startswith(("postgresql://", "postgres://")):
-        from .postgres import PostgresEngine
-
-        return PostgresEngine(url, pool_size=pool_size, pooler=pooler)
-    if pooler not in ("none", "session"):
+    kinds.Kind.poolers): the other engines take "none" or "session"."""
+    kind = kind_of(url)
+    if kind is None:
+        raise ConfigError(f"database url {url!r} is not supported: {SUPPORTED}")
+    if pooler not in kind.poolers:
         raise ConfigError(
             f"[database] pooler = {pooler!r} is for PostgreSQL behind pgbouncer or the "
             "like: remove it for this database"
         )
-    if url.startswith(("mysql://", "mariadb://")):
+    if kind is POSTGRES:
+        from .postgres import PostgresEngine
+
+        return PostgresEngine(url, pool_size=pool_size, pooler=pooler)
+    if kind is MYSQL:
         try:
             from .mysql import MySQLEngine
         except ModuleNotFoundError as exc:
@@ -38,13 +42,9 @@ def open_engine(
             ) from exc
 
         return MySQLEngine(url, pool_size=pool_size)
-    if url.startswith("sqlite:///"):
-        from .sqlite import SQLiteEngine
+    from .sqlite import SQLiteEngine
 
-        return SQLiteEngine(url, read_only=read_only)
-    raise ConfigError(
-        f"database url {url!r} is not supported: use postgresql://host/db, mysql://user@host/db or sqlite:///path/to/file.db"
-    )
+    return SQLiteEngine(url, read_only=read_only)
 
 
 __all__ = ["Engine", "open_engine"]

@@ -216,15 +216,8 @@ class BodyLimit:
         headers = dict(scope.get("headers") or [])
         dashboard = not (scope["path"].startswith("/v1/") or scope["path"] == "/metrics")
         limit = self.form_limit if dashboard else self.limit
-        if (
-            not dashboard
-            and scope["method"] in ("POST", "PUT", "PATCH")
-            and not headers.get(b"content-type", b"").startswith(b"application/json")
-        ):
-            # The API speaks only JSON: read a body sent without (or with curl's default)
-            # content type as JSON rather than refusing it.
-            rest = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
-            scope = {**scope, "headers": [*rest, (b"content-type", b"application/json")]}
+        if not dashboard:
+            scope = _as_json(scope, headers)
         declared = headers.get(b"content-length")
         if declared and declared.isdigit() and int(declared) > limit:
             await self._refuse(send, limit)
@@ -242,16 +235,7 @@ class BodyLimit:
         if body is None:  # over the limit, or the client left
             await self._refuse(send, limit)
             return
-        sent = False
-
-        async def replay() -> Message:
-            nonlocal sent
-            if sent:  # the body was handed on already: wait for a disconnect
-                return await receive()
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        await self.app(scope, replay, send)
+        await self.app(scope, _replay(body, receive), send)
 
     @staticmethod
     async def _read(receive: Receive, limit: int) -> bytes | None:
@@ -272,3 +256,28 @@ class BodyLimit:
     @staticmethod
     async def _refuse(send: Send, limit: int) -> None:
         await send_error(send, 413, "body_too_large", f"request body is over {limit} bytes")
+
+
+def _as_json(scope: Scope, headers: dict[bytes, bytes]) -> Scope:
+    """The API speaks only JSON: a body sent without (or with curl's default)
+    content type is read as JSON rather than refused."""
+    if scope["method"] not in ("POST", "PUT", "PATCH") or headers.get(
+        b"content-type", b""
+    ).startswith(b"application/json"):
+        return scope
+    rest = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+    return {**scope, "headers": [*rest, (b"content-type", b"application/json")]}
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A receive that hands on the body read once, then waits for a disconnect."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if sent:  # the body was handed on already: wait for a disconnect
+            return await receive()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay

@@ -100,9 +100,14 @@ class WorkerSettings:
     claim from them, so a slow call never holds a thread that cleans."""
     ack_delay: float = defaults.ACK_DELAY_SECONDS
     claim_ahead: bool = False
-    """Claim the next batch while running a full one (the module says when)."""
+    """Claim the next batch while running a full one (worker.py says when), where
+    the engine has concurrent writers. Off unless asked: on a 2-core machine it
+    paid only for one process of group-committed jobs (1.15x; 0.97x-1.00x
+    elsewhere, docs/performance.md). Off, a job loop has no second thread."""
     outage_budget: float = defaults.OUTAGE_BUDGET_SECONDS
-    """A database outage's failures spend no attempt for this long."""
+    """A database outage's failures (engine OUTAGE_KINDS: connection lost,
+    shutdown, read-only, disk full) spend no attempt for this long: a database
+    that is down is not the job's fault."""
 
 
 class JobRunner:
@@ -119,8 +124,7 @@ class JobRunner:
         name: str | None = None,
         rng: random.Random | None = None,
     ) -> None:
-        settings = settings or WorkerSettings()
-        self.settings = settings
+        self.settings = settings = settings or WorkerSettings()
         self.engine = engine
         self.queue = queue
         self.handlers = handlers
@@ -128,22 +132,13 @@ class JobRunner:
         self.concurrency = max(1, settings.concurrency)
         self.queues = tuple(dict.fromkeys(settings.queues))  # a queue named twice is read once
         self.pools = {q: max(1, n) for q, n in settings.pools.items() if q in self.queues}
-        """Queues with threads of their own (cron calls): the ``concurrency`` job
-        loops never claim from them, so a slow call never holds a thread that cleans."""
         self.batch = max(1, settings.batch)
         self.claim_hold = settings.claim_hold
         self.lease = settings.lease
         self.poll = settings.poll
         self.until_idle = settings.until_idle
         self.claim_ahead = settings.claim_ahead and engine.concurrent_writers
-        """Claim the next batch while running a full one (the module says when).
-        Off unless asked: on a 2-core machine it paid only for one process of
-        group-committed jobs (1.15x; 0.97x-1.00x elsewhere, docs/performance.md).
-        Off, a job loop has no second thread."""
         self.outage_budget = settings.outage_budget
-        """A database outage's failures spend no attempt for this long (engine
-        OUTAGE_KINDS: connection lost, shutdown, read-only, disk full): a
-        database that is down is not the job's fault."""
         self.rescue_every = settings.rescue_every
         self.prune_after = settings.prune_after
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{random.randrange(16**4):04x}"

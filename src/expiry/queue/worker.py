@@ -61,34 +61,7 @@ class Worker(Claiming):
         # Listen before the first claim: a hint sent between an empty claim and
         # the first wait (the planner's first page, at start-up) is not lost.
         self.engine.listen()
-        helpers = [
-            threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True),
-            threading.Thread(target=self._rescue_loop, name="rescuer", daemon=True),
-        ]
-        if self.acks is not None:
-            helpers.append(
-                threading.Thread(
-                    target=self.acks.run, args=(self.stopping,), name="acks", daemon=True
-                )
-            )
-        if self.hooks.monitor is not None:
-            # A first reading before the first claim: a held policy is held from
-            # the start, and a canary's baseline is taken while nothing runs.
-            delay = self._monitor()
-            helpers.append(
-                threading.Thread(
-                    target=self._monitor_loop, args=(delay,), name="health", daemon=True
-                )
-            )
-        loops = [
-            threading.Thread(target=self._job_loop, args=(None,), name=f"job-{i}", daemon=True)
-            for i in range(self.concurrency if self._shared() else 0)
-        ]
-        loops += [
-            threading.Thread(target=self._job_loop, args=((q,),), name=f"{q}-{i}", daemon=True)
-            for q, n in self.pools.items()
-            for i in range(n)
-        ]
+        helpers, loops = self._helpers(), self._loops()
         self._roll_call()
         for thread in helpers + loops:
             thread.start()
@@ -111,6 +84,43 @@ class Worker(Claiming):
             log.warning("could not leave the workers' roll: %s", exc)
         log.info("worker stopped", extra={"worker": self.name})
         return self._idle_exit_code()
+
+    def _helpers(self) -> list[threading.Thread]:
+        """The threads beside the job loops: heartbeat, rescuer, batched acks and
+        the health monitor (its first reading taken now, before the first claim:
+        a held policy is held from the start, and a canary's baseline is taken
+        while nothing runs)."""
+        helpers = [
+            threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True),
+            threading.Thread(target=self._rescue_loop, name="rescuer", daemon=True),
+        ]
+        if self.acks is not None:
+            helpers.append(
+                threading.Thread(
+                    target=self.acks.run, args=(self.stopping,), name="acks", daemon=True
+                )
+            )
+        if self.hooks.monitor is not None:
+            delay = self._monitor()
+            helpers.append(
+                threading.Thread(
+                    target=self._monitor_loop, args=(delay,), name="health", daemon=True
+                )
+            )
+        return helpers
+
+    def _loops(self) -> list[threading.Thread]:
+        """The ``concurrency`` job loops over the shared queues, and each pool's own."""
+        loops = [
+            threading.Thread(target=self._job_loop, args=(None,), name=f"job-{i}", daemon=True)
+            for i in range(self.concurrency if self._shared() else 0)
+        ]
+        loops += [
+            threading.Thread(target=self._job_loop, args=((q,),), name=f"{q}-{i}", daemon=True)
+            for q, n in self.pools.items()
+            for i in range(n)
+        ]
+        return loops
 
     def _idle_exit_code(self) -> int:
         """0, or 1 for an --until-idle worker that found nothing to do while a

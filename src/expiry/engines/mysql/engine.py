@@ -44,6 +44,7 @@ from ..common import (
     load_queries,
     run_of,
 )
+from ..kinds import MYSQL
 from .sessions import (
     EXISTS,
     MIGRATION_LOCK,
@@ -69,6 +70,7 @@ log = logging.getLogger("expiry.engine")
 
 class MySQLEngine(MySQLTables):
     dialect = "mysql"
+    kind = MYSQL
     next_key_reads = True
 
     def __init__(self, url: str, *, pool_size: int = 4) -> None:

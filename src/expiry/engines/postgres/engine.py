@@ -31,12 +31,12 @@ from ...errors import (
 )
 from ...types import Job, NewJob
 from ..common import Row, classify_exception, load_migrations, load_queries, run_of
+from ..kinds import POSTGRES
 from .sessions import (
     LEASE_LOST,
     MIGRATION_LOCK,
     PERMANENT_SQLSTATES,
     POOLER_FIX,
-    POOLERS,
     TRANSIENT_SQLSTATES,
     autocommit,
     chained,
@@ -60,10 +60,11 @@ log = logging.getLogger("expiry.engine")
 
 class PostgresEngine(PostgresTables):
     dialect = "postgres"
+    kind = POSTGRES
 
     def __init__(self, url: str, *, pool_size: int = 4, pooler: str = "none") -> None:
-        if pooler not in POOLERS:
-            raise ValueError(f"pooler {pooler!r}: use one of {', '.join(POOLERS)}")
+        if pooler not in POSTGRES.poolers:
+            raise ValueError(f"pooler {pooler!r}: use one of {', '.join(POSTGRES.poolers)}")
         self._applies: dict[str, str] = {}
         self.url = url
         self.transaction_pooler = pooler == "transaction"

@@ -93,13 +93,6 @@ POOLER_FIX = (
 gone says (SQLSTATE 42P05, 26000)."""
 
 
-POOLERS = ("none", "session", "transaction")
-"""What may stand between expiry and PostgreSQL ([database] pooler): nothing,
-a pooler in session mode (a session keeps its server connection: nothing
-changes), or one in transaction mode (each transaction may get another server
-connection: no prepared statements, no session settings, no LISTEN)."""
-
-
 # The limits (lock_timeout, statement_timeout) a window last set on a pooled
 # connection's session, so that the next window of the same policy sets nothing,
 # and a transaction of any other kind resets them first.

@@ -20,6 +20,7 @@ from ...types import (
     NewJob,
 )
 from ..common import SCHEMA_DRIFT_KINDS, Row, classify_exception
+from ..kinds import Kind
 
 
 class Primitives(abc.ABC):
@@ -27,6 +28,8 @@ class Primitives(abc.ABC):
     each engine implements."""
 
     dialect: str
+    kind: Kind
+    """What this kind of database is and can do (engines/kinds.py)."""
     url: str
     queries: dict[str, str]
     migrations: list[tuple[int, str]]

@@ -27,6 +27,7 @@ from ...defaults import SQLITE_POLL_SECONDS
 from ...errors import ConfigError, MigrationError
 from ...types import Job, NewJob
 from ..common import Row, classify_exception, in_turns, load_migrations, load_queries, run_of
+from ..kinds import SQLITE
 from .tables import SQLiteTables
 
 NOW_SQL = "((julianday('now') - 2440587.5) * 86400.0)"
@@ -60,6 +61,7 @@ def epoch(value: datetime) -> float:
 
 class SQLiteEngine(SQLiteTables):
     dialect = "sqlite"
+    kind = SQLITE
     concurrent_writers = False
     # "database is locked" is the one writer's lock on the whole database, waited
     # for at BEGIN IMMEDIATE, before a window's first statement: a smaller window
