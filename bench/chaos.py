@@ -60,7 +60,7 @@ overlapping ledger ranges, no id deleted twice), rows gone == the ledger ==
 the trigger's record, no row left below the last finished run's cutoff, no job
 lost (each completed, dead with a reason, or cancelled), no run left open, no
 dead job, and every process exited 0 within 30 s of SIGTERM.
-tests/drills/invariants.py's checker runs too. The exit status is 1 when an
+tests/drills/_invariants.py's checker runs too. The exit status is 1 when an
 invariant fails; the watermark's target is printed, never asserted.
 
 --quick: 100 s of load (the first 10 s a warm-up without faults), a 20,000-row
@@ -1002,7 +1002,7 @@ def report_invariants(s: Soak, invariants: ModuleType) -> bool:
     print("\ninvariants")
     for check in checks:
         print(check)
-    print(f"  drills checker (tests/drills/invariants.py): {drills}")
+    print(f"  drills checker (tests/drills/_invariants.py): {drills}")
     failed = [c.label for c in checks if not c.ok]
     if drills.violations:
         failed.append("the drills checker")

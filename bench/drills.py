@@ -15,7 +15,7 @@ long scale (see each module's ``scale(ci, long)`` constants):
     read-only target    20,000 rows                 ->    500,000 rows
     poison work, clock skew: the same in both forms
 
-Every drill ends with tests/drills/invariants.py's checker. The database-restart
+Every drill ends with tests/drills/_invariants.py's checker. The database-restart
 drill restarts the local PostgreSQL cluster (pg_ctlcluster 15 main): do not run
 it on a server other people are using.
 """

@@ -28,7 +28,7 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "src")]
 
-from cleanup.support import cli_env, expiry_cmd  # noqa: E402
+from cleanup._support import cli_env, expiry_cmd  # noqa: E402
 from poolers import pgbouncer  # noqa: E402
 
 ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"

@@ -40,7 +40,7 @@ At the end the load stops, the policy is paused through the API (so that no
 cron fire opens a run after the last one), the last near-future rows are left
 to expire, one final run is triggered, and the soak waits for every job to end.
 Then ``expiry status --json`` is read as a cross-check, every process gets
-SIGTERM and must exit 0, and tests/drills/invariants.py checks the database:
+SIGTERM and must exit 0, and tests/drills/_invariants.py checks the database:
 no protected row deleted, no expired row left at the newest cutoff, one ledger
 row per completed window and no key range applied twice, every job completed,
 dead with a reason or cancelled, every run finished, rows gone == the ledger's
@@ -180,8 +180,8 @@ def setup_target(url: str, rows: int) -> None:
 
 
 def load_invariants() -> ModuleType:
-    """tests/drills/invariants.py, the checker every drill ends with."""
-    path = ROOT / "tests" / "drills" / "invariants.py"
+    """tests/drills/_invariants.py, the checker every drill ends with."""
+    path = ROOT / "tests" / "drills" / "_invariants.py"
     spec = importlib.util.spec_from_file_location("soak_drill_invariants", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -810,7 +810,7 @@ def unfinished_runs(conn: psycopg.Connection[tuple[Any, ...]]) -> int:
 def soak_violations(
     conn: psycopg.Connection[tuple[Any, ...]], publisher: Publisher, procs: list[Proc]
 ) -> list[str]:
-    """What the soak checks beyond tests/drills/invariants.py."""
+    """What the soak checks beyond tests/drills/_invariants.py."""
     v: list[str] = []
     early = conn.execute(
         "select count(*), min(id) from soak_deleted"

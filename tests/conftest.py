@@ -20,6 +20,7 @@ import pymysql
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
+from dialects import DIALECTS
 from expiry.app import App
 from expiry.engines import Engine, open_engine
 
@@ -138,7 +139,7 @@ def mysql_url(bare_mysql_url: str) -> str:
     return bare_mysql_url
 
 
-ENGINES = ["sqlite", "postgres", "mysql"]
+ENGINES = list(DIALECTS)
 _FIXTURES = {"sqlite": "sqlite_url", "postgres": "pg_url", "mysql": "mysql_url"}
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from expiry.app import App
 
-from .support import Db, make_app
+from ._support import Db, make_app
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from expiry.app import App
 from expiry.cleanup.runs import PLAN, WINDOW
 from expiry.errors import ConfigError
 
-from .support import Db, claim_plan, cli, doomed, standard_rows, write_config
+from ._support import Db, claim_plan, cli, doomed, standard_rows, write_config
 
 Apps = Callable[..., App]
 POLICY = "expired-sessions"

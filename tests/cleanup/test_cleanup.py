@@ -22,7 +22,7 @@ from expiry.app import App
 from expiry.errors import TransientError
 from expiry.types import Job
 
-from .support import (
+from ._support import (
     LIVE,
     Db,
     assert_run_clean,

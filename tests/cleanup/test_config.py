@@ -15,7 +15,7 @@ import pytest
 from expiry.config import parse_config
 from expiry.errors import ConfigError
 
-from .support import cli, write_config
+from ._support import cli, write_config
 
 GOOD: dict[str, Any] = {
     "name": "expired-sessions",

@@ -17,7 +17,7 @@ import pytest
 
 from expiry.app import App
 
-from .support import (
+from ._support import (
     Db,
     assert_run_clean,
     cli_env,

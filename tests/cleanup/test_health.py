@@ -21,7 +21,7 @@ from expiry import status
 from expiry.app import App
 from expiry.health.metrics import render
 
-from .support import Db, standard_rows, wait_for
+from ._support import Db, standard_rows, wait_for
 
 Apps = Callable[..., App]
 POLICY = "expired-sessions"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from expiry.app import App
 
-from .support import Db, claim_plan, cli_env, expiry_cmd, write_config
+from ._support import Db, claim_plan, cli_env, expiry_cmd, write_config
 
 Apps = Callable[..., App]
 POLICY = "expired-sessions"

@@ -43,7 +43,7 @@ from hypothesis.control import currently_in_test_context
 from expiry.app import App
 from expiry.errors import ExpiryError, SchemaError
 
-from .support import Db, assert_run_clean, drain, make_app
+from ._support import Db, assert_run_clean, drain, make_app
 
 US = 1
 MS = 1_000

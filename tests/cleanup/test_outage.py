@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from expiry.app import App
 
-from .support import Db, standard_rows
+from ._support import Db, standard_rows
 
 Apps = Callable[..., App]
 POLICY = {"name": "full", "where": None, "max_attempts": 2, "window": 1000}

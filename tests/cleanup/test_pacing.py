@@ -21,7 +21,7 @@ from expiry.errors import ConfigError, Snooze
 from expiry.queue.jobs import policy_queue
 from expiry.types import Job
 
-from .support import Db, config_data, doomed, run_worker, standard_rows, wait_for
+from ._support import Db, config_data, doomed, run_worker, standard_rows, wait_for
 
 Apps = Callable[..., App]
 POLICY = "expired-sessions"

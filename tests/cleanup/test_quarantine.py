@@ -17,7 +17,7 @@ from expiry.app import App
 from expiry.errors import SchemaError
 from expiry.health.metrics import render
 
-from .support import Db, cli, doomed, drain, run_worker, standard_rows, write_config
+from ._support import Db, cli, doomed, drain, run_worker, standard_rows, write_config
 
 Apps = Callable[..., App]
 GOOD = {"name": "good", "where": None, "window": 100}

@@ -29,7 +29,7 @@ from expiry.app import App
 from expiry.cleanup.runs import PARTITION
 from expiry.errors import SchemaError
 
-from .support import Db, assert_run_clean, cli, cli_env, drain, expiry_cmd, wait_for, write_config
+from ._support import Db, assert_run_clean, cli, cli_env, drain, expiry_cmd, wait_for, write_config
 
 Apps = Callable[..., App]
 POLICY = "expired-sessions"

@@ -25,7 +25,7 @@ import expiry.defaults
 from expiry.app import App
 from expiry.types import JobState
 
-from .support import LIVE, Db, claim_plan, drain, make_app, run_worker, standard_rows
+from ._support import LIVE, Db, claim_plan, drain, make_app, run_worker, standard_rows
 
 Apps = Callable[..., App]
 POLICY = "expired-sessions"

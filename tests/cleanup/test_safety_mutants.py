@@ -17,7 +17,7 @@ from expiry.cleanup.runs import WINDOW
 from expiry.cleanup.service import Cleanup
 from expiry.types import JobState
 
-from .support import (
+from ._support import (
     LIVE,
     Db,
     assert_run_clean,

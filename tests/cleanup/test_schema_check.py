@@ -12,7 +12,7 @@ import pytest
 from expiry.app import App
 from expiry.errors import SchemaError
 
-from .support import Db, cli, doomed, run_worker, standard_rows, write_config
+from ._support import Db, cli, doomed, run_worker, standard_rows, write_config
 
 Apps = Callable[..., App]
 

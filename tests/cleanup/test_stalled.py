@@ -14,7 +14,7 @@ from expiry import status
 from expiry.app import App
 from expiry.health.metrics import render
 
-from .support import Db, make_app, standard_rows
+from ._support import Db, make_app, standard_rows
 
 Apps = Callable[..., App]
 POLICY = {"name": "slow", "stall_after": "1h", "where": None}

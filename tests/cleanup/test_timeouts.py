@@ -36,7 +36,7 @@ from psycopg.conninfo import conninfo_to_dict
 from expiry.app import App
 from expiry.cleanup.pacing import MIN_CHUNK
 
-from .support import Db, MySQLConn, grant_expiry_tables, wait_for
+from ._support import Db, MySQLConn, grant_expiry_tables, wait_for
 
 Apps = Callable[..., App]
 POLICY = "expired-sessions"

@@ -19,7 +19,7 @@ from expiry.app import App
 from expiry.errors import ConfigError, SchemaError
 from expiry.timestamps import Storage, latest_instant, wall_bound, zone_of
 
-from .support import Db, config_data, drain
+from ._support import Db, config_data, drain
 
 Apps = Callable[..., App]
 POLICY = "expired-sessions"

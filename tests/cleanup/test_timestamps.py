@@ -16,7 +16,7 @@ import pytest
 from expiry.app import App
 from expiry.errors import SchemaError
 
-from .support import Db, claim_plan, drain, run_worker
+from ._support import Db, claim_plan, drain, run_worker
 
 Apps = Callable[..., App]
 POLICY = "expired-sessions"

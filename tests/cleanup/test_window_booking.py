@@ -26,7 +26,7 @@ from expiry.engines.mysql.sessions import parse_url
 from expiry.errors import AlreadyApplied
 from expiry.times import parse_time
 
-from .support import (
+from ._support import (
     Db,
     assert_run_clean,
     claim_plan,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cleanup.support import cli, write_config
+from cleanup._support import cli, write_config
 from expiry.app import App
 
 

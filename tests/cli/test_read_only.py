@@ -26,7 +26,7 @@ import pymysql
 import pytest
 from test_cli import Result, expiry
 
-from cleanup.support import Db, write_config
+from cleanup._support import Db, write_config
 from expiry.engines.mysql.sessions import parse_url
 
 POLICY = {

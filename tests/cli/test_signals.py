@@ -22,7 +22,7 @@ import psycopg
 import pytest
 from test_cli import free_port
 
-from cleanup.support import (
+from cleanup._support import (
     Db,
     cli_env,
     doomed,

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 import uvicorn
 
-from cleanup.support import cli, run_worker, write_config
+from cleanup._support import cli, run_worker, write_config
 from clusters import Cluster, primary_and_standby
 from dashboard.conftest import post_login
 from expiry.app import App

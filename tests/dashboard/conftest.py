@@ -128,7 +128,7 @@ class Dashboard:
             with closing(sqlite3.connect(url.removeprefix("sqlite:///"))) as lite:
                 row = lite.execute("select state from expiry_jobs where key = ?", (key,)).fetchone()
         elif url.startswith("mysql://"):
-            from cleanup.support import MySQLConn
+            from cleanup._support import MySQLConn
 
             mysql = MySQLConn(url)
             row = mysql.execute("select state from expiry_jobs where `key` = %s", (key,)).fetchone()

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from cleanup.support import make_app
+from cleanup._support import make_app
 from expiry.app import App
 
 

@@ -15,7 +15,7 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
-from .harness import (
+from ._harness import (
     Proc,
     config,
     connect,
@@ -26,7 +26,7 @@ from .harness import (
     wait_until,
     worker_proc,
 )
-from .invariants import check, record_expected
+from ._invariants import check, record_expected
 
 SKEW_HOURS = 5
 

@@ -21,7 +21,7 @@ import pytest
 from clusters import Cluster, private_cluster
 from expiry.engines import open_engine
 
-from .harness import (
+from ._harness import (
     config,
     connect,
     job_states,
@@ -32,7 +32,7 @@ from .harness import (
     wait_until,
     worker_proc,
 )
-from .invariants import check, record_expected
+from ._invariants import check, record_expected
 
 ROWS = scale(150_000, 3_000_000)
 RESTARTS = scale(1, 5)

@@ -13,14 +13,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from cleanup.support import drain
+from cleanup._support import drain
 from expiry.app import App
 from expiry.cleanup.runs import WINDOW
 from expiry.queue.worker import Worker
 from expiry.types import Job
 
-from .harness import connect, dialect, load_sessions, plan_only, scale
-from .invariants import check, record_expected
+from ._harness import connect, dialect, load_sessions, plan_only, scale
+from ._invariants import check, record_expected
 
 ROWS = scale(20_000, 1_000_000)
 WINDOW_KEYS = 500

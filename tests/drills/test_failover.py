@@ -26,7 +26,7 @@ import pytest
 from clusters import Cluster, primary_and_standby
 from expiry.engines import open_engine
 
-from .harness import (
+from ._harness import (
     config,
     connect,
     job_states,
@@ -37,7 +37,7 @@ from .harness import (
     wait_until,
     worker_proc,
 )
-from .invariants import check, record_expected
+from ._invariants import check, record_expected
 
 ROWS = scale(80_000, 2_000_000)
 

@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 from expiry.app import App
 
-from .harness import connect, load_sessions, scale, wait_until
-from .invariants import check, record_expected
+from ._harness import connect, load_sessions, scale, wait_until
+from ._invariants import check, record_expected
 
 ROWS = scale(40_000, 1_000_000)
 WINDOW = 500

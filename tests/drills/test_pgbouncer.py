@@ -23,7 +23,7 @@ from typing import Any
 
 import psycopg
 
-from cleanup.support import cli_env, expiry_cmd
+from cleanup._support import cli_env, expiry_cmd
 from expiry.app import App
 from poolers import pgbouncer
 

@@ -10,13 +10,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cleanup.support import cli, run_worker, write_config
+from cleanup._support import cli, run_worker, write_config
 from expiry.app import App
 from expiry.errors import PermanentError, TransientError
 from expiry.types import Job
 
-from .harness import connect, load_sessions
-from .invariants import check, record_expected
+from ._harness import connect, load_sessions
+from ._invariants import check, record_expected
 
 FLAKY_ATTEMPTS = 3
 

@@ -22,11 +22,11 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from cleanup.support import cli, drain, grant_expiry_tables, run_worker, write_config
+from cleanup._support import cli, drain, grant_expiry_tables, run_worker, write_config
 from expiry.app import App
 
-from .harness import connect, job_states, load_sessions, pending, scale, wait_until
-from .invariants import Target, check, record_expected
+from ._harness import connect, job_states, load_sessions, pending, scale, wait_until
+from ._invariants import Target, check, record_expected
 
 ROWS = scale(20_000, 500_000)
 B = Target(policy="expired-sessions-b", table="sessions_b")

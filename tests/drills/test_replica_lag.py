@@ -23,8 +23,8 @@ from clusters import Cluster, primary_and_standby
 from expiry.app import App
 from expiry.config import parse_config
 
-from .harness import connect, load_sessions, scale
-from .invariants import check, record_expected
+from ._harness import connect, load_sessions, scale
+from ._invariants import check, record_expected
 
 ROWS = scale(120_000, 1_000_000)
 POLICY = {

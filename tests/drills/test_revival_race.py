@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 from expiry.app import App
 
-from .harness import connect, load_sessions, plan_only, scale
-from .invariants import add_survivors, check, record_expected
+from ._harness import connect, load_sessions, plan_only, scale
+from ._invariants import add_survivors, check, record_expected
 
 ROWS = scale(60_000, 2_000_000)
 WINDOW = 500

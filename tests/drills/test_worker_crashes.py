@@ -4,7 +4,7 @@ Four `expiry worker` processes with a 3 s lease clean a big table in small
 windows while a chaos loop SIGKILLs a random one every 0.2-2 s and starts it
 again. The workers also kill themselves, with some probability, right after a
 window's transaction committed and before their own bookkeeping, and right
-after claiming a window, before working on it (drill_app).
+after claiming a window, before working on it (_app.py).
 Nothing may be lost or applied twice: the invariants hold at the end.
 """
 
@@ -14,7 +14,7 @@ import random
 import time
 from pathlib import Path
 
-from .harness import (
+from ._harness import (
     config,
     connect,
     dialect,
@@ -28,7 +28,7 @@ from .harness import (
     wait_until,
     worker_proc,
 )
-from .invariants import check, record_expected
+from ._invariants import check, record_expected
 
 ROWS = scale(1_000_000, 5_000_000)
 KILLS = scale(50, 500)
@@ -73,9 +73,7 @@ def test_random_worker_kills_lose_nothing_and_apply_nothing_twice(
         DRILL_KILL_BEFORE_WINDOW="0.03",
         DRILL_MARKS_BEFORE=str(marks_before),
     )
-    procs = [
-        worker_proc(tmp_path, cfg, n, app="drills.drill_app:app", env=env) for n in range(WORKERS)
-    ]
+    procs = [worker_proc(tmp_path, cfg, n, app="drills._app:app", env=env) for n in range(WORKERS)]
     rng = random.Random(20261130)
     for proc in procs:
         proc.start()
@@ -173,7 +171,7 @@ def test_a_run_whose_last_window_lost_its_bookkeeping_still_finishes(
         tmp_path,
         cfg,
         0,
-        app="drills.drill_app:app",
+        app="drills._app:app",
         env=drill_env(cfg, DRILL_KILL_AFTER_COMMIT="1", DRILL_MARKS=str(marks)),
     )
     doomed.start()

@@ -2,34 +2,24 @@
 
 The tests talk to the engine through its methods; they reach under it only to
 move a stored time into the past or to read what a table holds. That SQL is
-written once for PostgreSQL (``expiry.`` tables, ``%s`` placeholders) and
-translated for SQLite (``expiry_`` tables, ``?``) and MySQL (``expiry_``
-tables, the column ``key`` quoted: a reserved word there).
+written once for PostgreSQL and moved into the engine's dialect by the tests'
+one dialect profile (tests/dialects.py).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from dialects import dialect
 from expiry.engines import Engine
 from expiry.types import Job, NewJob
-
-_KEY = re.compile(r"(?<![\w`'.])(?<!primary )(?<!foreign )key(?![\w`'])")
-
-TIME_TYPE = {"postgres": "timestamptz", "sqlite": "real", "mysql": "datetime(6)"}
-"""A column type that holds a time, as each engine's tests declare it."""
 
 
 def translate(engine: Engine, statement: str) -> str:
     """A statement written for PostgreSQL, in this engine's dialect."""
-    if engine.dialect == "sqlite":
-        return statement.replace("expiry.", "expiry_").replace("%s", "?")
-    if engine.dialect == "mysql":
-        return _KEY.sub("`key`", statement.replace("expiry.", "expiry_"))
-    return statement
+    return dialect(engine).translate(statement)
 
 
 def execute(engine: Engine, statement: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
@@ -42,11 +32,7 @@ def execute(engine: Engine, statement: str, params: Sequence[Any] = ()) -> list[
 
 def age(engine: Engine, table: str, column: str, seconds: float, where: str = "true") -> None:
     """Move ``column`` of the rows of ``table`` matching ``where`` ``seconds`` back."""
-    amount = {
-        "postgres": f"make_interval(secs => {seconds})",
-        "sqlite": str(seconds),
-        "mysql": f"interval {round(seconds * 1_000_000)} microsecond",
-    }[engine.dialect]
+    amount = dialect(engine).seconds(seconds)
     execute(engine, f"update expiry.{table} set {column} = {column} - {amount} where {where}")
 
 

@@ -12,9 +12,10 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from _conformance import TIME_TYPE, execute
+from _conformance import execute
 
 from clusters import Cluster, primary_and_standby
+from dialects import dialect
 from expiry.engines import Engine, open_engine
 
 
@@ -85,7 +86,7 @@ def test_health_replicas_and_replay_lag_without_a_standby(engine: Engine) -> Non
 
 
 def test_table_vacuum_stats_and_table_vacuum(engine: Engine) -> None:
-    ts = TIME_TYPE[engine.dialect]
+    ts = dialect(engine).time_type
     flush = "select pg_stat_force_next_flush()" if engine.dialect == "postgres" else "select 1"
     execute(engine, f"create table churn (id bigint primary key, at {ts})")
     with engine.transaction() as conn:
@@ -168,7 +169,7 @@ def test_session_limits_bind_the_statements_after_them_and_never_a_vacuum(engine
     """A window's limits stay on a statement-mode session (the next window with
     the same limits sets nothing) but a table's vacuum runs without them."""
     execute(
-        engine, f"create table churn_limits (id bigint primary key, at {TIME_TYPE[engine.dialect]})"
+        engine, f"create table churn_limits (id bigint primary key, at {dialect(engine).time_type})"
     )
     with engine.transaction(statement=True) as conn:
         if engine.dialect == "sqlite":  # one writer, busy_timeout: no session limits

@@ -8,19 +8,18 @@ from __future__ import annotations
 
 import pytest
 
+from dialects import dialect
 from expiry.engines import Engine
-
-TABLE = {"postgres": "expiry.runs", "mysql": "expiry_runs", "sqlite": "expiry_runs"}
 
 
 def count(engine: Engine) -> int:
     with engine.transaction() as conn:
-        row = conn.execute(f"select count(*) as n from {TABLE[engine.dialect]}").fetchone()  # noqa: S608 (a constant)
+        row = conn.execute(f"select count(*) as n from {dialect(engine).table('runs')}").fetchone()  # noqa: S608 (a constant)
     return int(row["n"])
 
 
 def test_a_write_in_a_read_transaction_is_refused_and_changes_nothing(engine: Engine) -> None:
-    table = TABLE[engine.dialect]
+    table = dialect(engine).table("runs")
     assert engine.run_insert("p:1", "p", engine.now(), "trigger") is True
     with pytest.raises(Exception, match=r"(?i)read.?only"):  # noqa: PT011 (each driver's own)
         with engine.read_transaction() as conn:

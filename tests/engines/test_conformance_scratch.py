@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from dialects import dialect
 from expiry.engines import Engine
-
-TABLE = {"postgres": "expiry.runs", "mysql": "expiry_runs", "sqlite": "expiry_runs"}
 
 
 def count(conn: object, table: str) -> int:
@@ -19,7 +18,7 @@ def count(conn: object, table: str) -> int:
 
 
 def test_what_a_scratch_block_writes_is_gone_after_it(engine: Engine) -> None:
-    table = TABLE[engine.dialect]
+    table = dialect(engine).table("runs")
     assert engine.run_insert("p:1", "p", engine.now(), "trigger") is True
     assert engine.run_insert("p:2", "p", engine.now(), "trigger") is True
     with engine.transaction() as conn, engine.atomic(conn):
@@ -35,7 +34,7 @@ def test_what_a_scratch_block_writes_is_gone_after_it(engine: Engine) -> None:
 def test_an_error_in_a_scratch_block_is_raised_and_the_transaction_goes_on(
     engine: Engine,
 ) -> None:
-    table = TABLE[engine.dialect]
+    table = dialect(engine).table("runs")
     with engine.transaction() as conn, engine.atomic(conn):
         with pytest.raises(Exception, match=r"(?i)no_such_table|does not exist|doesn't exist"):  # noqa: PT011 (each driver's own)
             with engine.scratch(conn):

@@ -14,8 +14,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from _conformance import TIME_TYPE, claim, enqueue, execute
+from _conformance import claim, enqueue, execute
 
+from dialects import dialect
 from expiry.engines import Engine, open_engine
 from expiry.errors import ForeignKeyBlocked, SchemaError
 from expiry.timestamps import Storage
@@ -25,7 +26,7 @@ CUTOFF = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 
 def make_sessions(engine: Engine, archive: bool = False) -> None:
-    ts = TIME_TYPE[engine.dialect]
+    ts = dialect(engine).time_type
     execute(engine, f"create table sessions (id bigint primary key, expires_at {ts}, note text)")
     execute(engine, "create index sessions_expires_at on sessions (expires_at)")
     if archive:

@@ -26,15 +26,10 @@ import httpx
 import psycopg
 import uvicorn
 
+from dialects import dialect, dialect_of
 from expiry.app import App
 from expiry.config import parse_config
 from expiry.http.serving import server_config
-
-NOW = {
-    "postgres": "now()",
-    "sqlite": "((julianday('now') - 2440587.5) * 86400.0)",
-    "mysql": "utc_timestamp(6)",
-}
 
 POLICY: dict[str, Any] = {
     "name": "expired-sessions",
@@ -43,12 +38,6 @@ POLICY: dict[str, Any] = {
     "timestamp": "expires_at",
     "window": 100,
 }
-
-
-def dialect_of(url: str) -> str:
-    if url.startswith(("postgresql://", "postgres://")):
-        return "postgres"
-    return "mysql" if url.startswith(("mysql://", "mariadb://")) else "sqlite"
 
 
 def config_data(
@@ -86,7 +75,7 @@ class Db:
         if self.dialect == "postgres":
             self.conn = psycopg.connect(url, autocommit=True)
         elif self.dialect == "mysql":
-            from cleanup.support import MySQLConn
+            from cleanup._support import MySQLConn
 
             self.conn = MySQLConn(url)
         else:
@@ -98,12 +87,7 @@ class Db:
         self.conn.close()
 
     def sql(self, statement: str) -> str:
-        text = statement.replace("{now}", NOW[self.dialect])
-        if self.dialect == "sqlite":
-            text = text.replace("expiry.", "expiry_").replace("%s", "?")
-        elif self.dialect == "mysql":
-            text = text.replace("expiry.", "expiry_")
-        return text
+        return dialect(self.dialect).translate(statement)
 
     def execute(self, statement: str, params: Iterable[Any] = ()) -> None:
         self.conn.execute(self.sql(statement), tuple(params))
@@ -113,7 +97,7 @@ class Db:
         return None if row is None else row[0]
 
     def create_sessions(self, table: str = "sessions") -> None:
-        kind = {"postgres": "timestamptz", "sqlite": "real", "mysql": "datetime(6)"}[self.dialect]
+        kind = dialect(self.dialect).time_type
         key = "integer" if self.dialect == "sqlite" else "bigint"
         self.execute(
             f"create table {table} (id {key} primary key, expires_at {kind} not null, note text)"

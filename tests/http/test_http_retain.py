@@ -8,19 +8,16 @@ from urllib.parse import quote
 
 from _http_live import Db, Serve
 
+from dialects import dialect
+
 POLICY = "expired-sessions"
-SECONDS = {
-    "postgres": "make_interval(secs => %s)",
-    "sqlite": "%s",
-    "mysql": "interval round(%s * 1000000) microsecond",
-}
 
 
 def insert(db: Db, first: int, last: int, seconds: float) -> None:
     """Rows first..last that expire ``seconds`` from now (negative: expired)."""
     if db.dialect == "mysql":  # WITH goes after INSERT there: the rows as values
         values = ", ".join(
-            f"({i}, utc_timestamp(6) + {SECONDS['mysql'] % seconds})"
+            f"({i}, utc_timestamp(6) + {dialect('mysql').seconds(seconds)})"
             for i in range(first, last + 1)
         )
         db.execute(f"insert into sessions (id, expires_at) values {values}")
@@ -28,7 +25,7 @@ def insert(db: Db, first: int, last: int, seconds: float) -> None:
     db.execute(
         "with recursive g(i) as (select cast(%s as bigint) union all"
         " select i + 1 from g where i < %s)"
-        f" insert into sessions (id, expires_at) select i, {{now}} + {SECONDS[db.dialect]}"
+        f" insert into sessions (id, expires_at) select i, {{now}} + {dialect(db.dialect).seconds('%s')}"
         " from g",
         (first, last, seconds),
     )

@@ -2,17 +2,14 @@
 
 The tests reach under the queue only to move time (make a job due, expire a
 lease, age a finished job) and to read what the database really holds. Each
-helper writes its SQL once with ``%s`` placeholders and the PostgreSQL table
-name; for SQLite the placeholders become ``?`` and ``expiry.`` becomes
-``expiry_``; for MySQL ``expiry.`` becomes ``expiry_`` and the column ``key``
-(a reserved word there) is quoted; the ``now`` token stands for each
-database's own clock.
+helper writes its SQL once for PostgreSQL, with ``{now}`` for the database's
+clock, and the tests' dialect profile (tests/dialects.py) moves it into the
+engine's.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import time
@@ -20,36 +17,20 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from dialects import dialect
 from expiry.engines import Engine
 
 PROC = Path(__file__).with_name("_proc.py")
 
-_NOW = {
-    "postgres": "now()",
-    "sqlite": "((julianday('now') - 2440587.5) * 86400.0)",
-    "mysql": "utc_timestamp(6)",
-}
-_SECONDS = {
-    "postgres": "make_interval(secs => {})",
-    "sqlite": "{}",
-    "mysql": "interval round(({}) * 1000000) microsecond",
-}
-_KEY = re.compile(r"(?<![\w`'.])(?<!primary )(?<!foreign )key(?![\w`'])")
-
 
 def sql(engine: Engine, statement: str) -> str:
-    """``statement`` in this engine's dialect (see the module docstring)."""
-    text = statement.replace("{now}", _NOW[engine.dialect])
-    if engine.dialect == "sqlite":
-        text = text.replace("expiry.", "expiry_").replace("%s", "?")
-    elif engine.dialect == "mysql":
-        text = _KEY.sub("`key`", text.replace("expiry.", "expiry_"))
-    return text
+    """``statement`` in this engine's dialect (tests/dialects.py)."""
+    return dialect(engine).translate(statement)
 
 
 def seconds(engine: Engine, expr: str) -> str:
     """An SQL expression of ``expr`` seconds that adds to this engine's times."""
-    return _SECONDS[engine.dialect].format(expr)
+    return dialect(engine).seconds(expr)
 
 
 def execute(engine: Engine, statement: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:

@@ -22,9 +22,10 @@ from typing import Any, TextIO
 import psycopg
 import pymysql
 
-from cleanup.support import cli_env, dialect_of, write_config
+from cleanup._support import cli_env, write_config
+from dialects import dialect_of
 
-from .invariants import Translating
+from ._invariants import Translating
 
 LONG = os.environ.get("EXPIRY_DRILL_LONG", "") not in ("", "0")
 TESTS = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ which random kills from outside hit only when they land in the short time a
 paced worker holds one.
 
     EXPIRY_CONFIG=expiry.toml DRILL_KILL_AFTER_COMMIT=0.02 \
-        expiry worker --app drills.drill_app:app
+        expiry worker --app drills._app:app
 """
 
 from __future__ import annotations

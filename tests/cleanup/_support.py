@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sqlite3
 import subprocess
 import sys
@@ -25,16 +24,11 @@ from typing import Any
 import psycopg
 import pymysql
 
+from dialects import dialect, dialect_of
 from expiry.app import App
 from expiry.config import parse_config
 from expiry.queue.worker import Worker
 
-NOW = {
-    "postgres": "now()",
-    "sqlite": "((julianday('now') - 2440587.5) * 86400.0)",
-    "mysql": "utc_timestamp(6)",
-}
-_KEY = re.compile(r"(?<![\w`'.])(?<!primary )(?<!foreign )key(?![\w`'])")
 EXPIRY_TABLES = ("jobs", "ledger", "runs", "audit")
 
 POLICY: dict[str, Any] = {
@@ -48,12 +42,6 @@ POLICY: dict[str, Any] = {
 
 LIVE = 86_400.0
 """Offset of a row that expires a day from now."""
-
-
-def dialect_of(url: str) -> str:
-    if url.startswith(("postgresql://", "postgres://")):
-        return "postgres"
-    return "mysql" if url.startswith(("mysql://", "mariadb://")) else "sqlite"
 
 
 class MySQLConn:
@@ -101,16 +89,7 @@ class Db:
     # -- SQL ---------------------------------------------------------------------
 
     def sql(self, statement: str) -> str:
-        text = statement.replace("{now}", NOW[self.dialect])
-        if self.dialect == "sqlite":
-            for table in EXPIRY_TABLES:
-                text = text.replace(f"expiry.{table}", f"expiry_{table}")
-            text = text.replace("%s", "?")
-        elif self.dialect == "mysql":
-            for table in EXPIRY_TABLES:
-                text = text.replace(f"expiry.{table}", f"expiry_{table}")
-            text = _KEY.sub("`key`", text)
-        return text
+        return dialect(self.dialect).translate(statement)
 
     def _run(self, statement: str, params: Sequence[Any]) -> Any:
         # Without parameters the statement is sent as written ('%' needs no escape).
@@ -131,7 +110,7 @@ class Db:
     @property
     def time_type(self) -> str:
         """The column type this dialect's tests store a time in."""
-        return {"postgres": "timestamptz", "sqlite": "real", "mysql": "datetime(6)"}[self.dialect]
+        return dialect(self.dialect).time_type
 
     def quote(self, name: str) -> str:
         """An identifier quoted as this dialect writes one (MySQL: backticks)."""
