@@ -93,11 +93,11 @@ from typing import Any
 import psycopg
 import pymysql
 
-from expiry import status
 from expiry.app import App
 from expiry.config import parse_config
 from expiry.queue.handlers import Handler
 from expiry.queue.jobs import new_job
+from expiry.status import Status
 from scratch import scratch_database
 
 ADMIN_URL = os.environ.get(
@@ -681,7 +681,7 @@ def expiry_round(
         failed = [child.exitcode for child in children if child.exitcode != 0]
         if failed:
             raise RuntimeError(f"worker processes exited with {failed}")
-        summary = status.run_summary(app, opened.run_id)
+        summary = Status.of(app).run_summary(opened.run_id)
         assert summary is not None
         if summary["jobs_dead"] or summary["retries"]:
             raise RuntimeError(f"the run had failures: {summary}")

@@ -17,9 +17,9 @@ import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from expiry import status
 from expiry.app import App
 from expiry.health.metrics import render
+from expiry.status import Status
 
 from ._support import Db, standard_rows, wait_for
 
@@ -96,7 +96,7 @@ def test_a_throttle_query_holds_while_it_reads_true(db: Db, apps: Apps) -> None:
     opened = app.cleanup.open_run(POLICY)
     with working(app):
         held_for(db, opened.run_id, 1.0)
-        [policy] = status.policies(app)
+        [policy] = Status.of(app).policies()
         assert policy["throttle"] is None or policy["throttle"]["state"] in ("held", "open")
         db.execute("update hold_cleanup set on_ = 0")
         wait_for(lambda: db.run_state(opened.run_id) == "finished", timeout=30)
@@ -133,7 +133,7 @@ def test_a_slow_canary_holds_and_the_held_time_shows_in_status_and_metrics(
         when_held(caplog)
         held_for(db, opened.run_id, 1.0)
         time.sleep(5.5)  # the roll call tells the throttles every 5 s
-        [policy] = status.policies(app)
+        [policy] = Status.of(app).policies()
         throttle = policy["throttle"]
         assert throttle["state"] == "held" and throttle["reason"] == "latency_ratio"
         # The reading past its limit, and how long it has held (>= the 1 s waited).
@@ -242,5 +242,5 @@ def test_vacuum_after_vacuums_the_table_once_the_run_finishes(pg_db: Db, apps: A
         )
     last = db.scalar("select last_vacuum from pg_stat_user_tables where relname = 'sessions'")
     assert last is not None
-    [policy] = status.policies(app)
+    [policy] = Status.of(app).policies()
     assert policy["vacuum"]["last_vacuum"] is not None

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from expiry import status
 from expiry.app import App
 from expiry.errors import SchemaError
 from expiry.health.metrics import render
+from expiry.status import Status
 
 from ._support import Db, cli, doomed, drain, run_worker, standard_rows, write_config
 
@@ -48,7 +48,7 @@ def test_a_broken_policy_is_quarantined_and_the_good_one_is_cleaned(
     assert db.ids() == {i for i, _, _ in rows} - gone
     assert db.run_state(opened.run_id) == "finished"
 
-    views = {p["name"]: p for p in status.policies(app)}
+    views = {p["name"]: p for p in Status.of(app).policies()}
     assert views["good"]["broken"] is None
     assert "no_such_table" in views["broken"]["broken"]
     text = render(app)[0].decode()
@@ -134,7 +134,7 @@ def test_a_table_renamed_mid_run_quarantines_the_policy_and_its_return_resumes_t
         j is not None and j.wait_reason and "policy quarantined" in j.wait_reason for j in waiting
     )
     assert db.scalar("select count(*) from expiry.jobs where state = 'dead'") == 0
-    views = {p["name"]: p for p in status.policies(app)}  # no exception: shown broken
+    views = {p["name"]: p for p in Status.of(app).policies()}  # no exception: shown broken
     assert views["good"]["broken"] and "sessions" in views["good"]["broken"]
     assert views["good"]["watermark_seconds"] == pytest.approx(before, abs=5)
     text = render(app)[0].decode()
@@ -148,7 +148,7 @@ def test_a_table_renamed_mid_run_quarantines_the_policy_and_its_return_resumes_t
     assert db.ids() == {i for i, off, _ in rows if off > 0}
     assert db.run_state(opened.run_id) == "finished"
     assert {w["state"] for w in db.windows(opened.run_id)} == {"completed"}
-    views = {p["name"]: p for p in status.policies(app)}
+    views = {p["name"]: p for p in Status.of(app).policies()}
     assert views["good"]["broken"] is None and views["good"]["watermark_seconds"] == 0
 
 

@@ -10,9 +10,9 @@ from collections.abc import Callable
 
 import pytest
 
-from expiry import status
 from expiry.app import App
 from expiry.health.metrics import render
+from expiry.status import Status
 
 from ._support import Db, make_app, standard_rows
 
@@ -53,7 +53,7 @@ def test_a_run_open_past_stall_after_is_stalled_everywhere_and_audited_once(
         if line.startswith('expiry_oldest_open_run_age_seconds{policy="slow"}')
     )
     assert 3600 < age < 3700
-    view = next(p for p in status.policies(app) if p["name"] == "slow")
+    view = next(p for p in Status.of(app).policies() if p["name"] == "slow")
     assert view["stalled"] and view["stall_after"] == "1h"
     summary = app.runs.summary(opened.run_id)
     assert summary is not None and summary["stalled"]

@@ -14,8 +14,8 @@ import pytest
 from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.common.by import By
 
-from expiry import status
 from expiry.queue.jobs import policy_queue
+from expiry.status import Status
 
 from .conftest import Dashboard, screenshot, sign_in
 from .html_check import check_html
@@ -199,7 +199,7 @@ def test_due_work_that_no_live_worker_serves_is_said_on_every_surface(
         page.get(dashboard.url("/"))
         banner = page.find_elements(By.ID, "unserved")
         alive = page.find_element(By.CSS_SELECTOR, "a[href='/workers'] .big").text
-        [row] = status.policies(app)
+        [row] = Status.of(app).policies()
         assert (row["unserved_seconds"] is not None) == bool(banner)
         return bool(banner), alive
 

@@ -23,12 +23,12 @@ from zoneinfo import ZoneInfo
 import psycopg
 import pytest
 
-from expiry import status
 from expiry.app import App
 from expiry.config import parse_config
 from expiry.cron.scheduler import Fire, Scheduler
 from expiry.errors import ConfigError
 from expiry.health.metrics import render
+from expiry.status import Status
 from expiry.times import format_time
 
 HERE = Path(__file__).parent
@@ -435,7 +435,7 @@ def test_pause_stops_fires_and_resume_applies_catch_up(
 
     assert [e["actor"] for e in audit(app, "policy.paused")] == ["alice"]
     assert scheduler.states()[POLICY].paused
-    assert status.policies(app)[0]["paused"] is True
+    assert Status.of(app).policies()[0]["paused"] is True
     for hour in (1, 2, 3):
         clock.now = utc(2030, 1, 1, hour, 0, 10)
         assert scheduler.tick() == []
@@ -445,7 +445,7 @@ def test_pause_stops_fires_and_resume_applies_catch_up(
     operator.scheduler().set_paused(POLICY, False, actor="bob")
 
     assert [e["actor"] for e in audit(app, "policy.resumed")] == ["bob"]
-    assert status.policies(app)[0]["paused"] is False
+    assert Status.of(app).policies()[0]["paused"] is False
     clock.now = utc(2030, 1, 1, 3, 30)
     scheduler.tick()
     hour_of = {h: utc(2030, 1, 1, h) for h in (1, 2, 3)}
@@ -759,7 +759,7 @@ def test_a_schedule_no_scheduler_keeps_is_said_until_one_takes_its_fires(
     app = make_app(policy(schedule="* * * * *"), policy("manual", schedule=None))
 
     def said() -> dict[str, Any]:
-        rows = {p["name"]: p for p in status.policies(app)}
+        rows = {p["name"]: p for p in Status.of(app).policies()}
         assert rows["manual"]["unscheduled"] is False
         text = render(app)[0].decode()
         gauge = f'expiry_policy_unscheduled{{policy="{POLICY}"}} '

@@ -22,9 +22,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .. import status
 from ..app import App
 from ..config import load_config
+from ..status import Status
 from ..times import format_duration
 
 CONFIG = """\
@@ -217,7 +217,7 @@ def _policy_reports(
     before and after."""
     cleanup = app.cleanup
     assert cleanup is not None
-    summaries = {name: status.run_summary(app, rid) for name, rid in runs.items()}
+    summaries = {name: Status.of(app).run_summary(rid) for name, rid in runs.items()}
     after = {p.name: cleanup.watermark(p.name) for p in cleanup.policies}
     return [
         {
@@ -250,7 +250,7 @@ def _progress(console: Console, app: App, runs: dict[str, str], thread: threadin
         while True:
             alive = thread.is_alive()
             for name, rid in runs.items():
-                s = status.run_summary(app, rid)
+                s = Status.of(app).run_summary(rid)
                 if s is not None:
                     progress.update(
                         tasks[name],

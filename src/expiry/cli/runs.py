@@ -10,10 +10,10 @@ import sys
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from .. import status
 from ..app import App
 from ..cleanup.preview import PlanPreview
 from ..errors import ConfigError
+from ..status import Status
 from ..times import format_time, parse_duration
 from ..times import parse_since as since_of
 from .opening import cleanup_of, migrated, parse_cutoff, reading
@@ -126,9 +126,9 @@ def show_preview(args: argparse.Namespace, preview: PlanPreview) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     app = reading(args)
     data: dict[str, Any] = {
-        "policies": status.policies(app),
-        "queue": status.queue(app),
-        "workers_alive": status.workers_alive(app),
+        "policies": Status.of(app).policies(),
+        "queue": Status.of(app).queue(),
+        "workers_alive": Status.of(app).workers_alive(),
     }
     emit(args, data, lambda: print_status(data))
     return 0
@@ -158,7 +158,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 def cmd_evidence(args: argparse.Namespace) -> int:
     app = reading(args)
     since = parse_since(args.since, app)
-    found = status.evidence(app, args.policy, since, limit=2**62)  # all of it
+    found = Status.of(app).evidence(args.policy, since, limit=2**62)  # all of it
     if args.json or args.format == "json":
         print(json.dumps(found, indent=2))
     elif args.format == "csv":

@@ -7,10 +7,10 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query
 
-from ... import status as status_view
 from ...app import App
 from ...cleanup.service import Cleanup
 from ...errors import ConfigError
+from ...status import Status
 from ...times import format_time, parse_since
 from .. import models as m
 from ..deps import ExpiryApp, Reader, Trigger
@@ -72,7 +72,7 @@ def trigger(body: m.TriggerRequest, key: Trigger, app: ExpiryApp) -> m.Triggered
 
 @router.get("/policies")
 def policies(_: Reader, app: ExpiryApp) -> list[dict[str, Any]]:
-    return status_view.policies(app)
+    return Status.of(app).policies()
 
 
 def set_paused(app: App, policy: str, paused: bool, actor: str) -> m.Paused:
@@ -95,14 +95,14 @@ def policy_resume(name: str, key: Trigger, app: ExpiryApp) -> m.Paused:
 def runs(
     _: Reader, app: ExpiryApp, policy: PolicyFilter = None, limit: int = 20
 ) -> list[dict[str, Any]]:
-    return status_view.runs(app, policy, max(1, min(limit, 200)))
+    return Status.of(app).runs(policy, max(1, min(limit, 200)))
 
 
 @router.post("/runs/cancel", responses=NOT_FOUND)
 def run_cancel(body: m.CancelRunRequest, key: Trigger, app: ExpiryApp) -> dict[str, Any]:
     """Cancel a run: planning stops, its waiting jobs are cancelled, running ones
     finish; 404 for no such run, 409 for one that finished already."""
-    if status_view.run_summary(app, body.run_id) is None:
+    if Status.of(app).run_summary(body.run_id) is None:
         raise ApiError(404, "not_found", f"no run {body.run_id!r}")
     try:
         return app.runs.cancel(body.run_id, actor=f"api:{key.name}")
@@ -112,7 +112,7 @@ def run_cancel(body: m.CancelRunRequest, key: Trigger, app: ExpiryApp) -> dict[s
 
 @router.get("/runs/{run_id:path}", responses=NOT_FOUND)
 def run(run_id: RunId, _: Reader, app: ExpiryApp) -> dict[str, Any]:
-    found = status_view.run_summary(app, run_id)
+    found = Status.of(app).run_summary(run_id)
     if found is None:
         raise ApiError(404, "not_found", f"no run {run_id!r}")
     return found
@@ -136,4 +136,4 @@ def evidence(
             start = parse_since(since, app.engine.now())
         except ValueError as exc:
             raise ApiError(422, "invalid_since", f"since {exc}") from None
-    return status_view.evidence(app, policy, start, limit)
+    return Status.of(app).evidence(policy, start, limit)

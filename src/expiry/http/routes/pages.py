@@ -10,10 +10,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from ... import status as status_view
 from ...app import App
 from ...errors import ExpiryError
 from ...keys import Principal
+from ...status import STALE_AFTER_SECONDS, Status
 from ...types import JobState
 from .. import views as v
 from ..deps import DashboardPages, ExpiryApp, History, Reading
@@ -44,8 +44,8 @@ def overview(
         totals=totals,
         has_config=app.cleanup is not None,
         crons=len(app.crons.targets()),
-        workers_alive=status_view.workers_alive(app),
-        stale_after=status_view.STALE_AFTER_SECONDS,
+        workers_alive=Status.of(app).workers_alive(),
+        stale_after=STALE_AFTER_SECONDS,
     )
 
 
@@ -62,7 +62,7 @@ def runs(
     limit = min(number * v.PAGE_SIZE + 1, v.SCAN_LIMIT)
     found = app.engine.run_list(policy or None, limit)
     listed = v.page_of(found, number)
-    summaries = [s for r in listed.items if (s := status_view.run_summary(app, r.id))]
+    summaries = [s for r in listed.items if (s := Status.of(app).run_summary(r.id))]
     return pages.render(
         request,
         "runs.html",
@@ -93,7 +93,7 @@ def plan(
 def run(
     request: Request, run_id: str, app: ExpiryApp, pages: DashboardPages, session: Reading
 ) -> Response:
-    summary = status_view.run_summary(app, run_id)
+    summary = Status.of(app).run_summary(run_id)
     if summary is None:
         return pages.render(request, "missing.html", session, status=404, what=f"run {run_id}")
     dead, _ = v.find_jobs(app, JobState.DEAD, session.principal, run_id=run_id)
@@ -128,7 +128,7 @@ def crons(request: Request, app: ExpiryApp, pages: DashboardPages, session: Read
 
 @router.get("/workers")
 def workers(request: Request, app: ExpiryApp, pages: DashboardPages, session: Reading) -> Response:
-    return pages.render(request, "workers.html", session, **status_view.workers(app))
+    return pages.render(request, "workers.html", session, **Status.of(app).workers())
 
 
 @router.get("/audit")
@@ -223,7 +223,7 @@ def job(
 def _policies(app: App, history: v.WatermarkHistory) -> tuple[list[dict[str, Any]], str | None]:
     """The status view of every policy, with its watermark's level and trend."""
     try:
-        policies = status_view.policies(app)
+        policies = Status.of(app).policies()
     except ExpiryError as exc:
         return [], str(exc)
     now = app.engine.now()
@@ -248,7 +248,7 @@ def _policies(app: App, history: v.WatermarkHistory) -> tuple[list[dict[str, Any
 
 def _queue_charts(app: App, who: Principal) -> dict[str, Any]:
     """The queue page's charts; the running jobs' keys only on queues ``who`` may see."""
-    view = status_view.queue(app)
+    view = Status.of(app).queue()
     view["running"] = [r for r in view["running"] if who.can_see_queue(r["queue"])]
     now = app.engine.now()
     states = [s.value for s in JobState]
