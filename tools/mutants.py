@@ -641,10 +641,18 @@ MUTANTS = [
     Mutant(
         "read-only-sqlite-migrates",
         "src/expiry/app.py",
-        '                if engine.dialect != "sqlite" or self.read_only:\n',
-        '                if engine.dialect != "sqlite":\n',
+        "                if not engine.kind.embedded or self.read_only:\n",
+        "                if not engine.kind.embedded:\n",
         (f"{READ_ONLY}::test_reading_commands_create_nothing_in_an_application_sqlite_file",),
         "a reading command migrates the application's SQLite file on first use",
+    ),
+    Mutant(
+        "server-kind-embedded",
+        "src/expiry/engines/kinds.py",
+        '    poolers=("none", "session", "transaction"),\n)',
+        '    poolers=("none", "session", "transaction"),\n    embedded=True,\n)',
+        ("tests/test_first_use.py::test_a_server_database_without_the_schema_says_to_migrate",),
+        "PostgreSQL taken for an embedded file: the App alters a server's schema on first use",
     ),
     Mutant(
         "zone-ignored-in-predicate",
