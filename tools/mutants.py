@@ -172,7 +172,7 @@ MUTANTS = [
     ),
     Mutant(
         "run-finish-pending-pg",
-        "src/expiry/engines/postgres/queries.sql",
+        "src/expiry/engines/postgres/queries/runs.sql",
         "where r.id = %(id)s and r.state = 'running'\n"
         "      and not exists (select 1 from expiry.jobs j\n"
         "                      where j.run_id = r.id\n"
@@ -183,7 +183,7 @@ MUTANTS = [
     ),
     Mutant(
         "run-finish-running-pg",
-        "src/expiry/engines/postgres/queries.sql",
+        "src/expiry/engines/postgres/queries/runs.sql",
         "where r.id = %(id)s and r.state = 'running'\n"
         "      and not exists (select 1 from expiry.jobs j\n"
         "                      where j.run_id = r.id\n"
@@ -197,7 +197,7 @@ MUTANTS = [
     ),
     Mutant(
         "run-finish-idle-pending-pg",
-        "src/expiry/engines/postgres/queries.sql",
+        "src/expiry/engines/postgres/queries/runs.sql",
         "where r.state = 'running'\n      and not exists (select 1 from expiry.jobs j\n",
         "where r.state = 'running'\n      and exists (select 1 from expiry.jobs j\n",
         (f"{SAFETY}::test_a_run_is_not_finished_while_a_window_is_pending[postgres]",),
@@ -205,7 +205,7 @@ MUTANTS = [
     ),
     Mutant(
         "run-finish-pending-sqlite",
-        "src/expiry/engines/sqlite/queries.sql",
+        "src/expiry/engines/sqlite/queries/runs.sql",
         "where id = :id and state = 'running'\n"
         "  and not exists (select 1 from expiry_jobs j\n"
         "                  where j.run_id = expiry_runs.id\n"
@@ -216,7 +216,7 @@ MUTANTS = [
     ),
     Mutant(
         "run-finish-idle-pending-sqlite",
-        "src/expiry/engines/sqlite/queries.sql",
+        "src/expiry/engines/sqlite/queries/runs.sql",
         "where state = 'running'\n  and not exists (select 1 from expiry_jobs j\n",
         "where state = 'running'\n  and exists (select 1 from expiry_jobs j\n",
         (f"{SAFETY}::test_a_run_is_not_finished_while_a_window_is_pending[sqlite]",),
@@ -224,7 +224,7 @@ MUTANTS = [
     ),
     Mutant(
         "claim-skip-locked",
-        "src/expiry/engines/postgres/queries.sql",
+        "src/expiry/engines/postgres/queries/jobs.sql",
         "for update skip locked",
         "for update",
         (
@@ -796,7 +796,7 @@ MUTANTS = [
     ),
     Mutant(
         "prune-open-run-evidence",
-        "src/expiry/engines/postgres/queries.sql",
+        "src/expiry/engines/postgres/queries/ledger.sql",
         "    where r.state = 'finished' and r.finished_at < now() - make_interval(secs => %(age)s)\n"
         "    limit %(limit)s\n)\ndelete from expiry.ledger",
         "    where r.opened_at < now() - make_interval(secs => %(age)s)\n"

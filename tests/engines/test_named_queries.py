@@ -1,12 +1,12 @@
 """The named queries and the code that runs them agree, read from the source
 (no database): a typo in a query name fails here, not at run time.
 
-- every engine's ``queries.sql`` names the same queries, except the few that only
+- every engine's ``queries/*.sql`` name the same queries, except the few that only
   one dialect needs (listed below, with the reason);
 - every name the engine code runs (``self._rows(conn, "name")``, ``_run``,
   ``_one``, ``_tx_rows``, ``self.queries["name"]``) is a literal that exists in
-  the ``queries.sql`` of each engine that runs it;
-- every query in a ``queries.sql`` is run by the engine code;
+  the ``queries/*.sql`` of each engine that runs it;
+- every query in a ``queries/*.sql`` is run by the engine code;
 - nothing outside ``engines/`` runs a named query or reads a stored time itself;
 - every engine method that runs one of these queries has a conformance test.
 """
@@ -21,6 +21,7 @@ import pytest
 import expiry
 from expiry.engines import Engine
 from expiry.engines.common import load_queries
+from expiry.errors import MigrationError
 
 SRC = Path(expiry.__file__).parent
 ENGINES = SRC / "engines"
@@ -107,7 +108,7 @@ def test_every_query_an_engine_runs_exists_in_its_queries_sql(dialect: str) -> N
 @pytest.mark.parametrize("dialect", sorted(DIALECT_ONLY))
 def test_every_query_in_queries_sql_is_run(dialect: str) -> None:
     unused = set(queries(dialect)) - BASE - OWN[dialect]
-    assert not unused, f"engines/{dialect}/queries.sql has queries nothing runs: {unused}"
+    assert not unused, f"engines/{dialect}/queries/ has queries nothing runs: {unused}"
 
 
 def test_query_names_are_literals() -> None:
@@ -159,3 +160,18 @@ def test_every_engine_method_of_a_named_query_has_a_conformance_test() -> None:
     tested = "\n".join(p.read_text() for p in TESTS.glob("test_conformance_*.py"))
     untested = sorted(m for m in methods if f"engine.{m}(" not in tested)
     assert untested == []
+
+
+def test_a_query_named_in_two_files_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An engine's queries are one file a noun: the same name in two of them
+    would leave one silently unused, so loading refuses it."""
+    package = tmp_path / "twice_named"
+    (package / "queries").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "queries" / "jobs.sql").write_text("-- name: now\n-- One.\nselect 1;\n")
+    (package / "queries" / "runs.sql").write_text("-- name: now\n-- Two.\nselect 2;\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(MigrationError, match="'now' is named twice"):
+        load_queries("twice_named")

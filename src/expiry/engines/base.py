@@ -2,7 +2,7 @@
 
 Every method is named noun-first (job_claim, run_insert, schedule_advance,
 key_active, ledger_insert, audit_append) after the named query it runs from the
-engine's ``queries.sql``, takes typed parameters and returns plain values or the
+engine's ``queries/`` (one file a noun), takes typed parameters and returns plain values or the
 small frozen rows of ``expiry.types`` (times as aware datetimes). The methods
 below are written once against a few primitives that each engine provides: open
 a transaction, run a named query (``_rows``, private: nothing outside

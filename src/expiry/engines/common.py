@@ -13,6 +13,7 @@ from typing import Any
 from ..defaults import MAX_PAYLOAD_BYTES
 from ..errors import (
     DatabaseUnavailable,
+    MigrationError,
     PayloadTooLarge,
     PermanentError,
     TransientError,
@@ -53,12 +54,23 @@ _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
 
 def load_queries(package: str, substitutions: dict[str, str] | None = None) -> dict[str, str]:
-    """Read ``queries.sql`` of an engine package into {name: sql}."""
-    text = resources.files(package).joinpath("queries.sql").read_text()
-    for token, value in (substitutions or {}).items():
-        text = text.replace(token, value)
-    parts = _NAME.split(text)
-    return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+    """Read an engine package's ``queries/*.sql`` (one file a noun: jobs,
+    ledger, runs, cron, access, database) into {name: sql}. A name given twice
+    is refused."""
+    found: dict[str, str] = {}
+    folder = resources.files(package).joinpath("queries")
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if not entry.name.endswith(".sql"):
+            continue
+        text = entry.read_text()
+        for token, value in (substitutions or {}).items():
+            text = text.replace(token, value)
+        parts = _NAME.split(text)
+        for name, body in zip(parts[1::2], parts[2::2], strict=True):
+            if name in found:
+                raise MigrationError(f"{package}: query {name!r} is named twice")
+            found[name] = body.strip()
+    return found
 
 
 def load_migrations(package: str) -> list[tuple[int, str]]:

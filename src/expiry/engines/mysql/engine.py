@@ -8,7 +8,7 @@ of different keys never wait on each other. Claims use FOR UPDATE SKIP LOCKED
 is no NOTIFY: idle workers poll every 100 ms (defaults.MYSQL_POLL_SECONDS). The session's time zone is
 UTC, so that a target's TIMESTAMP column reads as UTC.
 
-A named query may be several statements (queries.sql says why): they run in
+A named query may be several statements (queries/database.sql says why): they run in
 order on one connection, in the caller's transaction, and the rows of the last
 one that returns rows come back. An insert that meets an existing key (1062)
 ends its query with no rows, the statement alone rolled back.

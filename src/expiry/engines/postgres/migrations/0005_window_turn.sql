@@ -38,7 +38,7 @@ begin
     get diagnostics taken = row_count;
 
     if job_id is not null then
-        -- As queries.sql's job_complete: only while the lease is still held.
+        -- As queries/jobs.sql's job_complete: only while the lease is still held.
         update expiry.jobs j
         set state = 'completed', finished_at = now(), updated_at = now(),
             lease_owner = null, lease_token = null, lease_expires_at = null

@@ -1,6 +1,6 @@
 -- 0006: the job-completion rule written once. expiry.job_complete completes a
 -- job only while the caller still holds its unexpired lease, and returns its id
--- (null when the lease moved on). queries.sql's job_complete calls it, and so
+-- (null when the lease moved on). queries/jobs.sql's job_complete calls it, and so
 -- does expiry.window_apply, which repeated the rule until now. plpgsql, so that
 -- its statement is planned once per session (a LANGUAGE sql function with an
 -- UPDATE is planned at every call). Group commit's job_complete_many keeps its

@@ -1,0 +1,68 @@
+-- PostgreSQL's named queries for who acts: the workers' roll, API keys, the HTTP API's idempotency records.
+
+-- name: key_insert
+-- Store a new API key's hash (the secret itself is never stored).
+insert into expiry.api_keys (name, hash, scopes) values (%(name)s, %(hash)s, %(scopes)s::jsonb)
+on conflict (name) do nothing returning name;
+
+-- name: key_list
+-- Every API key, without secrets.
+select name, scopes, created_at, revoked_at from expiry.api_keys order by name;
+
+-- name: key_revoke
+-- Revoke a key; it stops working at once.
+update expiry.api_keys set revoked_at = now() where name = %(name)s and revoked_at is null
+returning name;
+
+-- name: key_set_scopes
+-- Replace the scopes of a key in force.
+update expiry.api_keys set scopes = %(scopes)s::jsonb
+where name = %(name)s and revoked_at is null returning name;
+
+-- name: key_active
+-- Hashes of every key still in force.
+select name, hash, scopes from expiry.api_keys where revoked_at is null;
+
+-- name: idempotency_begin
+-- Record that a request with this key is in flight; no row back means it exists.
+insert into expiry.idempotency (api_key, key, request_hash) values (%(api_key)s, %(key)s, %(hash)s)
+on conflict (api_key, key) do nothing returning key;
+
+-- name: idempotency_get
+-- A stored request: its body hash and, once finished, its response.
+select request_hash, status, body from expiry.idempotency
+where api_key = %(api_key)s and key = %(key)s and created_at > now() - interval '24 hours';
+
+-- name: idempotency_finish
+-- Store the first response for replay.
+update expiry.idempotency set status = %(status)s, body = %(body)s
+where api_key = %(api_key)s and key = %(key)s;
+
+-- name: idempotency_forget
+-- Drop an in-flight record whose request failed before answering, or one expired.
+delete from expiry.idempotency
+where (api_key = %(api_key)s and key = %(key)s) or created_at < now() - interval '24 hours';
+
+-- name: worker_seen
+-- A worker process's roll call at each heartbeat: who it is, what it works,
+-- how many jobs it holds and which queues rest.
+insert into expiry.workers (name, host, pid, threads, queues, resting, holding, health)
+values (%(name)s, %(host)s, %(pid)s, %(threads)s, %(queues)s::jsonb, %(resting)s::jsonb,
+        %(holding)s, %(health)s::jsonb)
+on conflict (name) do update
+set threads = excluded.threads, queues = excluded.queues, resting = excluded.resting,
+    holding = excluded.holding, health = excluded.health, seen_at = now();
+
+-- name: worker_forget
+-- Workers not seen for a day are forgotten (killed without a word).
+delete from expiry.workers where seen_at < now() - interval '1 day';
+
+-- name: worker_gone
+-- A worker that stopped cleanly leaves the roll.
+delete from expiry.workers where name = %(name)s;
+
+-- name: worker_list
+-- The roll, newest first, with how long ago each was seen (the database's clock).
+select name, host, pid, threads, queues, resting, holding, health, started_at, seen_at,
+       extract(epoch from now() - seen_at)::float8 as seen_seconds_ago
+from expiry.workers order by started_at desc, name;

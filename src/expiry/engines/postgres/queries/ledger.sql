@@ -1,0 +1,60 @@
+-- PostgreSQL's named queries for evidence: the ledger (one row per applied window) and the audit log.
+
+-- name: ledger_insert
+-- Claim an operation id for this transaction, with the rows it affected when
+-- known: a window books itself after its guarded delete, in the same
+-- transaction (target.py). No row back means it already committed before: the
+-- caller must do nothing else.
+insert into expiry.ledger
+    (key, policy, run_id, lo, hi, bounds, blocked, action, worker, rows_affected, rows_kept)
+values (%(key)s, %(policy)s, %(run_id)s, %(lo)s, %(hi)s, %(bounds)s, %(blocked)s, %(action)s,
+        %(worker)s, %(rows)s, %(kept)s)
+on conflict (key) do nothing
+returning key;
+
+-- name: ledger_get
+-- One ledger row.
+select * from expiry.ledger where key = %(key)s;
+
+-- name: ledger_keep
+-- The rows a booked window kept (referenced by other tables' rows) and why,
+-- counted in the transaction that booked it.
+update expiry.ledger set rows_kept = %(kept)s, blocked = %(blocked)s
+where key = %(key)s;
+
+-- name: ledger_list
+-- A policy's ledger rows booked at or after since (null: all of them), oldest
+-- first, at most limit of them: the evidence of what its runs deleted or
+-- archived (expiry evidence).
+-- Through the policy's runs: both tables are indexed that way.
+select l.* from expiry.runs r join expiry.ledger l on l.run_id = r.id
+where r.policy = %(policy)s
+  and (%(since)s::timestamptz is null or l.applied_at >= %(since)s)
+order by l.applied_at, l.key
+limit %(limit)s;
+
+-- name: ledger_prune
+-- Delete, a bounded batch at a time, the ledger rows of runs finished longer
+-- ago than the given age ([retention] ledger), and then those runs once no
+-- ledger row of theirs is left. An open run's evidence is never touched.
+with old as (
+    select l.key from expiry.runs r join expiry.ledger l on l.run_id = r.id
+    where r.state = 'finished' and r.finished_at < now() - make_interval(secs => %(age)s)
+    limit %(limit)s
+)
+delete from expiry.ledger l using old where l.key = old.key;
+
+-- name: audit_append
+-- Append one event to the audit log.
+insert into expiry.audit (actor, action, policy, run_id, job_key, detail)
+values (%(actor)s, %(action)s, %(policy)s, %(run_id)s, %(job_key)s, %(detail)s::jsonb);
+
+-- name: audit_list
+-- The newest audit events, optionally for one policy.
+select * from expiry.audit
+where (%(policy)s::text is null or policy = %(policy)s)
+order by id desc limit %(limit)s;
+
+-- name: audit_counts
+-- Audited events by action and policy, for metrics.
+select action, policy, count(*) as n from expiry.audit group by action, policy;

@@ -1,0 +1,61 @@
+-- SQLite's named queries for evidence: the ledger (one row per applied window) and the audit log.
+-- (This engine's conventions are at the top of database.sql.)
+
+-- name: ledger_insert
+-- Claim an operation id for this transaction, with the rows it affected when
+-- known: a window books itself after its guarded delete, in the same
+-- IMMEDIATE transaction (target.py). No row back means it already committed
+-- before: the caller must do nothing else.
+insert into expiry_ledger
+    (key, policy, run_id, lo, hi, bounds, blocked, action, worker, rows_affected, rows_kept, applied_at)
+values (:key, :policy, :run_id, :lo, :hi, :bounds, :blocked, :action, :worker, :rows, :kept, $now)
+on conflict (key) do nothing
+returning key;
+
+-- name: ledger_get
+-- One ledger row.
+select * from expiry_ledger where key = :key;
+
+-- name: ledger_keep
+-- The rows a booked window kept (referenced by other tables' rows) and why,
+-- counted in the transaction that booked it.
+update expiry_ledger set rows_kept = :kept, blocked = :blocked
+where key = :key;
+
+-- name: ledger_list
+-- A policy's ledger rows booked at or after since (null: all of them), oldest
+-- first, at most limit of them: the evidence of what its runs deleted or
+-- archived (expiry evidence).
+-- Through the policy's runs: both tables are indexed that way. A time read
+-- back from its epoch seconds (a double) may come back a hair later than it
+-- was stored: a microsecond's slack keeps the row booked at `since` itself.
+select l.* from expiry_runs r join expiry_ledger l on l.run_id = r.id
+where r.policy = :policy
+  and (:since is null or l.applied_at >= :since - 0.000001)
+order by l.applied_at, l.key
+limit :limit;
+
+-- name: ledger_prune
+-- Delete, a bounded batch at a time, the ledger rows of runs finished longer
+-- ago than the given age ([retention] ledger). An open run's evidence is
+-- never touched.
+delete from expiry_ledger where key in (
+    select l.key from expiry_runs r join expiry_ledger l on l.run_id = r.id
+    where r.state = 'finished' and r.finished_at < $now - :age
+    limit :limit
+);
+
+-- name: audit_append
+-- Append one event to the audit log.
+insert into expiry_audit (at, actor, action, policy, run_id, job_key, detail)
+values ($now, :actor, :action, :policy, :run_id, :job_key, :detail);
+
+-- name: audit_list
+-- The newest audit events, optionally for one policy.
+select * from expiry_audit
+where (:policy is null or policy = :policy)
+order by id desc limit :limit;
+
+-- name: audit_counts
+-- Audited events by action and policy, for metrics.
+select action, policy, count(*) as n from expiry_audit group by action, policy;
