@@ -182,7 +182,18 @@ def oracle(url: str, method: str, rows: int, expired: int, deleted: int) -> None
 # -- expiry, as deployed -------------------------------------------------------------------
 
 
-def write_config(path: Path, url: str, window: int) -> Path:
+PACINGS = {
+    "zero": "nice_ratio = 0\n",
+    "shipped": "",
+    "always": 'nice_when = "always"\n',
+}
+"""The policy's pacing lines: no rests (the loop does not rest either), the
+defaults as shipped (nice_ratio 1, resting only while the application's
+sessions are at work), and nice_ratio 1 resting after every window (the
+default before nice_when)."""
+
+
+def write_config(path: Path, url: str, window: int, pacing: str = "zero") -> Path:
     path.write_text(
         f"""[database]
 url = "{url}"
@@ -194,8 +205,8 @@ key = "id"
 timestamp = "expires_at"
 retain = "0s"
 window = {window}
-nice_ratio = 0
 """
+        + PACINGS[pacing]
     )
     return path
 
@@ -435,30 +446,38 @@ def breakdown(url: str, run_id: str, threads: int, deletes: list[float]) -> None
 # -- the rounds ----------------------------------------------------------------------------
 
 
-def one_round(url: str, cfg: Path, args: argparse.Namespace, n: int, r: int, tmp: Path) -> dict:
+def one_round(
+    url: str, cfgs: dict[str, Path], args: argparse.Namespace, n: int, r: int, tmp: Path
+) -> dict[str, Measured]:
+    """The loop and expiry under each pacing, in an order that turns each round."""
     out: dict[str, Measured] = {}
-    order = ("expiry", "loop") if r % 2 == 0 else ("loop", "expiry")
+    methods = ["loop", *(f"expiry/{p}" for p in args.pacing)]
+    order = methods[::-1] if r % 2 == 0 else methods
     for method in order:
-        expired = build(url, args.rows, fresh_schema=method == "expiry")
-        if method == "expiry":
-            m = expiry_run(url, cfg, n, tmp)
-        else:
+        expired = build(url, args.rows, fresh_schema=method != "loop")
+        if method == "loop":
             m = loop_run(url, args.window, n)
+        else:
+            m = expiry_run(url, cfgs[method.split("/")[1]], n, tmp)
         oracle(url, method, args.rows, expired, m.rows)
         out[method] = m
     return out
 
 
-def print_round(n: int, r: int, got: dict[str, Measured]) -> float:
-    e, lp = got["expiry"], got["loop"]
-    ratio = (e.rows / e.seconds) / (lp.rows / lp.seconds)
-    print(
-        f"N={n} round {r + 1} ({'expiry' if r % 2 == 0 else 'loop'} first): expiry"
-        f" {e.seconds:7.3f} s {e.rows / e.seconds:>10,.0f} rows/s; loop {lp.seconds:7.3f} s"
-        f" {lp.rows / lp.seconds:>10,.0f} rows/s; expiry/loop {ratio:.2f}x",
-        flush=True,
-    )
-    return ratio
+def rate(m: Measured) -> float:
+    return m.rows / m.seconds
+
+
+def print_round(n: int, r: int, got: dict[str, Measured]) -> dict[str, float]:
+    """Each expiry pacing's rows/s over the loop's; with both, shipped over zero."""
+    lp = got["loop"]
+    ratios = {k: rate(m) / rate(lp) for k, m in got.items() if k != "loop"}
+    if "expiry/shipped" in got and "expiry/zero" in got:
+        ratios["shipped/zero"] = rate(got["expiry/shipped"]) / rate(got["expiry/zero"])
+    each = "; ".join(f"{k} {m.seconds:.3f} s {rate(m):,.0f} rows/s" for k, m in got.items())
+    said = ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items())
+    print(f"N={n} round {r + 1}: {each}; {said}", flush=True)
+    return ratios
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -472,8 +491,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=[1, 2],
         help="comma separated N: worker threads and loop connections (1,2)",
     )
+    parser.add_argument(
+        "--pacing",
+        type=lambda s: [x for x in s.split(",") if x.strip()],
+        default=["zero"],
+        help="comma separated expiry pacings, each run against the loop: zero (nice_ratio 0),"
+        " shipped (the defaults), always (nice_ratio 1 resting after every window) (zero)",
+    )
     parser.add_argument("--admin-url", default=ADMIN, help="server to create the scratch db on")
     args = parser.parse_args(argv)
+    if unknown := set(args.pacing) - set(PACINGS):
+        parser.error(f"--pacing: unknown {', '.join(sorted(unknown))}: use {', '.join(PACINGS)}")
     if min(args.rows, args.window, args.rounds, *args.connections) <= 0:
         parser.error("--rows, --window, --rounds and --connections must be positive")
     return args
@@ -492,19 +520,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         tempfile.TemporaryDirectory() as tmpdir,
     ):
         tmp = Path(tmpdir)
-        cfg = write_config(tmp / "expiry.toml", url, args.window)
+        cfgs = {p: write_config(tmp / f"expiry-{p}.toml", url, args.window, p) for p in args.pacing}
         for n in args.connections:
-            ratios, last = [], {}
+            ratios: dict[str, list[float]] = {}
+            last: dict[str, Measured] = {}
             for r in range(args.rounds):
                 try:
-                    last = one_round(url, cfg, args, n, r, tmp)
+                    last = one_round(url, cfgs, args, n, r, tmp)
                 except Mismatch as exc:
                     print(f"FAIL: {exc}", file=sys.stderr)
                     return 1
-                ratios.append(print_round(n, r, last))
-            each = ", ".join(f"{x:.2f}x" for x in ratios)
-            print(f"N={n}: median expiry/loop {statistics.median(ratios):.2f}x (of {each})")
-            breakdown(url, last["expiry"].run_id, n, last["loop"].deletes)
+                for k, v in print_round(n, r, last).items():
+                    ratios.setdefault(k, []).append(v)
+            for k, vs in ratios.items():
+                each = ", ".join(f"{x:.2f}x" for x in vs)
+                print(f"N={n}: median {k} {statistics.median(vs):.2f}x (of {each})")
+            first = last[f"expiry/{args.pacing[0]}"]
+            breakdown(url, first.run_id, n, last["loop"].deletes)
             print(flush=True)
     return 0
 

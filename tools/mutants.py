@@ -78,6 +78,12 @@ LEDGER_INSERT_LAX = (
 ORACLE = "tests/cleanup/test_oracle.py"
 TIMEOUTS = "tests/cleanup/test_timeouts.py"
 ANONYMOUS = "tests/http/test_http_anonymous.py"
+PACING = "tests/cleanup/test_pacing.py"
+QUIET = "test_nice_ratio_rests_while_the_application_is_at_work_and_not_on_a_quiet_database"
+FOREGROUND = (
+    "tests/engines/test_conformance_health.py::"
+    "test_health_foreground_sessions_counts_the_applications_and_not_expirys"
+)
 SIGNALS = "tests/cli/test_signals.py"
 READ_ONLY = "tests/cli/test_read_only.py"
 ZONES = "tests/cleanup/test_timestamp_zones.py"
@@ -645,6 +651,30 @@ MUTANTS = [
         "                if not engine.kind.embedded:\n",
         (f"{READ_ONLY}::test_reading_commands_create_nothing_in_an_application_sqlite_file",),
         "a reading command migrates the application's SQLite file on first use",
+    ),
+    Mutant(
+        "nice-rests-never-under-load",
+        "src/expiry/health/database.py",
+        "return foreground == 0 and self.clock() - when <= 2 * self.interval",
+        "return foreground is not None and self.clock() - when <= 2 * self.interval",
+        (f"{PACING}::{QUIET}[postgres]", f"{PACING}::{QUIET}[mysql]"),
+        "nice_ratio skips its rest while the application's sessions are at work",
+    ),
+    Mutant(
+        "foreground-sees-no-one",
+        "src/expiry/engines/postgres/tables.py",
+        "  and application_name is distinct from current_setting('application_name')\n",
+        "  and false\n",
+        (f"{FOREGROUND}[postgres]",),
+        "PostgreSQL: the application's sessions at work are not seen: nice_ratio never rests",
+    ),
+    Mutant(
+        "foreground-counts-expiry",
+        "src/expiry/engines/mysql/tables.py",
+        "  and coalesce(info, '') not like '%%expiry\\\\_%%'\n",
+        "",
+        (f"{FOREGROUND}[mysql]",),
+        "MySQL: expiry's own statements counted as the application's: an idle database rests",
     ),
     Mutant(
         "server-kind-embedded",

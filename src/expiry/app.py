@@ -231,6 +231,7 @@ class App:
             health = self.health
             assert health is not None
             self._cleanup.observer = health.observe  # the throttle's running rate
+            self._cleanup.quiet = health.quiet  # nice_ratio rests for the application's load
         return self._cleanup
 
     def table_reader(self) -> Cleanup:

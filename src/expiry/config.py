@@ -346,6 +346,10 @@ class Policy(HealthSettings):
     target_transaction: Duration = defaults.TARGET_TRANSACTION_SECONDS
     max_rows_per_second: float | None = Field(None, gt=0)
     nice_ratio: float = Field(defaults.NICE_RATIO, ge=0, le=100)
+    nice_when: Literal["busy", "always"] = defaults.NICE_WHEN
+    """When nice_ratio rests: "busy", while the database shows the
+    application's sessions at work (read every health_interval; always on
+    SQLite, which cannot say), or "always"."""
     priority: int = Field(0, ge=-100, le=100)
     watermark_warn: Duration | None = None
     watermark_alert: Duration | None = None

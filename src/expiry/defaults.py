@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Final
+
 MAX_PAYLOAD_BYTES = 256 * 1024
 """Payloads carry identifiers, not records: a window is four numbers."""
 
@@ -90,6 +92,12 @@ NICE_RATIO = 1.0
 """After each cleanup transaction a worker thread rests this many times as long
 as the transaction took (as gh-ost's --nice-ratio): live traffic gets the
 database back between transactions. bench/foreground_impact.py chose it."""
+
+NICE_WHEN: Final = "busy"
+"""nice_ratio's rest gives the database back to the application's sessions:
+with none at work (the health monitor's last reading, every health_interval)
+there is no one to give it to, and the rest would only slow the cleanup (half
+its speed at nice_ratio 1). SQLite cannot tell, so it always rests."""
 
 CALL_TIMEOUT_SECONDS = 10.0
 """A cron call's whole deadline: connect, send and the response together."""

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 
+import psycopg
 import pytest
 
 from expiry.app import App
@@ -21,7 +22,15 @@ from expiry.errors import ConfigError, Snooze
 from expiry.queue.jobs import policy_queue
 from expiry.types import Job
 
-from ._support import Db, config_data, doomed, run_worker, standard_rows, wait_for
+from ._support import (
+    Db,
+    MySQLConn,
+    config_data,
+    doomed,
+    run_worker,
+    standard_rows,
+    wait_for,
+)
 
 Apps = Callable[..., App]
 POLICY = "expired-sessions"
@@ -69,6 +78,73 @@ def test_nice_ratio_rests_the_policy_not_the_thread(db: Db, apps: Apps) -> None:
     time.sleep(0.2)
     nice.cleanup.after_window(job, WindowResult(POLICY, None), 0.1)
     assert resting_for(nice) == 0.0
+
+
+def applications_statement(db: Db, seconds: float) -> threading.Thread:
+    """A session of the application running a statement for ``seconds`` (not
+    one of expiry's: another application_name, no expiry table named)."""
+
+    def run() -> None:
+        if db.dialect == "mysql":
+            other = MySQLConn(db.url)
+            other.execute(f"select sleep({seconds})").fetchall()
+            other.close()
+            return
+        with psycopg.connect(db.url, autocommit=True, application_name="shop") as conn:
+            conn.execute(f"select pg_sleep({seconds})")
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    time.sleep(0.5)
+    return thread
+
+
+@pytest.mark.serial  # whether the server's sessions are at work: the other tests' would be
+def test_nice_ratio_rests_while_the_application_is_at_work_and_not_on_a_quiet_database(
+    db: Db, apps: Apps
+) -> None:
+    """nice_when "busy" (the default): the rest gives the database back to the
+    application's sessions, so it is taken while the health check last saw one
+    at work, and not when it saw none. "always" rests on a quiet database too.
+    SQLite cannot say: it always rests."""
+    db.create_sessions()
+    app = apps(db.url, {"nice_ratio": 2})
+    always = apps(db.url, {"nice_ratio": 2, "nice_when": "always"})
+    assert app.cleanup is not None and app.health is not None and always.cleanup is not None
+    job, applied = window_job(app), WindowResult(POLICY, 500)
+    app.health.check()
+    if db.dialect == "sqlite":
+        assert not app.health.quiet()
+        app.cleanup.after_window(job, applied, 0.1)
+        assert 0.15 <= resting_for(app) <= 0.2
+        return
+    assert app.health.quiet()
+    app.cleanup.after_window(job, applied, 0.1)
+    assert resting_for(app) == 0.0  # no one to give the database back to
+    always.cleanup.after_window(job, applied, 0.1)
+    assert 0.15 <= resting_for(always) <= 0.2
+
+    working = applications_statement(db, 2.0)
+    app.health.check()
+    assert not app.health.quiet()
+    app.cleanup.after_window(job, applied, 0.1)
+    assert 0.15 <= resting_for(app) <= 0.2  # under load: as always
+    working.join()
+
+
+def test_a_check_that_fails_or_is_late_counts_as_busy(db: Db, apps: Apps) -> None:
+    """No reading, a failed one, or one older than two health intervals: the
+    policy rests, as it would under load."""
+    db.create_sessions()
+    app = apps(db.url, {"nice_ratio": 2, "health_interval": "50ms"})
+    assert app.health is not None
+    assert not app.health.quiet()  # never checked
+    app.health.check()
+    if db.dialect == "sqlite":
+        assert not app.health.quiet()  # cannot say
+        return
+    time.sleep(0.15)  # three intervals: the reading is stale
+    assert not app.health.quiet()
 
 
 def test_max_rows_per_second_rests_the_policy_for_the_rows_taken(db: Db, apps: Apps) -> None:
@@ -183,7 +259,7 @@ def test_a_resting_thread_does_not_heartbeat_the_window_it_finished(
     # Rests (100 times a window's time) longer than a heartbeat period; a lease
     # long enough that a loaded machine's late heartbeat does not lose a window
     # that still runs (0.6 s did under make test's three processes).
-    app = apps(db.url, {"nice_ratio": 100})
+    app = apps(db.url, {"nice_ratio": 100, "nice_when": "always"})
     assert app.cleanup is not None
     opened = app.cleanup.open_run(POLICY)
     caplog.set_level(logging.WARNING, logger="expiry")

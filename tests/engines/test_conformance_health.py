@@ -1,6 +1,6 @@
 """The database's health as the throttle reads it, on every engine: the WAL
-position, the standbys and their replay, active backends, a table's vacuum
-pressure and a vacuum. The replication methods run against a primary and a
+position, the standbys and their replay, active backends, the application's
+sessions at work, a table's vacuum pressure and a vacuum. The replication methods run against a primary and a
 streaming standby of the test's own (tests/clusters.py); SQLite has none of
 these signals and says so with None or []."""
 
@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import psycopg
 import pytest
 from _conformance import execute
 
+from cleanup._support import MySQLConn
 from clusters import Cluster, primary_and_standby
 from dialects import dialect
 from expiry.engines import Engine, open_engine
@@ -77,6 +78,71 @@ def test_health_active_backends_counts_others_running_a_statement(engine: Engine
         time.sleep(0.05)
     sleeping.join()
     assert None not in busy and max(n for n in busy if n is not None) >= alone + 1
+
+
+def _foreground(engine: Engine) -> int | None:
+    with engine.transaction() as conn:
+        return engine.health_foreground_sessions(conn)
+
+
+def _readings(engine: Engine) -> list[int]:
+    found = []
+    for _ in range(3):
+        n = _foreground(engine)
+        assert n is not None
+        found.append(n)
+        time.sleep(0.05)
+    return found
+
+
+def _sleeping(work: Callable[[], None]) -> threading.Thread:
+    thread = threading.Thread(target=work)
+    thread.start()
+    time.sleep(0.5)
+    return thread
+
+
+@pytest.mark.serial  # the server's sessions: the other tests' come and go meanwhile
+def test_health_foreground_sessions_counts_the_applications_and_not_expirys(
+    engine: Engine,
+) -> None:
+    """What nice_ratio rests for: a session of the application running a
+    statement counts; one of expiry's own (another of its connections, running
+    as expiry does) does not. The quiet and expiry's readings are the least of
+    a few (a teardown may run a statement meanwhile), the application's the most."""
+    if engine.dialect == "sqlite":
+        assert _foreground(engine) is None
+        return
+    url = engine.url  # type: ignore[attr-defined]
+    quiet = min(_readings(engine))
+
+    def expirys() -> None:
+        other_engine = open_engine(url)
+        statement = {
+            "postgres": "select pg_sleep(1.5)",
+            "mysql": "select sleep(1.5) as s, (select count(*) from expiry_jobs) as n",
+        }[engine.dialect]
+        with other_engine.transaction() as other:
+            other.execute(statement).fetchall()
+        other_engine.close()
+
+    def applications() -> None:
+        if engine.dialect == "mysql":
+            other = MySQLConn(url)
+            other.execute("select sleep(1.5)").fetchall()
+            other.close()
+            return
+        with psycopg.connect(url, autocommit=True, application_name="shop") as conn:
+            conn.execute("select pg_sleep(1.5)")
+
+    thread = _sleeping(expirys)
+    during_expirys = min(_readings(engine))
+    thread.join()
+    assert during_expirys == quiet
+    thread = _sleeping(applications)
+    during_applications = max(_readings(engine))
+    thread.join()
+    assert during_applications >= quiet + 1
 
 
 def test_health_replicas_and_replay_lag_without_a_standby(engine: Engine) -> None:

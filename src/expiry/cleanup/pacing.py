@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from prometheus_client import Histogram
@@ -57,6 +58,10 @@ class Pacing(Policies):
     def __init__(self, engine: Engine, config: Config, runs: Runs | None = None) -> None:
         super().__init__(engine, config, runs)
         self._paces: dict[str, Pace] = {}
+        self.quiet: Callable[[], bool] | None = None
+        """Whether the database showed none of the application's sessions at
+        work lately (the health monitor's reading): nice_ratio "busy" rests
+        only when it did. None: always rest."""
 
     def forget_targets(self) -> None:
         """After a config reload: each policy's pace starts again too."""
@@ -67,6 +72,11 @@ class Pacing(Policies):
     def _pace(self, policy: Policy) -> Pace:
         with self._lock:
             return self._paces.setdefault(policy.name, Pace(chunk=policy.window))
+
+    def _rests(self, policy: Policy) -> bool:
+        """Whether nice_ratio rests after this window: always, or ("busy")
+        unless the database showed none of the application's sessions at work."""
+        return policy.nice_when == "always" or self.quiet is None or not self.quiet()
 
     def gates(self) -> Gates:
         """What the worker holds back now: each policy's queue while the policy
@@ -116,7 +126,7 @@ class Pacing(Policies):
             elif seconds < policy.target_transaction / 2:
                 pace.chunk = min(policy.window, pace.chunk * 2)
             now = time.monotonic()
-            if policy.nice_ratio and result.rows:
+            if policy.nice_ratio and result.rows and self._rests(policy):
                 # The database's CPU, I/O and locks go back to live traffic in between.
                 rest = min(policy.nice_ratio * seconds, MAX_REST_SECONDS)
                 pace.not_before = max(pace.not_before, now + rest)

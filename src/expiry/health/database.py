@@ -124,6 +124,8 @@ class Health:
         self._paused: set[str] = set()
         self._warned: set[str] = set()
         self._lock = threading.Lock()
+        self._foreground: tuple[float, int | None] = (-math.inf, None)
+        """(when, the application's sessions at work then): the last reading."""
         self.reload(config)
 
     def reload(self, config: Config) -> None:
@@ -166,6 +168,7 @@ class Health:
         engine = self.engine
         wants_lag = any(p.max_replica_lag or p.critical_replica_lag for p in policies)
         wants_backends = any(p.max_active_backends or p.critical_active_backends for p in policies)
+        wants_foreground = any(p.nice_ratio and p.nice_when == "busy" for p in policies)
         with engine.transaction() as conn:
             schedules = engine.schedule_list(conn=conn)
             paused = {s.policy for s in schedules if s.paused and s.paused_by == STOPPED_BY}
@@ -173,6 +176,11 @@ class Health:
                 readings["replica_lag"] = self._primary_lag(conn, now)
             if wants_backends:
                 readings["active_backends"] = float(engine.health_active_backends(conn) or 0)
+            if wants_foreground:
+                foreground = engine.health_foreground_sessions(conn)
+                if foreground is not None:
+                    readings["foreground_sessions"] = float(foreground)
+                self._foreground = (now, foreground)
         if wants_lag:
             for url in (r.url for r in self.config.replica):
                 readings["replica_lag"] = max(readings["replica_lag"], self._standby_lag(url))
@@ -184,6 +192,13 @@ class Health:
             if state is not None and (change := state.controller.reset(now)) is not None:
                 log.warning("policy resumed: %s", change.detail, extra={"policy": name})
         return readings
+
+    def quiet(self) -> bool:
+        """The database showed none of the application's sessions at work at
+        the last check, no more than two intervals ago: a policy's nice_ratio
+        has no one to rest for. Unknown (SQLite, a failed or late check): busy."""
+        when, foreground = self._foreground
+        return foreground == 0 and self.clock() - when <= 2 * self.interval
 
     def _primary_lag(self, conn: Any, now: float) -> float:
         """The largest lag of the standbys streaming from this primary."""

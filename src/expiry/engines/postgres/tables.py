@@ -149,6 +149,12 @@ select count(*) as n from pg_stat_activity
 where state = 'active' and backend_type = 'client backend' and pid <> pg_backend_pid()
 """
 
+_FOREGROUND = """
+select count(*) as n from pg_stat_activity
+where state = 'active' and backend_type = 'client backend' and pid <> pg_backend_pid()
+  and application_name is distinct from current_setting('application_name')
+"""
+
 _VACUUM_STATS = """
 select n_live_tup as live, n_dead_tup as dead,
        greatest(last_vacuum, last_autovacuum) as vacuumed,
@@ -276,6 +282,10 @@ class PostgresTables(Engine):
 
     def health_active_backends(self, conn: Any) -> int | None:
         row = conn.execute(_ACTIVE).fetchone()
+        return int(row["n"]) if row else 0
+
+    def health_foreground_sessions(self, conn: Any) -> int | None:
+        row = conn.execute(_FOREGROUND).fetchone()
         return int(row["n"]) if row else 0
 
     def table_vacuum_stats(self, conn: Any, table: str) -> VacuumStats | None:

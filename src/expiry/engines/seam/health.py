@@ -1,5 +1,6 @@
 """The seam's part for the database's health: the signals the throttle reads
-every check (WAL position, replicas, replay lag, active backends)."""
+every check (WAL position, replicas, replay lag, active backends, the
+application's own sessions at work)."""
 
 from __future__ import annotations
 
@@ -34,3 +35,11 @@ class HealthSeam(Primitives):
     @abc.abstractmethod
     def health_active_backends(self, conn: Any) -> int | None:
         """Client backends running a statement now, this one aside (None: SQLite)."""
+
+    @abc.abstractmethod
+    def health_foreground_sessions(self, conn: Any) -> int | None:
+        """The sessions running a statement now that are not expiry's: the
+        application's load, which a policy's nice_ratio rests for (None: the
+        database cannot say, SQLite). PostgreSQL tells expiry's sessions by
+        their application_name (this session's); MySQL by their statements,
+        which all name expiry's tables (``expiry_*``)."""
