@@ -670,7 +670,7 @@ MUTANTS = [
     ),
     Mutant(
         "foreground-counts-expiry",
-        "src/expiry/engines/mysql/tables.py",
+        "src/expiry/engines/mysql/engine.py",
         "  and coalesce(info, '') not like '%%expiry\\\\_%%'\n",
         "",
         (f"{FOREGROUND}[mysql]",),

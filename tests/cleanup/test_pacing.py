@@ -80,18 +80,21 @@ def test_nice_ratio_rests_the_policy_not_the_thread(db: Db, apps: Apps) -> None:
     assert resting_for(nice) == 0.0
 
 
-def applications_statement(db: Db, seconds: float) -> threading.Thread:
+def applications_statement(db: Db, seconds: float, done: threading.Event) -> threading.Thread:
     """A session of the application running a statement for ``seconds`` (not
-    one of expiry's: another application_name, no expiry table named)."""
+    one of expiry's: another application_name, no expiry table named), its
+    connection kept open, idle, until ``done``."""
 
     def run() -> None:
         if db.dialect == "mysql":
             other = MySQLConn(db.url)
             other.execute(f"select sleep({seconds})").fetchall()
+            done.wait(10)
             other.close()
             return
         with psycopg.connect(db.url, autocommit=True, application_name="shop") as conn:
             conn.execute(f"select pg_sleep({seconds})")
+            done.wait(10)
 
     thread = threading.Thread(target=run)
     thread.start()
@@ -112,6 +115,7 @@ def test_nice_ratio_rests_while_the_application_is_at_work_and_not_on_a_quiet_da
     always = apps(db.url, {"nice_ratio": 2, "nice_when": "always"})
     assert app.cleanup is not None and app.health is not None and always.cleanup is not None
     job, applied = window_job(app), WindowResult(POLICY, 500)
+    time.sleep(1.2)  # the test's own set-up statements out of the last second
     app.health.check()
     if db.dialect == "sqlite":
         assert not app.health.quiet()
@@ -124,11 +128,19 @@ def test_nice_ratio_rests_while_the_application_is_at_work_and_not_on_a_quiet_da
     always.cleanup.after_window(job, applied, 0.1)
     assert 0.15 <= resting_for(always) <= 0.2
 
-    working = applications_statement(db, 2.0)
+    done = threading.Event()
+    working = applications_statement(db, 1.0, done)
     app.health.check()
     assert not app.health.quiet()
     app.cleanup.after_window(job, applied, 0.1)
     assert 0.15 <= resting_for(app) <= 0.2  # under load: as always
+    time.sleep(0.6)  # its statement ended just now: at work within the last second
+    app.health.check()
+    assert not app.health.quiet()
+    time.sleep(1.6)  # idle for over a second: quiet again
+    app.health.check()
+    assert app.health.quiet()
+    done.set()
     working.join()
 
 

@@ -177,7 +177,7 @@ class Health:
             if wants_backends:
                 readings["active_backends"] = float(engine.health_active_backends(conn) or 0)
             if wants_foreground:
-                foreground = engine.health_foreground_sessions(conn)
+                foreground = engine.health_foreground_sessions(conn, max(self.interval, 1.0))
                 if foreground is not None:
                     readings["foreground_sessions"] = float(foreground)
                 self._foreground = (now, foreground)

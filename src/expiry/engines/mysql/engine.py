@@ -68,6 +68,18 @@ from .tables import MySQLTables
 log = logging.getLogger("expiry.engine")
 
 
+_FOREGROUND = """
+select count(*) as n from information_schema.processlist
+where command not in ('Daemon', 'Binlog Dump', 'Binlog Dump GTID', 'Killed')
+  and user <> 'system user' and id <> connection_id() and id not in %(own)s
+  and (command <> 'Sleep' or time < %(within)s)
+  and coalesce(info, '') not like '%%expiry\\_%%'
+"""
+"""The sessions at work now or in the last ``within`` seconds (a sleeping
+session's ``time`` is how long it has slept, in whole seconds), less this
+process's own connections and any running expiry's statements."""
+
+
 class MySQLEngine(MySQLTables):
     dialect = "mysql"
     kind = MYSQL
@@ -104,6 +116,14 @@ class MySQLEngine(MySQLTables):
             cur.execute("select version()")
             self._mariadb = "mariadb" in str(cur.fetchone()[0]).lower()
         return Connection(raw)
+
+    def health_foreground_sessions(self, conn: Any, within: float) -> int | None:
+        with self._lock:
+            own = [int(c.raw.thread_id()) for c in self._all] or [0]  # type: ignore[no-untyped-call]
+        # expiry's statements all name its own tables (a window's delete its
+        # ledger guard): a session running one is expiry's, not the application's.
+        row = conn.execute(_FOREGROUND, {"within": within, "own": own}).fetchone()
+        return int(row["n"]) if row else 0
 
     @property
     def mariadb(self) -> bool:

@@ -99,14 +99,6 @@ def _split(table: str) -> dict[str, Any]:
     return {"schema": schema or None, "table": name}
 
 
-_FOREGROUND = """
-select count(*) as n from information_schema.processlist
-where command not in ('Sleep', 'Daemon', 'Binlog Dump', 'Binlog Dump GTID', 'Killed')
-  and user <> 'system user' and id <> connection_id()
-  and coalesce(info, '') not like '%%expiry\\_%%'
-"""
-
-
 class MySQLTables(Engine):
     """The Engine methods about a policy's table (the base of MySQLEngine)."""
 
@@ -253,12 +245,6 @@ class MySQLTables(Engine):
     def health_active_backends(self, conn: Any) -> int | None:
         row = conn.execute("show global status like 'Threads_running'").fetchone()
         return max(0, int(row["Value"]) - 1) if row else None  # this one aside
-
-    def health_foreground_sessions(self, conn: Any) -> int | None:
-        # expiry's statements all name its own tables (a window's delete its
-        # ledger guard): a session running one is expiry's, not the application's.
-        row = conn.execute(_FOREGROUND).fetchone()
-        return int(row["n"]) if row else 0
 
     def table_vacuum_stats(self, conn: Any, table: str) -> VacuumStats | None:
         return None  # InnoDB purges deleted rows itself: nothing to vacuum

@@ -151,8 +151,9 @@ where state = 'active' and backend_type = 'client backend' and pid <> pg_backend
 
 _FOREGROUND = """
 select count(*) as n from pg_stat_activity
-where state = 'active' and backend_type = 'client backend' and pid <> pg_backend_pid()
+where backend_type = 'client backend' and pid <> pg_backend_pid()
   and application_name is distinct from current_setting('application_name')
+  and (state = 'active' or state_change > clock_timestamp() - make_interval(secs => %(within)s))
 """
 
 _VACUUM_STATS = """
@@ -284,8 +285,8 @@ class PostgresTables(Engine):
         row = conn.execute(_ACTIVE).fetchone()
         return int(row["n"]) if row else 0
 
-    def health_foreground_sessions(self, conn: Any) -> int | None:
-        row = conn.execute(_FOREGROUND).fetchone()
+    def health_foreground_sessions(self, conn: Any, within: float) -> int | None:
+        row = conn.execute(_FOREGROUND, {"within": within}).fetchone()
         return int(row["n"]) if row else 0
 
     def table_vacuum_stats(self, conn: Any, table: str) -> VacuumStats | None:

@@ -37,9 +37,12 @@ class HealthSeam(Primitives):
         """Client backends running a statement now, this one aside (None: SQLite)."""
 
     @abc.abstractmethod
-    def health_foreground_sessions(self, conn: Any) -> int | None:
-        """The sessions running a statement now that are not expiry's: the
-        application's load, which a policy's nice_ratio rests for (None: the
-        database cannot say, SQLite). PostgreSQL tells expiry's sessions by
-        their application_name (this session's); MySQL by their statements,
-        which all name expiry's tables (``expiry_*``)."""
+    def health_foreground_sessions(self, conn: Any, within: float) -> int | None:
+        """The sessions that are not expiry's and ran a statement in the last
+        ``within`` seconds or run one now: the application at work, which a
+        policy's nice_ratio rests for (None: the database cannot say, SQLite).
+        A sample of the running statements alone would miss most short ones.
+        PostgreSQL tells expiry's sessions by their application_name (this
+        session's); MySQL by this process's own connections and by statements
+        that name expiry's tables (``expiry_*``): another expiry process's idle
+        connections count, which only makes it rest as it would under load."""

@@ -117,7 +117,7 @@ class SQLiteTables(Engine):
     def health_active_backends(self, conn: Any) -> int | None:
         return None
 
-    def health_foreground_sessions(self, conn: Any) -> int | None:
+    def health_foreground_sessions(self, conn: Any, within: float) -> int | None:
         return None  # another process's statements cannot be seen
 
     def table_vacuum_stats(self, conn: Any, table: str) -> VacuumStats | None:
