@@ -125,6 +125,7 @@ def test_nice_ratio_rests_while_the_application_is_at_work_and_not_on_a_quiet_da
     assert app.health.quiet()
     app.cleanup.after_window(job, applied, 0.1)
     assert resting_for(app) == 0.0  # no one to give the database back to
+    assert app.cleanup.gates().limits == {}  # claimed in batches, as an unpaced policy's
     always.cleanup.after_window(job, applied, 0.1)
     assert 0.15 <= resting_for(always) <= 0.2
 
@@ -134,6 +135,7 @@ def test_nice_ratio_rests_while_the_application_is_at_work_and_not_on_a_quiet_da
     assert not app.health.quiet()
     app.cleanup.after_window(job, applied, 0.1)
     assert 0.15 <= resting_for(app) <= 0.2  # under load: as always
+    assert app.cleanup.gates().limits == {policy_queue(POLICY): 1}  # one window a claim
     time.sleep(0.6)  # its statement ended just now: at work within the last second
     app.health.check()
     assert not app.health.quiet()

@@ -81,7 +81,8 @@ class Pacing(Policies):
     def gates(self) -> Gates:
         """What the worker holds back now: each policy's queue while the policy
         rests (the worker claims from the others meanwhile), and a paced
-        policy's queue to one job a claim."""
+        policy's queue to one job a claim (nice_ratio's only while it rests:
+        _rests)."""
         now = time.monotonic()
         with self._lock:
             paces = dict(self._paces)
@@ -90,8 +91,12 @@ class Pacing(Policies):
             for name, pace in paces.items()
             if pace.not_before > now
         }
+        # A paced policy's windows are claimed one a claim, each after the rest
+        # of the one before; one that takes no rest now is claimed in batches.
         limits = {
-            policy_queue(p.name): 1 for p in self.policies if p.nice_ratio or p.max_rows_per_second
+            policy_queue(p.name): 1
+            for p in self.policies
+            if p.max_rows_per_second or (p.nice_ratio and self._rests(p))
         }
         return Gates(resting, limits)
 
