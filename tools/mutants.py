@@ -677,6 +677,24 @@ MUTANTS = [
         "MySQL: expiry's own statements counted as the application's: an idle database rests",
     ),
     Mutant(
+        "history-by-the-hour",
+        "src/expiry/engines/postgres/queries/ledger.sql",
+        "select l.policy, date_trunc('minute', l.applied_at) as minute,",
+        "select l.policy, date_trunc('hour', l.applied_at) as minute,",
+        (
+            "tests/engines/test_conformance_ledger_audit.py::"
+            "test_ledger_minutes_sum_each_policys_windows_and_rows_per_minute_since[postgres]",
+        ),
+        "the dashboard's rows per minute summed by the hour: the history a shape it never had",
+        also=(
+            (
+                "src/expiry/engines/postgres/queries/ledger.sql",
+                "group by l.policy, date_trunc('minute', l.applied_at)",
+                "group by l.policy, date_trunc('hour', l.applied_at)",
+            ),
+        ),
+    ),
+    Mutant(
         "server-kind-embedded",
         "src/expiry/engines/kinds.py",
         '    poolers=("none", "session", "transaction"),\n)',

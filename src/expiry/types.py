@@ -220,6 +220,16 @@ class RunTotals:
 
 
 @dataclass(frozen=True)
+class LedgerMinute:
+    """Windows and rows one policy applied in one minute (the ledger's)."""
+
+    policy: str
+    minute: datetime
+    windows: int
+    rows: int
+
+
+@dataclass(frozen=True)
 class PolicyTotals:
     policy: str
     windows: int

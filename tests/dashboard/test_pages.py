@@ -326,3 +326,33 @@ def test_a_run_waiting_its_turn_says_so_on_the_overview(
     row = page.find_element(By.ID, "policy-expired-sessions").text
     assert f"1 job waiting: waiting for run {first.run_id}" in row, row
     screenshot(page, "overview-run-waits-its-turn")
+
+
+def test_the_overview_draws_rows_per_minute_from_the_ledger_and_the_run_page_its_rate(
+    page: WebDriver, dashboard: Dashboard
+) -> None:
+    """History from the database, not the process: the run's 450 deleted rows
+    (the table's expired rows) drawn per minute on the overview, its total
+    read from the ledger whichever process serves the page; the run page
+    states the run's rate."""
+    app = dashboard.app
+    assert app.cleanup is not None
+    opened = app.cleanup.open_run("expired-sessions")
+    assert app.worker(until_idle=True, poll=0.05).run() == 0
+    booked = app.engine.ledger_list("expired-sessions")
+    assert sum(e.rows_affected for e in booked) == 450
+    sign_in(page, dashboard)
+    page.get(dashboard.url("/"))
+    chart = page.find_element(By.CSS_SELECTOR, "#policy-expired-sessions svg.history")
+    label = chart.get_attribute("aria-label") or ""
+    assert label.startswith("450 rows in the last 60 minutes"), label
+    bars = chart.find_elements(By.TAG_NAME, "rect")
+    minutes = {e.applied_at.replace(second=0, microsecond=0) for e in booked}
+    assert len(bars) == len(minutes)  # a bar a minute with rows, none for the others
+    assert "450 rows, peak" in page.find_element(By.ID, "policy-expired-sessions").text
+    screenshot(page, "overview-history")
+
+    page.get(dashboard.url(f"/runs/{quote(opened.run_id, safe='')}"))
+    facts = page.find_element(By.CSS_SELECTOR, "dl.facts").text
+    assert "rows/s" in facts and "windows/s over its" in facts, facts
+    assert "Finishes" not in facts  # a finished run has nothing left

@@ -10,7 +10,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from _conformance import age, execute, is_utc
+from _conformance import age, execute, is_utc, set_time
 
 from expiry.engines import Engine
 from expiry.errors import AlreadyApplied
@@ -122,6 +122,51 @@ def test_ledger_list_is_a_policy_s_runs_bookings_since_oldest_first(engine: Engi
     assert [e.key for e in engine.ledger_list("p", limit=1)] == ["p:1:a"]  # the oldest
     assert [e.key for e in engine.ledger_list("q")] == ["q:1:a"]
     assert engine.ledger_list("nobody") == []
+
+
+def test_ledger_minutes_sum_each_policys_windows_and_rows_per_minute_since(
+    engine: Engine,
+) -> None:
+    """The dashboard's history, against an oracle: the same ledger rows read
+    one by one (ledger_list) and summed per minute here."""
+    now = engine.now().replace(second=30, microsecond=0)
+    cutoff = datetime(2026, 1, 1, tzinfo=UTC)
+    for run_id, policy in (("p:1", "p"), ("p:2", "p"), ("q:1", "q"), ("q:old", "q")):
+        engine.run_insert(run_id, policy, cutoff, "tests")
+    booked = [  # key, run, rows, seconds before now
+        ("p:1:a", "p:1", 3, 125),
+        ("p:1:b", "p:1", 4, 100),  # the same minute as p:1:a
+        ("p:2:a", "p:2", 7, 100),  # another run, the same minute: summed
+        ("q:1:a", "q:1", 5, 20),
+        ("p:1:c", "p:1", 0, 10),  # a window that took nothing still counts as one
+        ("q:old:a", "q:old", 9, 7200),  # before since: not drawn
+    ]
+    for key, run_id, rows, back in booked:
+        with engine.transaction() as conn:
+            engine.ledger_insert(conn, key, policy=run_id[0], run_id=run_id, rows=rows)
+        set_time(engine, "ledger", "applied_at", now - timedelta(seconds=back), "key", key)
+    execute(
+        engine,
+        "update expiry.runs set state = 'finished', finished_at = %s where id = 'q:old'",
+        [engine.time_param(now - timedelta(seconds=7000))],
+    )
+    since = now - timedelta(hours=1)
+    got = engine.ledger_minutes(since)
+
+    expected: dict[tuple[str, datetime], list[int]] = {}
+    for policy in ("p", "q"):
+        for entry in engine.ledger_list(policy, since):
+            minute = entry.applied_at.replace(second=0, microsecond=0)
+            sums = expected.setdefault((policy, minute), [0, 0])
+            sums[0] += 1
+            sums[1] += entry.rows_affected
+    assert [(m.policy, m.minute, m.windows, m.rows) for m in got] == sorted(
+        ((policy, minute, n, rows) for (policy, minute), (n, rows) in expected.items()),
+        key=lambda x: (x[1], x[0]),
+    )
+    assert all(is_utc(m.minute) and m.minute.second == 0 for m in got)
+    assert sum(m.windows for m in got) == 5 and sum(m.rows for m in got) == 19
+    assert engine.ledger_minutes(now + timedelta(minutes=1)) == []
 
 
 def test_ledger_prune_deletes_old_finished_runs_evidence_and_then_the_runs(

@@ -15,13 +15,13 @@ import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from ..config import Policy
 from ..keys import Principal
 from ..times import parse_time
-from ..types import AuditEvent, Job, JobState
+from ..types import AuditEvent, Job, JobState, LedgerMinute
 
 if TYPE_CHECKING:
     from ..app import App
@@ -154,6 +154,61 @@ def sparkline(series: Sequence[tuple[datetime, float]], width: int = 120, height
     if len(points) == 1:
         points.append(f"{width:.1f},{points[0].split(',')[1]}")
     return " ".join(points)
+
+
+@dataclass(frozen=True)
+class MinuteBars:
+    """One policy's rows per minute over the last hour, as SVG bars: each
+    (x, y, height) in a ``width`` x ``height`` box, a minute a bar, oldest
+    left; its total and its busiest minute, said in words too."""
+
+    bars: list[tuple[float, float, float]]
+    total: int
+    peak: int
+    minutes: int
+    bar_width: float
+
+
+def minute_bars(
+    minutes: Sequence[LedgerMinute],
+    now: datetime,
+    count: int = 60,
+    width: int = 120,
+    height: int = 24,
+) -> MinuteBars:
+    """Rows applied per minute for the ``count`` minutes up to ``now`` (from
+    the ledger: ``engine.ledger_minutes``); a minute with none has no bar."""
+    last = now.replace(second=0, microsecond=0)
+    slot = width / count
+    rows = {m.minute: m.rows for m in minutes}
+    values = [rows.get(last - timedelta(minutes=count - 1 - i), 0) for i in range(count)]
+    top = max(values) or 1
+    bars = [
+        (i * slot, height - h, h)
+        for i, value in enumerate(values)
+        if value and (h := max(1.0, (height - 1) * value / top))
+    ]
+    return MinuteBars(bars, sum(values), max(values), count, max(1.0, slot - 0.5))
+
+
+def run_pace(run: dict[str, Any], now: datetime) -> dict[str, Any]:
+    """A run's rate since it opened (to its finish, or now), and while it runs
+    the windows left and when, at that rate, they would be done. None for
+    what cannot be said yet (no window applied, or a planner still walking)."""
+    opened = parse_time(run["opened_at"])
+    end = parse_time(run["finished_at"]) if run["finished_at"] else now
+    seconds = max((end - opened).total_seconds(), 0.001)
+    windows_per_second = run["windows_applied"] / seconds
+    running = run["state"] == "running" and not run["cancelled_at"]
+    left = max(0, run["windows_planned"] - run["windows_applied"]) if running else None
+    eta = left / windows_per_second if left is not None and windows_per_second else None
+    return {
+        "seconds": seconds,
+        "rows_per_second": run["rows_affected"] / seconds,
+        "windows_per_second": windows_per_second,
+        "windows_left": left,
+        "eta_seconds": eta,
+    }
 
 
 # -- charts and pages ------------------------------------------------------------------

@@ -16,6 +16,7 @@ from ...types import (
     AuditCount,
     AuditEvent,
     LedgerEntry,
+    LedgerMinute,
     WindowApply,
 )
 from ..common import Row, ledger_params
@@ -141,6 +142,20 @@ class LedgerSeam(JobsSeam):
             "limit": limit,
         }
         return [self._ledger_entry(row) for row in self._run(conn, "ledger_list", params)]
+
+    def ledger_minutes(self, since: datetime, *, conn: Any | None = None) -> list[LedgerMinute]:
+        """Windows and rows applied per policy and minute since ``since``,
+        oldest first (a minute with none is absent): the history the
+        dashboard draws, from the ledger rather than any process's memory."""
+        return [
+            LedgerMinute(
+                policy=row["policy"],
+                minute=self._time(row["minute"]),
+                windows=int(row["windows"]),
+                rows=int(row["rows"]),
+            )
+            for row in self._tx_rows(conn, "ledger_minutes", {"since": self.time_param(since)})
+        ]
 
     def _ledger_entry(self, row: Row) -> LedgerEntry:
         return LedgerEntry(

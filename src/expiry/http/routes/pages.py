@@ -5,6 +5,7 @@ browser to sign in."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -104,6 +105,7 @@ def run(
         "run.html",
         session,
         run=summary,
+        pace=v.run_pace(summary, app.engine.now()),
         by_state=by_state,
         dead=dead[:50],
         events=events[:50],
@@ -228,7 +230,9 @@ def _policies(app: App, history: v.WatermarkHistory) -> tuple[list[dict[str, Any
         return [], str(exc)
     now = app.engine.now()
     config = {p.name: p for p in (app.cleanup.policies if app.cleanup else [])}
+    minutes = app.engine.ledger_minutes(now - timedelta(hours=1))
     for row in policies:
+        row["history"] = v.minute_bars([m for m in minutes if m.policy == row["name"]], now)
         if row["broken"]:
             row.update(level="alert", warn=None, alert=None, trend="", spark="", samples=0)
             continue

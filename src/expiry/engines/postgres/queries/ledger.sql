@@ -58,3 +58,15 @@ order by id desc limit %(limit)s;
 -- name: audit_counts
 -- Audited events by action and policy, for metrics.
 select action, policy, count(*) as n from expiry.audit group by action, policy;
+
+-- name: ledger_minutes
+-- Windows and rows applied per policy and minute since a time (minutes with
+-- none are absent): the history the dashboard draws. Through the runs open or
+-- finished since then, which the ledger's run index serves.
+select l.policy, date_trunc('minute', l.applied_at) as minute,
+       count(*) as windows, coalesce(sum(l.rows_affected), 0) as rows
+from expiry.runs r join expiry.ledger l on l.run_id = r.id
+where (r.finished_at is null or r.finished_at >= %(since)s)
+  and l.applied_at >= %(since)s and l.policy is not null
+group by l.policy, date_trunc('minute', l.applied_at)
+order by minute, l.policy;

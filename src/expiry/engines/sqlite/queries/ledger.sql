@@ -59,3 +59,16 @@ order by id desc limit :limit;
 -- name: audit_counts
 -- Audited events by action and policy, for metrics.
 select action, policy, count(*) as n from expiry_audit group by action, policy;
+
+-- name: ledger_minutes
+-- Windows and rows applied per policy and minute since a time (minutes with
+-- none are absent): the history the dashboard draws. Through the runs open or
+-- finished since then, which the ledger's run index serves. A time is epoch
+-- seconds: its minute is the whole minutes of it.
+select l.policy, cast(l.applied_at / 60 as integer) * 60 as minute,
+       count(*) as windows, coalesce(sum(l.rows_affected), 0) as rows
+from expiry_runs r join expiry_ledger l on l.run_id = r.id
+where (r.finished_at is null or r.finished_at >= :since)
+  and l.applied_at >= :since and l.policy is not null
+group by l.policy, cast(l.applied_at / 60 as integer)
+order by minute, l.policy;
