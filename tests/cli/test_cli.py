@@ -785,6 +785,30 @@ def test_runs_and_dead_letters_keep_whole_ids_on_an_80_column_terminal(ws: Works
         assert wanted in first, proc.stdout
 
 
+def test_off_a_terminal_a_table_is_as_wide_as_its_rows(ws: Workspace) -> None:
+    """Piped, with no $COLUMNS (a CI log, `| grep`), nothing wraps: each run and
+    each dead letter is one line, its id whole on it beside its state."""
+    opened = ws.json("trigger", POLICY, "--cutoff", cutoff_now())
+    key = "a-rather-long-dead-letter-key-that-would-not-fit-80-columns"
+    make_dead_job(ws, key=key)
+    env = {k: v for k, v in environment().items() if k != "COLUMNS"}
+    for args, wanted, beside in (
+        (["runs"], opened["run_id"], "expired-sessions:"),
+        (["dlq", "list"], key, "nobody-handles-this"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "expiry", "--config", str(ws.config), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+        assert proc.returncode == 0, proc.stderr
+        [line] = [x for x in proc.stdout.splitlines() if wanted in x]
+        header = next(x for x in proc.stdout.splitlines() if "┃" in x)
+        assert beside in line and line.count("│") == header.count("┃"), proc.stdout
+
+
 def test_worker_until_idle_exits_3_while_windows_wait_for_a_retry(
     pg_url: str, tmp_path: Path
 ) -> None:

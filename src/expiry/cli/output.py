@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import IO, TYPE_CHECKING, Any
@@ -23,8 +24,22 @@ if TYPE_CHECKING:
     from ..cleanup.preview import PlanPreview
     from ..cleanup.runs import Runs
 
-out = Console()
-err = Console(stderr=True)
+OFF_TERMINAL_WIDTH = 10_000
+"""Off a terminal (a pipe, a file, a CI log) a table is as wide as its widest
+row: wrapped at rich's default of 80 columns, a run id split over four lines.
+$COLUMNS still decides where it is set."""
+
+
+def console(*, stderr: bool = False) -> Console:
+    """A console at the terminal's width, or off a terminal at no width at all."""
+    made = Console(stderr=stderr)
+    if not made.is_terminal and "COLUMNS" not in os.environ:
+        made.width = OFF_TERMINAL_WIDTH
+    return made
+
+
+out = console()
+err = console(stderr=True)
 
 
 def emit(args: argparse.Namespace, data: Any, render: Callable[[], None]) -> None:
