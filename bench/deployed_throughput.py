@@ -538,8 +538,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             for k, vs in ratios.items():
                 each = ", ".join(f"{x:.2f}x" for x in vs)
                 print(f"N={n}: median {k} {statistics.median(vs):.2f}x (of {each})")
-            first = last[f"expiry/{args.pacing[0]}"]
-            breakdown(url, first.run_id, n, last["loop"].deletes)
+            # Each expiry method starts from a fresh schema: only the run of the
+            # one that ran last in the round is still there to take apart.
+            latest = [k for k in last if k != "loop"][-1]
+            print(f"(the breakdown is of {latest}, the last expiry method of the round)")
+            breakdown(url, last[latest].run_id, n, last["loop"].deletes)
             print(flush=True)
     return 0
 
