@@ -669,6 +669,14 @@ MUTANTS = [
         "PostgreSQL: the application's sessions at work are not seen: nice_ratio never rests",
     ),
     Mutant(
+        "foreground-counts-its-own-connections",
+        "src/expiry/engines/mysql/engine.py",
+        "and id <> connection_id() and id not in %(own)s\n",
+        "and id <> connection_id()\n",
+        (f"{PACING}::{QUIET}[mysql]",),
+        "MySQL: the worker's own idle connections read as the application's: it always rests",
+    ),
+    Mutant(
         "foreground-counts-expiry",
         "src/expiry/engines/mysql/engine.py",
         "  and coalesce(info, '') not like '%%expiry\\\\_%%'\n",
