@@ -150,6 +150,29 @@ def db_url(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
+def another_db_url(db_url: str, tmp_path: Path) -> Iterator[str]:
+    """A second empty database on the same server as db_url (SQLite: another
+    file): what another application on the server would hold."""
+    name = f"{_PREFIX}_{next(_counter)}"
+    if db_url.startswith("sqlite"):
+        yield f"sqlite:///{tmp_path / 'another.db'}"
+    elif db_url.startswith("postgres"):
+        with _admin() as admin:
+            admin.execute(f'create database "{name}"')
+        yield _url_for(name)
+        with _admin() as admin:
+            admin.execute(f'drop database if exists "{name}" with (force)')
+    else:
+        admin = mysql_admin()
+        with admin.cursor() as cur:
+            cur.execute(f"create database `{name}`")
+        yield mysql_url_for(name)
+        with admin.cursor() as cur:
+            cur.execute(f"drop database if exists `{name}`")
+        admin.close()
+
+
+@pytest.fixture
 def engine(db_url: str) -> Iterator[Engine]:
     eng = open_engine(db_url)
     yield eng

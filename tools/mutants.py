@@ -677,6 +677,17 @@ MUTANTS = [
         "MySQL: the worker's own idle connections read as the application's: it always rests",
     ),
     Mutant(
+        "lock-holders-of-every-database",
+        "src/expiry/engines/mysql/queries/database.sql",
+        "  and p.db = database()\n",
+        "",
+        (
+            "tests/engines/test_conformance_tables.py::"
+            "test_lock_holders_leaves_out_a_session_of_another_database[mysql]",
+        ),
+        "MariaDB: a lock wait names another database's transactions as the table's holders",
+    ),
+    Mutant(
         "foreground-counts-expiry",
         "src/expiry/engines/mysql/engine.py",
         "  and coalesce(info, '') not like '%%expiry\\\\_%%'\n",

@@ -525,6 +525,29 @@ def test_postgres_sessions_carry_application_name_expiry_unless_named(pg_url: st
         named.close()
 
 
+def test_lock_holders_leaves_out_a_session_of_another_database(
+    engine: Engine, another_db_url: str
+) -> None:
+    """A transaction holding row locks in another database of the same server
+    (a table of the same name) is not this table's holder: MariaDB names every
+    transaction holding row locks, and a relation id is unique only within its
+    database."""
+    if engine.dialect == "sqlite":
+        return
+    other = open_engine(another_db_url)
+    try:
+        for eng in (engine, other):
+            execute(eng, "create table holders_t (id integer primary key)")
+            execute(eng, "insert into holders_t values (1)")
+        with other.transaction() as conn:
+            conn.execute("select id from holders_t where id = 1 for update").fetchall()
+            time.sleep(0.1)
+            assert engine.lock_holders("holders_t") == []
+            assert len(other.lock_holders("holders_t")) == 1  # and there, it is the holder
+    finally:
+        other.close()
+
+
 def test_lock_holders_names_another_session_holding_the_tables_locks(engine: Engine) -> None:
     """While another session holds a row of the table locked, lock_holders
     names it (its id, how long its transaction is open); once it ends, no one.

@@ -19,8 +19,10 @@
 select $now as now;
 
 -- name: lock_holders
--- The other transactions holding row locks (MariaDB names a lock's table only
--- while someone waits for it: every such transaction is shown, oldest first).
+-- The other transactions holding row locks in this database (MariaDB names a
+-- lock's table only while someone waits for it: every such transaction of a
+-- session using this database is shown, oldest first; another database's
+-- transactions are not this table's holders).
 select t.trx_mysql_thread_id as pid, coalesce(p.user, '') as application,
        coalesce(p.command, '') as state,
        timestampdiff(microsecond, t.trx_started, now(6)) / 1000000 as seconds,
@@ -28,6 +30,7 @@ select t.trx_mysql_thread_id as pid, coalesce(p.user, '') as application,
 from information_schema.innodb_trx t
 left join information_schema.processlist p on p.id = t.trx_mysql_thread_id
 where t.trx_mysql_thread_id <> connection_id() and t.trx_rows_locked > 0
+  and p.db = database()
   and %(table)s is not null
 order by t.trx_started, t.trx_mysql_thread_id
 limit 5;
