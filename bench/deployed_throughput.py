@@ -4,13 +4,19 @@ against a hand-written loop of PK-window DELETEs, and where a run's time goes.
     .venv/bin/python bench/deployed_throughput.py                  # 2,000,000 rows, window 10,000, 3 rounds
     .venv/bin/python bench/deployed_throughput.py --rows 1000000 --rounds 3
     .venv/bin/python bench/deployed_throughput.py --rows 100000 --rounds 1 --connections 1   # smoke
+    .venv/bin/python bench/deployed_throughput.py --baseline loop,single     # and one unbounded DELETE
+    .venv/bin/python bench/deployed_throughput.py --key text --baseline single   # Django's text key
 
 The table is ``sessions (id bigint primary key, expires_at timestamptz not
 null, payload text)`` with an index on ``expires_at``; exactly 800 of every
 1,000 consecutive ids are expired (1 s to 1 day ago), the others expire a day
 or more from now. It is built afresh (VACUUM ANALYZE, then a CHECKPOINT) before
 each method, never reused, with autovacuum off on it so that a vacuum starting
-during one method and not the other does not decide the result. Per connection
+during one method and not the other does not decide the result. With ``--key
+text`` the key is Django's ``session_key`` (``varchar(40)``: 32 hex characters
+of md5 of the row number, so key order is random against the heap's) and with
+``--key uuid`` a ``uuid`` (the same md5 as a uuid); either way a column ``n``
+(the row number) says which rows are expired, by the same rule. Per connection
 count N (1, then 2) and round, in alternating order:
 
 * expiry, as a user deploys it: a fresh ``expiry`` schema, an ``expiry.toml``
@@ -25,6 +31,10 @@ count N (1, then 2) and round, in alternating order:
   and run ``DELETE FROM sessions WHERE id > lo AND id <= hi AND expires_at <
   cutoff`` (prepared), each its own autocommit transaction, timed from the
   first statement (the bounds) to the last. Each DELETE is also timed alone.
+  An integer key only (``--key bigint``).
+* single: one unbounded ``DELETE FROM sessions WHERE expires_at < now()`` on
+  one connection, its own transaction (Django's clearsessions), timed from the
+  statement's start to its commit, whatever N is.
 
 After each method an oracle: the rows the method says it deleted equal the
 expired rows, no row of an expired id is left and every live one is.
@@ -74,27 +84,47 @@ START_TIMEOUT = 60.0
 
 # Row i is expired iff (i * 2654435761) mod 1000 < 800: 2654435761 = 761 (mod 1000)
 # and gcd(761, 1000) = 1, so every 1,000 consecutive ids hold exactly 800.
-EXPIRED = "(id * 2654435761) % 1000 < 800"
+# With a bigint key the row number is the id; otherwise a column n holds it.
+KEYS = {
+    "bigint": ("id bigint primary key", "id", "i"),
+    "text": ("id varchar(40) primary key, n bigint not null", "n", "md5(i::text)"),
+    "uuid": ("id uuid primary key, n bigint not null", "n", "md5(i::text)::uuid"),
+}
+"""Per --key: the key's column declaration, the column holding the row number,
+and the key's value for row i."""
 
-BUILD = [
-    "drop table if exists sessions",
-    "create table sessions (id bigint primary key, expires_at timestamptz not null,"
-    " payload text) with (autovacuum_enabled = false)",
-    "insert into sessions (id, expires_at, payload)"
-    " select i, case when (i * 2654435761) %% 1000 < 800"
-    " then now() - make_interval(secs => 1 + i %% 86400)"
-    " else now() + interval '1 day' + make_interval(secs => 1 + i %% 86400) end,"
-    " md5(i::text) || md5((i + 1)::text) || md5((i + 2)::text) || 'sess'"
-    " from generate_series(1, %(rows)s::bigint) as i",
-    "create index sessions_expires_at on sessions (expires_at)",
-    "vacuum analyze sessions",
-    "checkpoint",
-]
 
-ORACLE = (
-    "select count(*), count(*) filter (where " + EXPIRED + "),"
-    " count(*) filter (where expires_at < now()) from sessions"
-)
+def expired_rule(key: str) -> str:
+    return f"({KEYS[key][1]} * 2654435761) % 1000 < 800"
+
+
+def build_statements(key: str) -> list[str]:
+    declare, number, value = KEYS[key]
+    extra = ", n" if number == "n" else ""
+    return [
+        "drop table if exists sessions",
+        f"create table sessions ({declare}, expires_at timestamptz not null,"
+        " payload text) with (autovacuum_enabled = false)",
+        f"insert into sessions (id{extra}, expires_at, payload)"
+        f" select {value}{', i' if extra else ''}, case when (i * 2654435761) %% 1000 < 800"
+        " then now() - make_interval(secs => 1 + i %% 86400)"
+        " else now() + interval '1 day' + make_interval(secs => 1 + i %% 86400) end,"
+        " md5(i::text) || md5((i + 1)::text) || md5((i + 2)::text) || 'sess'"
+        " from generate_series(1, %(rows)s::bigint) as i",
+        "create index sessions_expires_at on sessions (expires_at)",
+        "vacuum analyze sessions",
+        "checkpoint",
+    ]
+
+
+def oracle_query(key: str) -> str:
+    return (
+        "select count(*), count(*) filter (where " + expired_rule(key) + "),"
+        " count(*) filter (where expires_at < now()) from sessions"
+    )
+
+
+SINGLE = "delete from sessions where expires_at < %(cutoff)s"
 BOUNDS = "select min(id), max(id) from sessions where expires_at < %(cutoff)s"
 DELETE = "delete from sessions where id > %(lo)s and id <= %(hi)s and expires_at < %(cutoff)s"
 
@@ -159,22 +189,24 @@ class Mismatch(RuntimeError):
 # -- the table --------------------------------------------------------------------------
 
 
-def build(url: str, rows: int, fresh_schema: bool) -> int:
+def build(url: str, rows: int, fresh_schema: bool, key: str = "bigint") -> int:
     """(Re)build ``sessions``; with ``fresh_schema``, drop expiry's schema first
     (a deploy from scratch: ``expiry migrate`` makes it again). The expired rows."""
     with psycopg.connect(url, autocommit=True) as conn:
         if fresh_schema:
             conn.execute("drop schema if exists expiry cascade")
-        for statement in BUILD:
+        for statement in build_statements(key):
             conn.execute(statement, {"rows": rows} if "%(rows)s" in statement else None)
-        row = conn.execute("select count(*) from sessions where " + EXPIRED).fetchone()
+        row = conn.execute("select count(*) from sessions where " + expired_rule(key)).fetchone()
     assert row is not None
     return int(row[0])
 
 
-def oracle(url: str, method: str, rows: int, expired: int, deleted: int) -> None:
+def oracle(
+    url: str, method: str, rows: int, expired: int, deleted: int, key: str = "bigint"
+) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
-        left, expired_left, past_due = conn.execute(ORACLE).fetchone() or (0, 0, 0)
+        left, expired_left, past_due = conn.execute(oracle_query(key)).fetchone() or (0, 0, 0)
     if deleted != expired or expired_left or past_due or left != rows - expired:
         raise Mismatch(
             f"{method}: deleted {deleted:,} of {expired:,} expired rows; {left:,} rows left "
@@ -305,6 +337,16 @@ def loop_run(url: str, window: int, connections: int) -> Measured:
     return Measured("loop", seconds, sum(r for r, _ in done), [t for _, ts in done for t in ts])
 
 
+def single_run(url: str) -> Measured:
+    """One unbounded DELETE of every expired row, one transaction."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        cutoff = conn.execute("select now()").fetchone()[0]  # type: ignore[index]
+        started = time.perf_counter()
+        rows = conn.execute(SINGLE, {"cutoff": cutoff}).rowcount
+        seconds = time.perf_counter() - started
+    return Measured("single", seconds, rows)
+
+
 # -- the per-window breakdown ----------------------------------------------------------------
 
 
@@ -417,6 +459,9 @@ def breakdown(url: str, run_id: str, threads: int, deletes: list[float]) -> None
     claim_to_stamp = [w.started - w.claimed for w in windows]
     print(f"  window claim -> booking stamp (attempted_at -> finished_at): {ms(claim_to_stamp)}")
     cycles = print_cycles(groups, threads)
+    if not deletes:
+        print("  (no loop in this run: the bare DELETE a window is not measured, nor its share)")
+        return
     bare = median(deletes)
     print(f"  the loop's bare DELETE, one window (N={threads}, same size): {ms(deletes)}")
     print(
@@ -452,17 +497,19 @@ def breakdown(url: str, run_id: str, threads: int, deletes: list[float]) -> None
 def one_round(
     url: str, cfgs: dict[str, Path], args: argparse.Namespace, n: int, r: int, tmp: Path
 ) -> dict[str, Measured]:
-    """The loop and expiry under each pacing, in an order that turns each round."""
+    """The baselines and expiry under each pacing, in an order that turns each round."""
     out: dict[str, Measured] = {}
-    methods = ["loop", *(f"expiry/{p}" for p in args.pacing)]
+    methods = [*args.baseline, *(f"expiry/{p}" for p in args.pacing)]
     order = methods[::-1] if r % 2 == 0 else methods
     for method in order:
-        expired = build(url, args.rows, fresh_schema=method != "loop")
+        expired = build(url, args.rows, method.startswith("expiry"), args.key)
         if method == "loop":
             m = loop_run(url, args.window, n)
+        elif method == "single":
+            m = single_run(url)
         else:
             m = expiry_run(url, cfgs[method.split("/")[1]], n, tmp)
-        oracle(url, method, args.rows, expired, m.rows)
+        oracle(url, method, args.rows, expired, m.rows, args.key)
         out[method] = m
     return out
 
@@ -471,10 +518,19 @@ def rate(m: Measured) -> float:
     return m.rows / m.seconds
 
 
+BASELINES = ("loop", "single")
+
+
 def print_round(n: int, r: int, got: dict[str, Measured]) -> dict[str, float]:
-    """Each expiry pacing's rows/s over the loop's; with both, shipped over zero."""
-    lp = got["loop"]
-    ratios = {k: rate(m) / rate(lp) for k, m in got.items() if k != "loop"}
+    """Each expiry pacing's rows/s over each baseline's (named "PACING" over the
+    loop, "PACING/single" over one DELETE); with both, shipped over zero."""
+    ratios: dict[str, float] = {}
+    for base in BASELINES:
+        if base in got:
+            suffix = "" if base == "loop" else f"/{base}"
+            for k, m in got.items():
+                if k.startswith("expiry"):
+                    ratios[k + suffix] = rate(m) / rate(got[base])
     if "expiry/shipped" in got and "expiry/zero" in got:
         ratios["shipped/zero"] = rate(got["expiry/shipped"]) / rate(got["expiry/zero"])
     each = "; ".join(f"{k} {m.seconds:.3f} s {rate(m):,.0f} rows/s" for k, m in got.items())
@@ -498,13 +554,29 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--pacing",
         type=lambda s: [x for x in s.split(",") if x.strip()],
         default=["zero"],
-        help="comma separated expiry pacings, each run against the loop: zero (nice_ratio 0),"
+        help="comma separated expiry pacings, each run against the baselines: zero (nice_ratio 0),"
         " shipped (the defaults), always (nice_ratio 1 resting after every window) (zero)",
+    )
+    parser.add_argument(
+        "--baseline",
+        type=lambda s: [x for x in s.split(",") if x.strip()],
+        default=None,
+        help="comma separated: loop (PK-window DELETEs, N connections; bigint key only), single"
+        " (one unbounded DELETE) (loop with --key bigint, else single)",
+    )
+    parser.add_argument(
+        "--key", choices=list(KEYS), default="bigint", help="the key's type (bigint)"
     )
     parser.add_argument("--admin-url", default=ADMIN, help="server to create the scratch db on")
     args = parser.parse_args(argv)
     if unknown := set(args.pacing) - set(PACINGS):
         parser.error(f"--pacing: unknown {', '.join(sorted(unknown))}: use {', '.join(PACINGS)}")
+    if args.baseline is None:
+        args.baseline = ["loop"] if args.key == "bigint" else ["single"]
+    if unknown := set(args.baseline) - set(BASELINES):
+        parser.error(f"--baseline: unknown {', '.join(sorted(unknown))}: use loop, single")
+    if "loop" in args.baseline and args.key != "bigint":
+        parser.error("--baseline loop: its windows are integer ranges; use --key bigint or single")
     if min(args.rows, args.window, args.rounds, *args.connections) <= 0:
         parser.error("--rows, --window, --rounds and --connections must be positive")
     return args
@@ -513,7 +585,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     print(
-        f"deployed throughput: {args.rows:,} rows, 80% expired, window {args.window:,},"
+        f"deployed throughput: {args.rows:,} rows, {args.key} key, 80% expired,"
+        f" window {args.window:,}, baselines {','.join(args.baseline)},"
         f" N in {args.connections}, {args.rounds} round(s), {os.cpu_count()} cpus,"
         f" started {datetime.now().isoformat(timespec='seconds')}",
         flush=True,
@@ -540,9 +613,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"N={n}: median {k} {statistics.median(vs):.2f}x (of {each})")
             # Each expiry method starts from a fresh schema: only the run of the
             # one that ran last in the round is still there to take apart.
-            latest = [k for k in last if k != "loop"][-1]
+            latest = [k for k in last if k.startswith("expiry")][-1]
             print(f"(the breakdown is of {latest}, the last expiry method of the round)")
-            breakdown(url, last[latest].run_id, n, last["loop"].deletes)
+            breakdown(url, last[latest].run_id, n, last["loop"].deletes if "loop" in last else [])
             print(flush=True)
     return 0
 
