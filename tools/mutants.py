@@ -80,6 +80,8 @@ TIMEOUTS = "tests/cleanup/test_timeouts.py"
 ANONYMOUS = "tests/http/test_http_anonymous.py"
 PACING = "tests/cleanup/test_pacing.py"
 QUIET = "test_nice_ratio_rests_while_the_application_is_at_work_and_not_on_a_quiet_database"
+KEEP_LAST = "tests/cleanup/test_keep_last.py"
+KEPT = "test_keep_last_leaves_exactly_the_newest_rows_and_the_live_ones"
 FOREGROUND = (
     "tests/engines/test_conformance_health.py::"
     "test_health_foreground_sessions_counts_the_applications_and_not_expirys"
@@ -675,6 +677,30 @@ MUTANTS = [
         "and id <> connection_id()\n",
         (f"{PACING}::{QUIET}[mysql]",),
         "MySQL: the worker's own idle connections read as the application's: it always rests",
+    ),
+    Mutant(
+        "keep-last-one-too-few",
+        "src/expiry/cleanup/statements.py",
+        "limit 1 offset {int(p.keep_last) - 1})",
+        "limit 1 offset {int(p.keep_last) - 2})",
+        (f"{KEEP_LAST}::{KEPT}[sqlite-per-user]", f"{KEEP_LAST}::{KEPT}[postgres-whole-table]"),
+        "keep_last keeps N - 1 rows: the N-th newest of each group is deleted",
+    ),
+    Mutant(
+        "keep-last-across-groups",
+        "src/expiry/cleanup/statements.py",
+        'same = f" where n.{q(p.group_by)} = {table}.{q(p.group_by)}" if p.group_by else ""\n',
+        'same = ""\n',
+        (f"{KEEP_LAST}::{KEPT}[mysql-per-user]",),
+        "keep_last counts the table's newest rows, not each group's: a user's newest go",
+    ),
+    Mutant(
+        "keep-last-read-at-planning",
+        "src/expiry/cleanup/statements.py",
+        "        pred += self._beyond_newest()\n",
+        '        pred += self._beyond_newest() if "delete" not in template else ""\n',
+        (f"{KEEP_LAST}::test_keep_last_is_read_as_the_window_runs[postgres]",),
+        "the windows' statements leave keep_last out: what planning chose is deleted whole",
     ),
     Mutant(
         "lock-holders-of-every-database",

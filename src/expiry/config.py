@@ -320,6 +320,13 @@ class Policy(HealthSettings):
     (``<=``, as Laravel's session garbage collection deletes); default ``<``."""
     retain: Duration = 0.0
     where: str | None = None
+    keep_last: int | None = Field(None, ge=1, le=10_000_000)
+    """Keep the N newest rows (by timestamp, then key), of each group_by value
+    or of the table: a row goes only when it is expired and beyond them, both
+    read as its window runs."""
+    group_by: str | None = None
+    """The column whose values keep_last counts within (a user, a tenant); a
+    row whose group is null is kept."""
     action: Literal["delete", "archive"] = "delete"
     archive_table: str | None = None
     window: int = Field(defaults.WINDOW, ge=1, le=10_000_000)
@@ -378,6 +385,11 @@ class Policy(HealthSettings):
     def _column(cls, value: str) -> str:
         return check_identifier(value)
 
+    @field_validator("group_by")
+    @classmethod
+    def _group_by(cls, value: str | None) -> str | None:
+        return None if value is None else check_identifier(value)
+
     @property
     def database_zone(self) -> str | None:
         """[database] timestamp_zone, which applies where timestamp_zone is absent."""
@@ -434,6 +446,16 @@ class Policy(HealthSettings):
             raise ValueError(
                 f'partitions = "{self.partitions}" removes whole partitions, which would take '
                 'rows that where keeps: remove where, or write partitions = "rows"'
+            )
+        if self.group_by is not None and self.keep_last is None:
+            raise ValueError(
+                "group_by says whose newest rows keep_last keeps: set keep_last = N "
+                "(the rows kept per group), or remove group_by"
+            )
+        if self.partitions in ("drop", "detach") and self.keep_last is not None:
+            raise ValueError(
+                f'partitions = "{self.partitions}" removes whole partitions, which may hold '
+                'rows that keep_last keeps: remove keep_last, or write partitions = "rows"'
             )
         if self.partitions in ("drop", "detach") and self.action == "archive":
             raise ValueError(

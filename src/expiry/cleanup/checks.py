@@ -29,8 +29,9 @@ class Checks(Strategies, Detection):
         self.relation = relation = self._check_relation(conn, p.table, "table")
         columns = self.engine.table_columns(conn, p.table)
         by_name = {c.name: c for c in columns}
-        for field, column in (("key", p.key), ("timestamp", p.timestamp)):
-            if column not in by_name:
+        named = [("key", p.key), ("timestamp", p.timestamp), ("group_by", p.group_by)]
+        for field, column in named:
+            if column is not None and column not in by_name:
                 raise SchemaError(
                     f"policy {p.name!r}: {field} column {column!r} is not in table {p.table!r} "
                     f"(columns: {', '.join(by_name)})"
@@ -46,6 +47,8 @@ class Checks(Strategies, Detection):
                 "planning, time windows and the watermark scan the table (fix: create index "
                 f"on {p.table} ({p.timestamp}))"
             )
+        if p.keep_last is not None and not view:
+            warnings += self._keep_last_index(conn)
         self.fixed = self._fixed(by_name, warnings)
         self.notes = self._layout_notes(conn, relation)
         self.notes += self._references(conn, warnings)
@@ -58,6 +61,22 @@ class Checks(Strategies, Detection):
         warnings += self.read_values(conn, self.storage)
         self.checked = True
         return warnings
+
+    def _keep_last_index(self, conn: Any) -> list[str]:
+        """keep_last reads each candidate's group's newest rows: an index that
+        leads with (group_by, timestamp), or the timestamp alone without a
+        group, makes that a short walk down the index."""
+        p = self.policy
+        wanted = tuple(c for c in (p.group_by, p.timestamp) if c is not None)
+        indexes = self.engine.table_indexes(conn, p.table)
+        if any(tuple(i.columns[: len(wanted)]) == wanted for i in indexes):
+            return []
+        columns = ", ".join(wanted)
+        return [
+            f"policy {p.name!r}: keep_last: no index leads with ({columns}): each candidate "
+            f"row reads its group's newest rows from the table (fix: create index on "
+            f"{p.table} ({columns}, {p.key}))"
+        ]
 
     def _layout_notes(self, conn: Any, relation: Relation) -> list[str]:
         """What the check found of the table's layout: a view's unseen indexes,

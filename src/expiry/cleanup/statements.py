@@ -101,6 +101,7 @@ class Statements:
         bound, guard = engine.time_predicate(storage or self.storage)
         pred = PREDICATE.format(ts="{ts}", bound=bound, guard=guard)
         pred += " and ({where})" if p.where else ""
+        pred += self._beyond_newest()
         pred += self._unreferenced() if unreferenced else ""
         names = ["cutoff", "exact", "after", "max", "window", "page", "lo", "hi", "key", "skip"]
         spans = SPANS | {"blocks": engine.block_span or "0 = 1"}
@@ -167,6 +168,23 @@ class Statements:
     def _others(self) -> list[Reference]:
         own = self.policy.table.split(".")[-1].lower()
         return [r for r in self.restricting if r.table.split(".")[-1].lower() != own]
+
+    def _beyond_newest(self) -> str:
+        """keep_last: the row is older, in (timestamp, key) order, than the N-th
+        newest row of its group (of the table without group_by). A group of N
+        rows or fewer has no N-th newest past them: the comparison is null and
+        the row is kept; so is a row whose group is null (equal to none). Read by
+        the statement as it runs, as the rest of the predicate is."""
+        p, q = self.policy, self.engine.quote
+        if p.keep_last is None:
+            return ""
+        table, ts, key = q(p.table), q(p.timestamp), q(p.key)
+        same = f" where n.{q(p.group_by)} = {table}.{q(p.group_by)}" if p.group_by else ""
+        clause = (
+            f" and ({table}.{ts}, {table}.{key}) < (select n.{ts}, n.{key} from {table} n{same}"
+            f" order by n.{ts} desc, n.{key} desc limit 1 offset {int(p.keep_last) - 1})"
+        )
+        return clause.replace("{", "{{").replace("}", "}}")
 
     def _unreferenced(self) -> str:
         """The candidates' clause that leaves out the rows other tables'
@@ -411,7 +429,7 @@ class Statements:
         if p.partitions != "auto":
             return p.partitions
         partitioned = self.relation is not None and self.relation.partitioned
-        plain = p.action == "delete" and not p.where
+        plain = p.action == "delete" and not p.where and p.keep_last is None
         return "drop" if partitioned and plain else "rows"
 
     def expired_partitions(
