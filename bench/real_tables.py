@@ -48,6 +48,21 @@ Scenarios (``--scenario``, all by default):
   (``partitions = "auto"``: those wholly before the cutoff are dropped);
   ``expiry-rows``, the same policy with ``partitions = "rows"`` (row windows
   only). Target: expiry's time <= 2x by-hand's.
+* ``keep-last``: ``user_events (id bigint primary key, user_id int, created_at
+  timestamptz, payload ~40 bytes)`` with indexes on created_at and (user_id,
+  created_at, id), 1,000,000 rows of 10,000 users (100 rows each, user_id = id
+  mod users, rows interleaved in the heap); a fifth of the users wrote nothing in the
+  last 30 days (their rows are 31 to 90 days old), the others' rows are 0 to
+  29 or 31 to 60 days old. A row goes when it is older than 30 days and not one of its
+  user's 20 newest (created_at, then id). Methods: ``per-group``, the loop
+  forum answers give, for each user with an old row ``DELETE ... WHERE user_id
+  = $1 AND created_at < now() - 30 days AND id NOT IN (SELECT id ... WHERE
+  user_id = $1 ORDER BY created_at DESC, id DESC LIMIT 20)``, each its own
+  transaction; ``window-fn``, one unbounded DELETE of the rows whose
+  ``row_number() OVER (PARTITION BY user_id ORDER BY created_at DESC, id DESC)``
+  is past 20; ``expiry``, the policy with ``retain = "30d"``, ``keep_last =
+  20``, ``group_by = "user_id"``. The survivors' fingerprint is read with the
+  window function before any method runs.
 
 Expiry runs as deployed: ``--connections`` worker processes (2; concurrency 1
 each, so two connections delete, as ``[worker] concurrency = 2`` would),
@@ -95,7 +110,7 @@ from scratch import scratch_database
 ADMIN_URL = os.environ.get(
     "EXPIRY_BENCH_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
-SCENARIOS = ("django", "random-ids", "partitions")
+SCENARIOS = ("django", "random-ids", "partitions", "keep-last")
 POLL_SECONDS = 0.02  # the watcher's longest wait between looks at the run
 PENDING_EVERY = 0.5  # seconds between looks for a run that ended without finishing
 IDLE_SECONDS = 0.3  # after start-up, before the clock: the workers' first claims come back empty
@@ -825,6 +840,7 @@ TARGETS = (
     ("django", "expiry", "batched-in", 10.0),
     ("random-ids", "expiry", "single", 0.5),
     ("partitions", "expiry", "by-hand", 0.5),  # printed as time: at most 2x by-hand's
+    ("keep-last", "expiry", "per-group", 1.0),
 )
 
 
@@ -917,6 +933,108 @@ def print_targets(results: list[Measured], scenarios: list[Scenario]) -> None:
             )
 
 
+# -- keep the last N per user --------------------------------------------------------------
+#
+# Row i (1..N): user i mod U (U = N / 100); the first fifth of users are idle
+# (rows 31 to 90 days before T), the others' rows are 0 to 29 or 31 to 60 days
+# old: none is within a day of the 30-day cutoff, so that the rows it takes do
+# not change while the bench runs. The 20 newest rows of each user are kept
+# whatever their age.
+
+KEEP_LAST = 20
+ROWS_PER_USER = 100
+
+KEEP_CREATE = """
+create table user_events (
+    id         bigint primary key,
+    user_id    integer not null,
+    created_at timestamptz not null,
+    payload    text not null
+) with (autovacuum_enabled = false)
+"""
+
+KEEP_FILL = """
+insert into user_events (id, user_id, created_at, payload)
+select i, i %% {users},
+       case when i %% {users} < {users} / 5
+            then %(t)s - interval '31 days' - make_interval(secs => (i * 7919) %% (59 * 86400))
+            else %(t)s - make_interval(secs => a.s + case when a.s >= 29 * 86400
+                                                          then 2 * 86400 else 0 end) end,
+       md5(i::text) || lpad(i::text, 8, '0')
+from generate_series(1, %(rows)s::bigint) as i,
+     lateral (select (i * 7919) %% (58 * 86400) as s) a
+"""
+
+KEEP_OLD = "created_at < now() - interval '30 days'"
+KEEP_RANKED = (
+    "select id, created_at, row_number() over (partition by user_id"
+    " order by created_at desc, id desc) as rn from user_events"
+)
+KEEP_LIVE = f"id not in (select id from ({KEEP_RANKED}) r where rn > {KEEP_LAST} and {KEEP_OLD})"
+KEEP_WINDOW_FN = (
+    "DELETE FROM user_events e USING (select id from (" + KEEP_RANKED + ") r"
+    f" where rn > {KEEP_LAST} and {KEEP_OLD}) d WHERE e.id = d.id"
+)
+KEEP_PER_GROUP = (
+    f"DELETE FROM user_events WHERE user_id = %(u)s AND {KEEP_OLD} AND id NOT IN"
+    " (SELECT id FROM user_events WHERE user_id = %(u)s"
+    f" ORDER BY created_at DESC, id DESC LIMIT {KEEP_LAST})"
+)
+
+
+def keep_build(url: str, rows: int, t: datetime) -> Built:
+    users = max(1, rows // ROWS_PER_USER)
+    with connect(url) as conn:
+        conn.execute("drop table if exists user_events")
+        conn.execute(KEEP_CREATE)
+        conn.execute(KEEP_FILL.format(users=users), {"rows": rows, "t": t})
+        conn.execute("create index user_events_created_at on user_events (created_at)")
+        conn.execute("create index user_events_newest on user_events (user_id, created_at, id)")
+        settle(conn, "user_events")
+        return built(conn, "user_events", "id", KEEP_LIVE)
+
+
+def per_group_delete(url: str) -> Outcome:
+    """Each user with an old row: its rows past the 20 newest, one transaction each."""
+    with connect(url) as conn:
+        started = time.perf_counter()
+        users = [
+            r[0] for r in conn.execute(f"select distinct user_id from user_events where {KEEP_OLD}")
+        ]
+        deleted = sum(conn.execute(KEEP_PER_GROUP, {"u": u}, prepare=True).rowcount for u in users)
+        seconds = time.perf_counter() - started
+    return Outcome(seconds, note=f"{len(users):,} statements", reported_rows=deleted)
+
+
+def keep_last_scenario(url: str, args: argparse.Namespace, t: datetime) -> Scenario:
+    rows, window = args.keep_last_rows, args.window
+    policy = {
+        "table": "user_events",
+        "key": "id",
+        "timestamp": "created_at",
+        "retain": "30d",
+        "keep_last": KEEP_LAST,
+        "group_by": "user_id",
+    }
+    return Scenario(
+        name="keep-last",
+        table="user_events",
+        key="id",
+        baselines=("per-group", "window-fn"),
+        methods={
+            "per-group": lambda: per_group_delete(url),
+            "window-fn": lambda: single_delete(url, KEEP_WINDOW_FN),
+            "expiry": lambda: expiry_method(url, args, "user-events", policy, None, window),
+        },
+        build=lambda: keep_build(url, rows, t),
+        header=(
+            f"{rows:,} rows of {max(1, rows // ROWS_PER_USER):,} users, a fifth idle for 30 days; older than"
+            f" 30 days and past each user's {KEEP_LAST} newest; window {window:,}"
+        ),
+        window=window,
+    )
+
+
 # -- main -----------------------------------------------------------------------------
 
 
@@ -964,6 +1082,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--partitions-rows", type=int, default=None, help="events rows, all partitions (200000)"
     )
     parser.add_argument(
+        "--keep-last-rows", type=int, default=None, help="user_events rows (1000000)"
+    )
+    parser.add_argument(
         "--window", type=int, default=None, help="expiry's window and batched-in's LIMIT (10000)"
     )
     parser.add_argument(
@@ -991,17 +1112,26 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.random_ids_rows = 100_000 if quick else 10_000_000
     if args.partitions_rows is None:
         args.partitions_rows = 12_000 if quick else 200_000
+    if args.keep_last_rows is None:
+        args.keep_last_rows = 100_000 if quick else 1_000_000
     if args.window is None:
         args.window = 1_000 if quick else 10_000
     args.scenario = args.scenario or list(SCENARIOS)
     unknown = set(args.scenario) - set(SCENARIOS)
     if unknown:
         parser.error(f"--scenario takes {', '.join(SCENARIOS)}, not {', '.join(sorted(unknown))}")
-    methods = {"single", "batched-in", "expiry", "by-hand", "expiry-rows"}
+    methods = {"single", "batched-in", "expiry", "by-hand", "expiry-rows", "per-group", "window-fn"}
     wrong = set(args.method or ()) - methods
     if wrong:
         parser.error(f"--method takes {', '.join(sorted(methods))}, not {', '.join(sorted(wrong))}")
-    sizes = (args.django_rows, args.random_ids_rows, args.window, args.connections, args.repeat)
+    sizes = (
+        args.django_rows,
+        args.random_ids_rows,
+        args.keep_last_rows,
+        args.window,
+        args.connections,
+        args.repeat,
+    )
     if min(sizes) <= 0 or args.partitions_rows < 12:
         parser.error("sizes, --window, --connections and --repeat must be positive")
     args.policy = parse_settings(args.policy)
@@ -1029,6 +1159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "django": django_scenario,
             "random-ids": random_ids_scenario,
             "partitions": partitions_scenario,
+            "keep-last": keep_last_scenario,
         }
         for name in SCENARIOS:
             if name in args.scenario:

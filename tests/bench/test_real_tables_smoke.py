@@ -20,6 +20,7 @@ METHODS = {
     "django": ("single", "batched-in", "expiry"),
     "random-ids": ("single", "expiry"),
     "partitions": ("by-hand", "expiry", "expiry-rows"),
+    "keep-last": ("per-group", "window-fn", "expiry"),
 }
 
 
@@ -45,6 +46,9 @@ def test_real_tables_quick_run_prints_every_scenario_and_method() -> None:
     assert expired.get("random-ids") == 1_000, out  # 100,000 tokens, 1% expired
     # 12,000 events, 1,000 a month: ten whole months and part of this one.
     assert 10_000 <= expired.get("partitions", 0) < 11_000, out
+    # 100,000 events of 1,000 users: the rows past each user's 20 newest that are
+    # older than 30 days (the fifth of users idle for 30 days keep their 20).
+    assert 40_000 < expired.get("keep-last", 0) < 80_000, out
     rows = [line.split() for line in out.splitlines()]
     for scenario, methods in METHODS.items():
         for method in methods:

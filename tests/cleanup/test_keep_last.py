@@ -63,14 +63,18 @@ def policy(**fields: Any) -> dict[str, Any]:
     return {"where": None, "window": 50, **fields}
 
 
-@pytest.mark.parametrize("grouped", [True, False], ids=["per-user", "whole-table"])
+@pytest.mark.parametrize(
+    "grouped, windows",
+    [(True, "auto"), (False, "auto"), (True, "time")],
+    ids=["per-user", "whole-table", "per-user-time-windows"],
+)
 def test_keep_last_leaves_exactly_the_newest_rows_and_the_live_ones(
-    db: Db, apps: Apps, grouped: bool
+    db: Db, apps: Apps, grouped: bool, windows: str
 ) -> None:
     rows = seed(db, 700, groups=9)
     live = sum(1 for _, _, expired in rows.values() if not expired)
     keep = 5 if grouped else live + 40  # the table's newest: every live row, and 40 more
-    fields = {"keep_last": keep, **({"group_by": "user_id"} if grouped else {})}
+    fields = {"keep_last": keep, "windows": windows, **({"group_by": "user_id"} if grouped else {})}
     app = apps(db.url, policy(**fields))
     assert app.cleanup is not None
     expected = oracle(rows, keep, grouped)
