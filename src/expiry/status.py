@@ -104,6 +104,8 @@ class Status:
             "table": policy.table,
             "action": policy.action,
             "retain": format_duration(policy.retain),
+            "keep_last": policy.keep_last,
+            "group_by": policy.group_by,
             "schedule": policy.schedule,
             "timezone": policy.timezone,
             "catch_up": policy.catch_up,

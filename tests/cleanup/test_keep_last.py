@@ -4,7 +4,10 @@ every engine against an oracle that ranks the rows in Python."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,7 +16,15 @@ from expiry.app import App
 from expiry.config import parse_config
 from expiry.errors import ConfigError, SchemaError
 
-from ._support import Db, claim_plan, config_data, run_worker
+from ._support import (
+    Db,
+    claim_plan,
+    cli_env,
+    config_data,
+    expiry_cmd,
+    run_worker,
+    write_config,
+)
 
 Apps = Callable[..., App]
 POLICY = "expired-sessions"
@@ -149,3 +160,25 @@ def test_a_group_by_column_the_table_lacks_is_refused_by_the_check(db: Db, apps:
     with pytest.raises(SchemaError) as refused:
         app.cleanup.check()
     assert "group_by column 'owner_id' is not in table 'sessions'" in str(refused.value)
+
+
+def test_status_and_plan_say_what_keep_last_keeps(db: Db, tmp_path: Path) -> None:
+    """`expiry status` names the rule beside retain; `expiry plan` counts the
+    candidates with it (the oracle's count)."""
+    rows = seed(db, 450, groups=9)
+    cfg = write_config(tmp_path / "expiry.toml", db.url, policy(keep_last=4, group_by="user_id"))
+    env = cli_env(COLUMNS="250")  # one line a row, whatever the runner sets
+    shown = subprocess.run(
+        expiry_cmd("status", "--config", str(cfg)), capture_output=True, text=True, env=env
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "keep 4 newest per user_id" in shown.stdout, shown.stdout
+    planned = subprocess.run(
+        expiry_cmd("plan", POLICY, "--config", str(cfg), "--json"),
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert planned.returncode == 0, planned.stderr
+    candidates = len(rows) - len(oracle(rows, 4, grouped=True))
+    assert json.loads(planned.stdout)["candidates"] == candidates

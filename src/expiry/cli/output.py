@@ -305,11 +305,20 @@ def _policy_row(p: dict[str, Any]) -> tuple[str, ...]:
         p["name"],
         p["table"],
         p["action"],
-        p["retain"],
+        p["retain"] + _kept(p),
         (p["schedule"] or "-") + (" (paused)" if p["paused"] else ""),
         "-" if p["paused"] or not p["next_fire"] else p["next_fire"],
         "QUARANTINED" if p["broken"] else p["watermark"],
         f"{last['state']} {last['jobs_done']}/{last['jobs_total']}" if last else "-",
+    )
+
+
+def _kept(p: dict[str, Any]) -> str:
+    """What keep_last keeps, after the retain it is combined with."""
+    if not p.get("keep_last"):
+        return ""
+    return f", keep {p['keep_last']} newest" + (
+        f" per {p['group_by']}" if p.get("group_by") else ""
     )
 
 
