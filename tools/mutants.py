@@ -81,6 +81,7 @@ ANONYMOUS = "tests/http/test_http_anonymous.py"
 PACING = "tests/cleanup/test_pacing.py"
 QUIET = "test_nice_ratio_rests_while_the_application_is_at_work_and_not_on_a_quiet_database"
 KEEP_LAST = "tests/cleanup/test_keep_last.py"
+HOLDS = "tests/cleanup/test_holds.py"
 KEPT = "test_keep_last_leaves_exactly_the_newest_rows_and_the_live_ones"
 FOREGROUND = (
     "tests/engines/test_conformance_health.py::"
@@ -679,6 +680,30 @@ MUTANTS = [
         "MySQL: the worker's own idle connections read as the application's: it always rests",
     ),
     Mutant(
+        "hold-left-out-of-the-windows",
+        "src/expiry/cleanup/statements.py",
+        "        pred += self._beyond_newest() + unheld\n",
+        "        pred += self._beyond_newest()\n",
+        (f"{HOLDS}::test_no_window_deletes_a_held_row_and_every_other_expired_row_goes[mysql]",),
+        "a [[hold]] is read by the check and the counts, not by the windows: held rows go",
+    ),
+    Mutant(
+        "hold-partition-dropped",
+        "src/expiry/cleanup/statements.py",
+        "and p.keep_last is None and not p.holds\n",
+        "and p.keep_last is None\n",
+        (f"{HOLDS}::test_a_partition_holding_a_held_row_is_not_dropped",),
+        "a whole expired partition is dropped with the held row in it",
+    ),
+    Mutant(
+        "hold-on-a-table-written-otherwise",
+        "src/expiry/config.py",
+        "                if same_name and not _same_table(hold.table, policy.table):\n",
+        "                if False:\n",
+        (f"{HOLDS}::test_a_hold_that_could_be_misread_is_refused_with_the_fix",),
+        "a hold on public.sessions is silently not applied to a policy on sessions",
+    ),
+    Mutant(
         "keep-last-one-too-few",
         "src/expiry/cleanup/statements.py",
         "limit 1 offset {int(p.keep_last) - 1})",
@@ -697,8 +722,8 @@ MUTANTS = [
     Mutant(
         "keep-last-read-at-planning",
         "src/expiry/cleanup/statements.py",
-        "        pred += self._beyond_newest()\n",
-        '        pred += self._beyond_newest() if "delete" not in template else ""\n',
+        "        pred += self._beyond_newest() + unheld\n",
+        '        pred += (self._beyond_newest() if "delete" not in template else "") + unheld\n',
         (f"{KEEP_LAST}::test_keep_last_is_read_as_the_window_runs[postgres]",),
         "the windows' statements leave keep_last out: what planning chose is deleted whole",
     ),

@@ -301,6 +301,63 @@ class RetentionConfig(Strict):
     At least a day."""
 
 
+def _one_predicate(value: str | None) -> str | None:
+    if value is not None and (";" in value or "--" in value or "/*" in value):
+        raise ValueError("must be one SQL predicate without ';' or comments")
+    return value
+
+
+class Hold(Strict):
+    """A legal hold: rows of ``table`` that no policy may delete while it is in
+    the config, named by a predicate on the table (``where``) or listed by key in
+    another table (``keys_table``, ``keys_column``)."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$", max_length=63)
+    table: str
+    where: str | None = None
+    keys_table: str | None = None
+    keys_column: str | None = None
+    key: str | None = None
+    """The column of ``table`` that keys_column's values match; default: each
+    policy's key."""
+    reason: str = ""
+
+    @field_validator("table", "keys_table")
+    @classmethod
+    def _table(cls, value: str | None) -> str | None:
+        return None if value is None else check_identifier(value, qualified=True)
+
+    @field_validator("keys_column", "key")
+    @classmethod
+    def _column(cls, value: str | None) -> str | None:
+        return None if value is None else check_identifier(value)
+
+    @field_validator("where")
+    @classmethod
+    def _where(cls, value: str | None) -> str | None:
+        return _one_predicate(value)
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Hold:
+        if (self.where is None) == (self.keys_table is None):
+            raise ValueError(
+                'a hold names its rows one way: where = "<predicate on the table>", or '
+                "keys_table and keys_column (a table listing the held keys)"
+            )
+        if (self.keys_table is None) != (self.keys_column is None):
+            raise ValueError(
+                "keys_table and keys_column go together: the table listing the held keys "
+                "and its column that holds them"
+            )
+        if self.key is not None and self.keys_table is None:
+            raise ValueError("key is the column keys_column matches: remove it, or use keys_table")
+        return self
+
+
+def _same_table(a: str, b: str) -> bool:
+    return a.lower() == b.lower()
+
+
 class Policy(HealthSettings):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$", max_length=63)
     table: str
@@ -315,6 +372,7 @@ class Policy(HealthSettings):
     zone suffix); default [database] timestamp_zone, else UTC. Refused for a
     column that carries its zone or holds epoch numbers (timestamps.py)."""
     _database_zone: str | None = PrivateAttr(default=None)
+    _holds: tuple[Hold, ...] = PrivateAttr(default=())
     inclusive: bool = False
     """True: a row is expired when its timestamp is at or before the cutoff
     (``<=``, as Laravel's session garbage collection deletes); default ``<``."""
@@ -391,6 +449,11 @@ class Policy(HealthSettings):
         return None if value is None else check_identifier(value)
 
     @property
+    def holds(self) -> tuple[Hold, ...]:
+        """The config's [[hold]] entries on this policy's table."""
+        return self._holds
+
+    @property
     def database_zone(self) -> str | None:
         """[database] timestamp_zone, which applies where timestamp_zone is absent."""
         return self._database_zone
@@ -432,9 +495,7 @@ class Policy(HealthSettings):
     @field_validator("where")
     @classmethod
     def _where(cls, value: str | None) -> str | None:
-        if value is not None and (";" in value or "--" in value or "/*" in value):
-            raise ValueError("must be one SQL predicate without ';' or comments")
-        return value
+        return _one_predicate(value)
 
     @model_validator(mode="after")
     def _archive(self) -> Policy:
@@ -472,6 +533,7 @@ class Config(Strict):
     retention: RetentionConfig = RetentionConfig()
     replica: list[ReplicaConfig] = []
     policy: list[Policy] = []
+    hold: list[Hold] = []
 
     @model_validator(mode="after")
     def _health_defaults(self) -> Config:
@@ -506,6 +568,35 @@ class Config(Strict):
         return self
 
     @model_validator(mode="after")
+    def _holds(self) -> Config:
+        """Each policy knows the holds on its table. A hold whose table is written
+        otherwise than a policy's same-named table (another schema, or the same
+        one qualified) is refused: it could leave that policy's rows unheld."""
+        seen: set[str] = set()
+        for hold in self.hold:
+            if hold.name in seen:
+                raise ValueError(
+                    f"hold {hold.name!r}: field 'name' is used by two holds: rename one"
+                )
+            seen.add(hold.name)
+        for policy in self.policy:
+            for hold in self.hold:
+                same_name = hold.table.split(".")[-1].lower() == policy.table.split(".")[-1].lower()
+                if same_name and not _same_table(hold.table, policy.table):
+                    raise ValueError(
+                        f"hold {hold.name!r}: table {hold.table!r} and policy {policy.name!r}'s "
+                        f"table {policy.table!r} may be one table: write it the same way in both"
+                    )
+            policy._holds = tuple(h for h in self.hold if _same_table(h.table, policy.table))
+            if policy._holds and policy.partitions in ("drop", "detach"):
+                raise ValueError(
+                    f'policy {policy.name!r}: partitions = "{policy.partitions}" removes whole '
+                    f"partitions, which may hold rows of hold {policy._holds[0].name!r}: "
+                    'write partitions = "rows"'
+                )
+        return self
+
+    @model_validator(mode="after")
     def _unique(self) -> Config:
         seen: set[str] = set()
         for policy in self.policy:
@@ -535,6 +626,7 @@ _SECTIONS: dict[str, type[BaseModel]] = {
     "worker": WorkerConfig,
     "replica": ReplicaConfig,
     "policy": Policy,
+    "hold": Hold,
 }
 
 

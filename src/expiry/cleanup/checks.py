@@ -57,6 +57,8 @@ class Checks(Strategies, Detection):
             self._check_archive(conn)
         if p.where:
             self._explain_where(conn)
+        if p.holds:
+            self._explain_holds(conn)
         self.storage = self.detect(conn)
         warnings += self.read_values(conn, self.storage)
         self.checked = True

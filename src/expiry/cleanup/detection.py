@@ -19,6 +19,7 @@ from ..timestamps import (
 )
 from .sql import (
     DEADLINE_WORDS,
+    EXPLAIN_HOLDS,
     EXPLAIN_WHERE,
     SHIFT_MAX_SECONDS,
     SHIFT_MIN_SECONDS,
@@ -275,6 +276,26 @@ class Detection(Statements):
             f"app seems to write the wall-clock time of another zone, and rows are deleted "
             f"about {about} late (fix: timestamp_zone = the zone the app writes in)"
         )
+
+    def _explain_holds(self, conn: Any) -> None:
+        """Each hold on the table is a valid predicate on it, its keys table and
+        column exist: a hold that cannot be read refuses the policy (its rows
+        would otherwise go unheld, or every window fail)."""
+        for hold in self.policy.holds:
+            try:
+                self.engine.explain(conn, self.statement(EXPLAIN_HOLDS, holds=(hold,)))
+            except Exception as exc:
+                first = str(exc).splitlines()[0]
+                what = (
+                    f"where = {hold.where!r}"
+                    if hold.where is not None
+                    else f"keys_table {hold.keys_table!r}, keys_column {hold.keys_column!r}"
+                )
+                raise SchemaError(
+                    f"policy {self.policy.name!r}: hold {hold.name!r}: {what} cannot be read "
+                    f"on {self.policy.table!r}: {first} (fix the hold: every policy on the "
+                    "table waits for it)"
+                ) from exc
 
     def _explain_where(self, conn: Any) -> None:
         try:

@@ -38,6 +38,8 @@ class PlanPreview:
     (their rows are counted among the candidates and windows too)."""
     warnings: list[str] = field(default_factory=list)
     """What looks wrong in how the column is read (values that look shifted by a zone)."""
+    held: dict[str, int] = field(default_factory=dict)
+    """Per hold on the table: the expired rows it keeps from this cutoff."""
 
 
 class Previews(Planner):
@@ -66,6 +68,13 @@ class Previews(Planner):
         with self._lock:
             return self._watermarks.get(name)
 
+    def kept_by_holds(self, name: str) -> dict[str, int]:
+        """Per hold on the policy's table: the rows older than retain it keeps now."""
+        policy, engine = self.policy(name), self.engine
+        with engine.read_transaction() as conn:
+            target = self.target(name, conn)
+            return target.kept_by_holds(conn, engine.now(conn) - timedelta(seconds=policy.retain))
+
     def preview(self, name: str, cutoff: datetime | None = None, *, limit: int = 10) -> PlanPreview:
         """Dry-run: what a run would do, by the same statements, the policy's
         check included, in a transaction the database keeps from writing."""
@@ -77,6 +86,7 @@ class Previews(Planner):
             target.storage = storage = target.detect(conn)  # as a run would read it now
             warnings = target.read_values(conn, storage)
             candidates = target.count(conn, cutoff)
+            held = target.kept_by_holds(conn, cutoff)
             parts = target.expired_partitions(conn, cutoff, storage)
             strategy = target.choose(conn, cutoff, storage)
             spans = self._preview_spans(target, strategy.name, conn, cutoff, storage)
@@ -97,6 +107,7 @@ class Previews(Planner):
                 for x in parts
             ],
             warnings=warnings,
+            held=held,
         )
 
     def _preview_spans(

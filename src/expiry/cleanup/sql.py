@@ -169,6 +169,9 @@ OLDEST = "select min({ts}) as oldest from {table} where {pred}"
 
 EXPLAIN_WHERE = "select 1 from {table} where {where}"
 
+# A hold's clause alone, planned by the check.
+EXPLAIN_HOLDS = "select 1 from {table} where 1 = 1{unheld}"
+
 # How the column stores time, read from every row the policy covers (never one
 # row): per storage class and ISO spelling, the count and the range. For
 # engines whose values carry their own storage class (SQLite); a full scan of

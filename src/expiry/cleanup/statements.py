@@ -8,7 +8,7 @@ import logging
 from datetime import date, datetime, timedelta
 from typing import Any
 
-from ..config import Policy
+from ..config import Hold, Policy
 from ..engines.base import Engine
 from ..errors import SchemaError
 from ..timestamps import (
@@ -92,20 +92,25 @@ class Statements:
         storage: Storage | None = None,
         span: str = "key",
         unreferenced: bool = False,
+        holds: tuple[Hold, ...] | None = None,
     ) -> str:
         """The statement of ``template`` for this policy, ``storage`` (default:
         the checked one) and a window ``span`` (SPANS), in the engine's quoting
         and parameter style; ``unreferenced``: its candidates exclude the rows
-        that other tables' rows reference (``skip_referenced``)."""
+        that other tables' rows reference (``skip_referenced``); ``holds``: the
+        holds it honours (default: every hold on the table; only ``held``
+        counts with fewer)."""
         p, engine = self.policy, self.engine
         bound, guard = engine.time_predicate(storage or self.storage)
         pred = PREDICATE.format(ts="{ts}", bound=bound, guard=guard)
         pred += " and ({where})" if p.where else ""
-        pred += self._beyond_newest()
+        unheld = self._unheld(p.holds if holds is None else holds)
+        pred += self._beyond_newest() + unheld
         pred += self._unreferenced() if unreferenced else ""
         names = ["cutoff", "exact", "after", "max", "window", "page", "lo", "hi", "key", "skip"]
         spans = SPANS | {"blocks": engine.block_span or "0 = 1"}
         text = template.replace("{span}", spans[span]).replace("{pred}", pred)
+        text = text.replace("{unheld}", unheld)
         text = text.replace("{bound}", bound)
         text = text.replace("{block_of_row}", engine.block_of_row or "null")
         return text.format(
@@ -185,6 +190,24 @@ class Statements:
             f" order by n.{ts} desc, n.{key} desc limit 1 offset {int(p.keep_last) - 1})"
         )
         return clause.replace("{", "{{").replace("}", "}}")
+
+    def _unheld(self, holds: tuple[Hold, ...]) -> str:
+        """The rows no hold names: ``not (where)`` (a row for which a hold's
+        predicate is null is held, as NOT has it), or no row of ``keys_table``
+        listing its key. Braces doubled: the statement's format() undoes them."""
+        q, table = self.engine.quote, self.engine.quote(self.policy.table)
+        clauses = []
+        for h in holds:
+            if h.where is not None:
+                clauses.append(f" and not ({self.engine.escape(h.where)})")
+            else:
+                assert h.keys_table is not None and h.keys_column is not None
+                key = q(h.key or self.policy.key)
+                clauses.append(
+                    f" and not exists (select 1 from {q(h.keys_table)} expiry_hold"
+                    f" where expiry_hold.{q(h.keys_column)} = {table}.{key})"
+                )
+        return "".join(clauses).replace("{", "{{").replace("}", "}}")
 
     def _unreferenced(self) -> str:
         """The candidates' clause that leaves out the rows other tables'
@@ -429,7 +452,7 @@ class Statements:
         if p.partitions != "auto":
             return p.partitions
         partitioned = self.relation is not None and self.relation.partitioned
-        plain = p.action == "delete" and not p.where and p.keep_last is None
+        plain = p.action == "delete" and not p.where and p.keep_last is None and not p.holds
         return "drop" if partitioned and plain else "rows"
 
     def expired_partitions(
@@ -460,6 +483,21 @@ class Statements:
 
     def count(self, conn: Any, cutoff: datetime) -> int:
         return int(self.run(conn, COUNT, cutoff=cutoff).fetchone()["n"])
+
+    def kept_by_holds(self, conn: Any, cutoff: datetime) -> dict[str, int]:
+        """Per hold on the table: the rows it keeps from ``cutoff`` (the
+        candidates were there no hold, less those with it alone)."""
+        holds = self.policy.holds
+        if not holds:
+            return {}
+        params = {"cutoff": cutoff, **self.engine.cutoff_params(self.storage, self.edge(cutoff))}
+
+        def candidates(honoured: tuple[Hold, ...]) -> int:
+            text = self.statement(COUNT, holds=honoured)
+            return int(conn.execute(text, params).fetchone()["n"])
+
+        free = candidates(())
+        return {h.name: free - candidates((h,)) for h in holds}
 
     def oldest(
         self, conn: Any, cutoff: datetime, storage: Storage | None = None

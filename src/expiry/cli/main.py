@@ -52,7 +52,15 @@ from .running import (
     cmd_serve,
     cmd_worker,
 )
-from .runs import cmd_dlq, cmd_evidence, cmd_plan, cmd_runs, cmd_status, cmd_trigger
+from .runs import (
+    cmd_dlq,
+    cmd_evidence,
+    cmd_holds,
+    cmd_plan,
+    cmd_runs,
+    cmd_status,
+    cmd_trigger,
+)
 
 logger = logging.getLogger("expiry.cli")
 
@@ -90,6 +98,7 @@ def commands() -> list[tuple[str, Command, str, Arguments]]:
         ("trigger", cmd_trigger, "start a run now (idempotent for the same cutoff)", trigger_args),
         ("plan", cmd_plan, "dry-run: cutoff, candidate rows and windows; mutates nothing", plan_args),
         ("status", cmd_status, "policies, watermarks, queue and DLQ at a glance", no_args),
+        ("holds", cmd_holds, "legal holds, and the expired rows each keeps per policy", no_args),
         ("scheduler", cmd_scheduler, "fire cron schedules only", stop_args),
         ("serve", cmd_serve, "scheduler, workers and the HTTP API in one process", serve_args),
         ("pause", cmd_pause, "pause a policy's schedule", policy_args),

@@ -212,6 +212,21 @@ def print_check(
     )
 
 
+def print_holds(holds: list[dict[str, Any]]) -> None:
+    """One row a hold: its table, the rows it names, why, what it keeps per policy."""
+    rows = (
+        (
+            h["name"],
+            h["table"],
+            h["rows"],
+            h["reason"] or "-",
+            ", ".join(f"{n:,} from {p}" for p, n in h["kept"].items()) or "no policy on the table",
+        )
+        for h in holds
+    )
+    print_table("holds", ("hold", "table", "rows held", "reason", "expired rows kept"), rows)
+
+
 def print_preview(preview: PlanPreview, cutoff: str) -> None:
     jobs = f"{preview.windows} windows"
     if preview.partitions:
@@ -225,6 +240,8 @@ def print_preview(preview: PlanPreview, cutoff: str) -> None:
     out.print(f"  {preview.storage}")
     for warning in preview.warnings:
         out.print(f"  warning: {warning}")
+    for hold, rows in preview.held.items():
+        out.print(f"  hold {hold}: keeps {rows} expired rows")
     out.print(f"  {preview.strategy}")
     for part in preview.partitions:
         out.print(

@@ -22,6 +22,7 @@ from .output import (
     out,
     print_dead_jobs,
     print_evidence,
+    print_holds,
     print_json,
     print_preview,
     print_run,
@@ -88,6 +89,27 @@ def parse_timeout(text: str | None) -> float | None:
         raise ConfigError(f"--timeout {text!r}: {exc}") from None
 
 
+def cmd_holds(args: argparse.Namespace) -> int:
+    """The config's legal holds, and per policy on each hold's table the rows
+    older than its retain that the hold keeps now. Reads the tables alone."""
+    app = reading(args, need_config=True)
+    assert app.config is not None
+    cleanup = app.table_reader()
+    kept = {p.name: cleanup.kept_by_holds(p.name) for p in app.config.policy if p.holds}
+    holds = [
+        {
+            "name": h.name,
+            "table": h.table,
+            "rows": h.where if h.where is not None else f"keys in {h.keys_table}.{h.keys_column}",
+            "reason": h.reason,
+            "kept": {policy: by[h.name] for policy, by in kept.items() if h.name in by},
+        }
+        for h in app.config.hold
+    ]
+    emit(args, {"holds": holds}, lambda: print_holds(holds))
+    return 0
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     return dry_run(args, reading(args, need_config=True), parse_cutoff(args.cutoff))
 
@@ -117,6 +139,7 @@ def show_preview(args: argparse.Namespace, preview: PlanPreview) -> int:
         "partitions": preview.partitions,
         "timestamp_storage": preview.storage,
         "warnings": preview.warnings,
+        "held": preview.held,
         "dry_run": True,
     }
     emit(args, data, lambda: print_preview(preview, cutoff))
