@@ -688,6 +688,14 @@ MUTANTS = [
         "a [[hold]] is read by the check and the counts, not by the windows: held rows go",
     ),
     Mutant(
+        "hold-changed-not-audited",
+        "src/expiry/cleanup/holds.py",
+        "        if in_force.get(hold.name) != detail:\n",
+        "        if hold.name not in in_force:\n",
+        (f"{HOLDS}::test_placing_changing_and_lifting_a_hold_is_audited_once_each[sqlite]",),
+        "a hold whose rows changed in the config is not audited: the log says the old rows",
+    ),
+    Mutant(
         "hold-partition-dropped",
         "src/expiry/cleanup/statements.py",
         "and p.keep_last is None and not p.holds\n",

@@ -105,6 +105,7 @@ class Status:
             "action": policy.action,
             "retain": format_duration(policy.retain),
             "keep_last": policy.keep_last,
+            "holds": [h.name for h in policy.holds],
             "group_by": policy.group_by,
             "schedule": policy.schedule,
             "timezone": policy.timezone,

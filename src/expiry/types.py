@@ -378,6 +378,11 @@ class AuditAction(enum.StrEnum):
     JOB_DISCARDED = "job.discarded"
     SCHEDULE_FIRED = "schedule.fired"
     SCHEDULE_MISSED = "schedule.missed"
+    HOLD_PLACED = "hold.placed"
+    """A [[hold]] in force as the config now has it (new, or changed): written
+    by the first worker, scheduler or server that reads the config."""
+    HOLD_LIFTED = "hold.lifted"
+    """A [[hold]] the log shows in force that the config no longer has."""
     POLICY_PAUSED = "policy.paused"
     POLICY_RESUMED = "policy.resumed"
     CRON_CREATED = "cron.created"

@@ -203,3 +203,55 @@ def test_a_partition_holding_a_held_row_is_not_dropped(pg_db: Db) -> None:
         app.close()
     assert db.ids("events") == {7} | set(range(101, 151))
     assert db.scalar("select count(*) from pg_inherits where inhparent = 'events'::regclass") == 2
+
+
+def test_placing_changing_and_lifting_a_hold_is_audited_once_each(db: Db) -> None:
+    seed(db)
+
+    def recorded(*holds: dict[str, Any]) -> list[str]:
+        app = App(config=parse_config(with_holds(db.url, *holds)))
+        try:
+            assert app.cleanup is not None
+            return app.cleanup.record_holds()
+        finally:
+            app.close()
+
+    assert recorded(BY_USER, BY_KEYS) == [
+        "hold user-3-case placed on sessions",
+        "hold listed placed on sessions",
+    ]
+    assert recorded(BY_USER, BY_KEYS) == []  # a restart, the same config: nothing new
+    assert recorded({**BY_USER, "where": "user_id in (3, 4)"}) == [
+        "hold user-3-case placed on sessions",  # changed: in force as it is now
+        "hold listed lifted from sessions",
+    ]
+    reader = App(db.url)
+    try:
+        events = reader.engine.audit_hold_events()
+    finally:
+        reader.close()
+    assert [(e.action, e.detail["hold"]) for e in events] == [
+        ("hold.placed", "user-3-case"),
+        ("hold.placed", "listed"),
+        ("hold.placed", "user-3-case"),
+        ("hold.lifted", "listed"),
+    ]
+    assert events[2].detail["where"] == "user_id in (3, 4)"
+    assert events[0].detail["reason"] == "case 3"
+
+
+def test_a_worker_audits_the_holds_of_its_config_as_it_starts(db: Db, tmp_path: Path) -> None:
+    seed(db)
+    cfg = write_config(tmp_path / "expiry.toml", db.url, {"where": None})
+    with cfg.open("a") as f:
+        f.write("\n[[hold]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in BY_USER.items()))
+    done = subprocess.run(
+        expiry_cmd("worker", "--config", str(cfg), "--until-idle"),
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "hold user-3-case placed on sessions" in done.stderr
+    assert db.audit("hold.placed") == 1

@@ -146,12 +146,16 @@ class Server(uvicorn.Server):
 
 
 @pytest.fixture
-def dashboard(db_url: str) -> Iterator[Dashboard]:
+def dashboard(db_url: str, request: pytest.FixtureRequest) -> Iterator[Dashboard]:
+    """The dashboard over a real socket; ``@pytest.mark.dashboard_config(...)``
+    adds config sections ([[hold]] entries, say)."""
+    marker = request.node.get_closest_marker("dashboard_config")
     config = parse_config(
         {
             "database": {"url": db_url},
             "http": {"allowed_hosts": ["127.0.0.1:*"]},
             "policy": [POLICY],
+            **(marker.kwargs if marker is not None else {}),
         }
     )
     app = App(config=config)

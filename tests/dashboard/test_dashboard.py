@@ -504,3 +504,18 @@ def test_plan_shows_what_a_run_would_do_and_trigger_opens_it(dashboard: Dashboar
         )
         assert refused.status_code == 403
     assert len(app.runs.recent("expired-sessions", 5)) == 1
+
+
+@pytest.mark.dashboard_config(hold=[{"name": "case-7", "table": "sessions", "where": "id <= 10"}])
+def test_a_hold_is_named_on_the_overview_and_its_kept_rows_counted_on_the_plan(
+    dashboard: Dashboard,
+) -> None:
+    """The overview names the holds on each policy's table; the plan page counts
+    the expired rows each keeps (ids 1 to 10 of the 450 expired) and the rows
+    to delete leave them out."""
+    with dashboard.signed_in_client() as ops:
+        overview = ops.get("/").text
+        assert "held: case-7" in overview
+        plan = ops.get("/policies/expired-sessions/plan").text
+        assert re.search(r'id="held-case-7">keeps 10 expired rows<', plan), plan
+        assert re.search(r"Rows to delete</dt><dd[^>]*>440 \(the planner", plan), plan

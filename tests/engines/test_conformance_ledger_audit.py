@@ -266,6 +266,25 @@ def test_audit_list_is_newest_first_filtered_by_policy_and_limited(engine: Engin
     assert ids == sorted(ids, reverse=True)
 
 
+def test_audit_hold_events_are_the_holds_placed_and_lifted_oldest_first(engine: Engine) -> None:
+    assert engine.audit_hold_events() == []
+    for action, hold in [
+        ("hold.placed", "a"),
+        ("run.opened", None),
+        ("hold.placed", "b"),
+        ("hold.lifted", "a"),
+        ("policy.paused", None),
+    ]:
+        engine.audit_append(None, action, actor="t", detail={"hold": hold} if hold else None)
+    events = engine.audit_hold_events()
+    assert [(e.action, e.detail["hold"]) for e in events] == [
+        ("hold.placed", "a"),
+        ("hold.placed", "b"),
+        ("hold.lifted", "a"),
+    ]
+    assert [e.id for e in events] == sorted(e.id for e in events)
+
+
 def test_audit_counts_count_events_by_action_and_policy(engine: Engine) -> None:
     assert engine.audit_counts() == []
     for action, policy in [

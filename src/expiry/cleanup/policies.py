@@ -14,6 +14,7 @@ from typing import Any
 from ..config import Config, Policy
 from ..engines import Engine
 from ..errors import SchemaError, Snooze
+from .holds import record_holds
 from .runs import Runs
 from .target import Target
 
@@ -48,11 +49,23 @@ class Policies:
         return policy
 
     def reload(self, config: Config) -> None:
-        """After a config reload: the new policies, each checked again on next use."""
+        """After a config reload: the new policies, each checked again on next
+        use; the holds placed or lifted, audited."""
         self.config = config
         self.forget_targets()
         with self._lock:
             self.broken.clear()
+        self.record_holds()
+
+    def record_holds(self, actor: str = "config") -> list[str]:
+        """Audit the holds placed or lifted since the log last said (holds.py).
+        A failure is logged: the holds are in force from the config whatever
+        the log says."""
+        try:
+            return record_holds(self.engine, self.config, actor)
+        except Exception as exc:
+            log.error("could not audit the config's holds: %s", exc)
+            return []
 
     def target(self, name: str, conn: Any | None = None) -> Target:
         """The policy's table, checked against the live schema once per process."""

@@ -76,11 +76,13 @@ def cleanup_of(app: App) -> Cleanup:
 def log_warnings(app: App) -> None:
     """Check every policy against the live schema before running: one that
     fits with doubts is logged; one that does not fit is quarantined (logged
-    as an error, checked again on its next use) and the others run."""
+    as an error, checked again on its next use) and the others run. Then the
+    holds placed or lifted since the audit log last said are audited."""
     if app.cleanup is not None:
         warnings, _ = app.cleanup.check_all()  # each quarantine is logged once
         for warning in warnings:
             logger.warning(warning)
+        app.cleanup.record_holds()
 
 
 def parse_cutoff(text: str | None) -> datetime | None:

@@ -202,6 +202,10 @@ class LedgerSeam(JobsSeam):
         found = self._tx_rows(conn, "audit_list", {"policy": policy, "limit": limit})
         return [self._as_audit_event(row) for row in found]
 
+    def audit_hold_events(self, *, conn: Any | None = None) -> list[AuditEvent]:
+        """Every hold.placed and hold.lifted event, oldest first."""
+        return [self._as_audit_event(row) for row in self._tx_rows(conn, "audit_holds")]
+
     def _as_audit_event(self, row: Row) -> AuditEvent:
         detail = row["detail"]
         return AuditEvent(

@@ -55,6 +55,10 @@ select * from expiry.audit
 where (%(policy)s::text is null or policy = %(policy)s)
 order by id desc limit %(limit)s;
 
+-- name: audit_holds
+-- Every hold placed or lifted, oldest first: what the log says is in force.
+select * from expiry.audit where action in ('hold.placed', 'hold.lifted') order by id;
+
 -- name: audit_counts
 -- Audited events by action and policy, for metrics.
 select action, policy, count(*) as n from expiry.audit group by action, policy;

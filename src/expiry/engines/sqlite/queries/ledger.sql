@@ -56,6 +56,10 @@ select * from expiry_audit
 where (:policy is null or policy = :policy)
 order by id desc limit :limit;
 
+-- name: audit_holds
+-- Every hold placed or lifted, oldest first: what the log says is in force.
+select * from expiry_audit where action in ('hold.placed', 'hold.lifted') order by id;
+
 -- name: audit_counts
 -- Audited events by action and policy, for metrics.
 select action, policy, count(*) as n from expiry_audit group by action, policy;
