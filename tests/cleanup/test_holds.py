@@ -62,6 +62,25 @@ def with_holds(url: str, *holds: dict[str, Any], **policy: Any) -> dict[str, Any
     return data
 
 
+def config_file(tmp_path: Path, url: str, *holds: dict[str, Any]) -> Path:
+    """An expiry.toml with the policy and ``holds`` as [[hold]] tables."""
+    cfg = write_config(tmp_path / "expiry.toml", url, {"where": None})
+    with cfg.open("a") as f:
+        for hold in holds:
+            f.write("\n[[hold]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in hold.items()))
+    return cfg
+
+
+def expiry(cfg: Path, command: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        expiry_cmd(command, "--config", str(cfg), *args),
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=60,
+    )
+
+
 def test_no_window_deletes_a_held_row_and_every_other_expired_row_goes(db: Db) -> None:
     rows = seed(db)
     app = App(config=parse_config(with_holds(db.url, BY_USER, BY_KEYS)))
@@ -153,16 +172,7 @@ def test_a_hold_that_cannot_be_read_quarantines_the_policy_naming_the_hold(db: D
 
 def test_expiry_holds_lists_each_hold_and_the_rows_it_keeps(db: Db, tmp_path: Path) -> None:
     rows = seed(db)
-    cfg = write_config(tmp_path / "expiry.toml", db.url, {"where": None})
-    with cfg.open("a") as f:
-        for hold in (BY_USER, BY_KEYS):
-            f.write("\n[[hold]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in hold.items()))
-    done = subprocess.run(
-        expiry_cmd("holds", "--config", str(cfg), "--json"),
-        capture_output=True,
-        text=True,
-        env=cli_env(),
-    )
+    done = expiry(config_file(tmp_path, db.url, BY_USER, BY_KEYS), "holds", "--json")
     assert done.returncode == 0, done.stderr
     shown = {h["name"]: h for h in json.loads(done.stdout)["holds"]}
     expired = {i for i, (_, old) in rows.items() if old}
@@ -242,16 +252,7 @@ def test_placing_changing_and_lifting_a_hold_is_audited_once_each(db: Db) -> Non
 
 def test_a_worker_audits_the_holds_of_its_config_as_it_starts(db: Db, tmp_path: Path) -> None:
     seed(db)
-    cfg = write_config(tmp_path / "expiry.toml", db.url, {"where": None})
-    with cfg.open("a") as f:
-        f.write("\n[[hold]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in BY_USER.items()))
-    done = subprocess.run(
-        expiry_cmd("worker", "--config", str(cfg), "--until-idle"),
-        capture_output=True,
-        text=True,
-        env=cli_env(),
-        timeout=60,
-    )
+    done = expiry(config_file(tmp_path, db.url, BY_USER), "worker", "--until-idle")
     assert done.returncode == 0, done.stderr
     assert "hold user-3-case placed on sessions" in done.stderr
     assert db.audit("hold.placed") == 1
