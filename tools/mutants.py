@@ -698,9 +698,11 @@ MUTANTS = [
     Mutant(
         "hold-partition-dropped",
         "src/expiry/cleanup/statements.py",
-        "and p.keep_last is None and not p.holds\n",
-        "and p.keep_last is None\n",
-        (f"{HOLDS}::test_a_partition_holding_a_held_row_is_not_dropped",),
+        'if row.fetchone()["expired"] and not self._holds_a_row(conn, part):\n',
+        'if row.fetchone()["expired"]:\n',
+        (
+            f"{HOLDS}::test_a_partition_holding_a_held_row_is_cleaned_by_windows_and_the_others_dropped[auto]",
+        ),
         "a whole expired partition is dropped with the held row in it",
     ),
     Mutant(

@@ -588,12 +588,6 @@ class Config(Strict):
                         f"table {policy.table!r} may be one table: write it the same way in both"
                     )
             policy._holds = tuple(h for h in self.hold if _same_table(h.table, policy.table))
-            if policy._holds and policy.partitions in ("drop", "detach"):
-                raise ValueError(
-                    f'policy {policy.name!r}: partitions = "{policy.partitions}" removes whole '
-                    f"partitions, which may hold rows of hold {policy._holds[0].name!r}: "
-                    'write partitions = "rows"'
-                )
         return self
 
     @model_validator(mode="after")

@@ -151,12 +151,6 @@ def test_a_hold_that_could_be_misread_is_refused_with_the_fix(
     assert words in str(refused.value)
 
 
-def test_a_partition_drop_is_refused_under_a_hold() -> None:
-    with pytest.raises(ConfigError) as refused:
-        parse_config(with_holds("sqlite:///unused.db", BY_USER, partitions="drop"))
-    assert 'write partitions = "rows"' in str(refused.value) and "user-3-case" in str(refused.value)
-
-
 def test_a_hold_that_cannot_be_read_quarantines_the_policy_naming_the_hold(db: Db) -> None:
     seed(db)
     missing = {**BY_KEYS, "keys_table": "no_such_keys"}
@@ -182,37 +176,53 @@ def test_expiry_holds_lists_each_hold_and_the_rows_it_keeps(db: Db, tmp_path: Pa
     assert shown["listed"]["rows"] == "keys in legal_keys.session_id"
 
 
-def test_a_partition_holding_a_held_row_is_not_dropped(pg_db: Db) -> None:
-    """Under a hold, whole expired partitions are cleaned by windows: the held
-    row in one stays, the rest of its rows go."""
+@pytest.mark.parametrize("partitions", ["auto", "drop"])
+def test_a_partition_holding_a_held_row_is_cleaned_by_windows_and_the_others_dropped(
+    pg_db: Db, partitions: str
+) -> None:
+    """Two whole expired partitions: the one without a held row is dropped; the
+    one holding row 7 stays attached, and windows take the rest of its rows."""
     db = pg_db
     db.execute(
         "create table events (id bigint, created_at timestamptz not null, note text,"
         " primary key (id, created_at)) partition by range (created_at)"
     )
     db.execute("create index on events (created_at)")
+    for name, lo, hi in (
+        ("events_2019", "2019-01-01", "2020-01-01"),
+        ("events_2020", "2020-01-01", "2021-01-01"),
+        ("events_now", "2021-01-01", "2100-01-01"),
+    ):
+        db.execute(f"create table {name} partition of events for values from ('{lo}') to ('{hi}')")
     db.execute(
-        "create table events_old partition of events for values from ('2020-01-01') to ('2021-01-01')"
-    )
-    db.execute(
-        "create table events_new partition of events for values from ('2021-01-01') to ('2100-01-01')"
-    )
-    db.execute(
-        "insert into events select i, case when i <= 100 then timestamptz '2020-06-01' + i * interval '1 hour'"
+        "insert into events select i, case when i <= 50 then timestamptz '2019-06-01' + i * interval"
+        " '1 hour' when i <= 100 then timestamptz '2020-06-01' + i * interval '1 hour'"
         " else now() + i * interval '1 minute' end, 'e' from generate_series(1, 150) i"
     )
     policy = {"name": "old-events", "table": "events", "key": "id", "timestamp": "created_at"}
-    hold = {"name": "case-7", "table": "events", "where": "id = 7"}
-    data = {"database": {"url": db.url}, "policy": [{**policy, "window": 30}], "hold": [hold]}
+    hold = {"name": "case-77", "table": "events", "where": "id = 77"}
+    data = {
+        "database": {"url": db.url},
+        "policy": [{**policy, "window": 30, "partitions": partitions}],
+        "hold": [hold],
+    }
     app = App(config=parse_config(data))
     try:
         assert app.cleanup is not None
+        planned = app.cleanup.preview("old-events")
+        assert [p["partition"] for p in planned.partitions] == ["public.events_2019"]
+        assert planned.held == {"case-77": 1}
         app.cleanup.open_run("old-events")
         run_worker(app)
     finally:
         app.close()
-    assert db.ids("events") == {7} | set(range(101, 151))
-    assert db.scalar("select count(*) from pg_inherits where inhparent = 'events'::regclass") == 2
+    assert db.ids("events") == {77} | set(range(101, 151))
+    attached = db.rows(
+        "select c.relname from pg_inherits i join pg_class c on c.oid = i.inhrelid"
+        " where i.inhparent = 'events'::regclass order by 1"
+    )
+    assert [r[0] for r in attached] == ["events_2020", "events_now"]
+    assert db.scalar("select to_regclass('events_2019')") is None  # dropped whole
 
 
 def test_placing_changing_and_lifting_a_hold_is_audited_once_each(db: Db) -> None:

@@ -169,6 +169,13 @@ OLDEST = "select min({ts}) as oldest from {table} where {pred}"
 
 EXPLAIN_WHERE = "select 1 from {table} where {where}"
 
+# Whether an expired partition holds a row some hold keeps (it is cleaned by
+# windows then, not removed whole).
+PARTITION_HELD = (
+    "select count(*) as n from (select 1 from {table}"
+    " where {partition_rows} and not (1 = 1{unheld}) limit 1) as h"
+)
+
 # A hold's clause alone, planned by the check.
 EXPLAIN_HOLDS = "select 1 from {table} where 1 = 1{unheld}"
 

@@ -32,6 +32,7 @@ from .sql import (
     OLDEST,
     ORDERED,
     PARTITION_EXPIRED,
+    PARTITION_HELD,
     PLAN_PAGE,
     PREDICATE,
     SAMPLE,
@@ -107,10 +108,14 @@ class Statements:
         unheld = self._unheld(p.holds if holds is None else holds)
         pred += self._beyond_newest() + unheld
         pred += self._unreferenced() if unreferenced else ""
-        names = ["cutoff", "exact", "after", "max", "window", "page", "lo", "hi", "key", "skip"]
+        names = [
+            "cutoff", "exact", "after", "max", "window", "page", "lo", "hi", "key", "skip",
+            "partition",
+        ]  # fmt: skip
         spans = SPANS | {"blocks": engine.block_span or "0 = 1"}
         text = template.replace("{span}", spans[span]).replace("{pred}", pred)
         text = text.replace("{unheld}", unheld)
+        text = text.replace("{partition_rows}", engine.partition_rows or "0 = 1")
         text = text.replace("{bound}", bound)
         text = text.replace("{block_of_row}", engine.block_of_row or "null")
         return text.format(
@@ -452,7 +457,7 @@ class Statements:
         if p.partitions != "auto":
             return p.partitions
         partitioned = self.relation is not None and self.relation.partitioned
-        plain = p.action == "delete" and not p.where and p.keep_last is None and not p.holds
+        plain = p.action == "delete" and not p.where and p.keep_last is None
         return "drop" if partitioned and plain else "rows"
 
     def expired_partitions(
@@ -477,9 +482,17 @@ class Statements:
             if only is not None and part.name != only:
                 continue
             row = self.run(conn, PARTITION_EXPIRED, storage, cutoff=cutoff, upper=part.upper)
-            if row.fetchone()["expired"]:
+            if row.fetchone()["expired"] and not self._holds_a_row(conn, part):
                 found.append(part)
         return found
+
+    def _holds_a_row(self, conn: Any, part: Partition) -> bool:
+        """Whether a hold keeps a row of the partition: then it is no expired
+        partition, and windows clean the rest of its rows around the held ones."""
+        if not self.policy.holds:
+            return False
+        name = self.engine.quote(f"{part.schema}.{part.name}")
+        return bool(self.run(conn, PARTITION_HELD, partition=name).fetchone()["n"])
 
     def count(self, conn: Any, cutoff: datetime) -> int:
         return int(self.run(conn, COUNT, cutoff=cutoff).fetchone()["n"])

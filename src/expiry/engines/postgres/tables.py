@@ -245,6 +245,7 @@ class PostgresTables(Engine):
         " and ctid <= cast('(' || ({p_hi} / 65536) || ',' || mod({p_hi}, 65536) || ')' as tid)"
     )
     block_of_row = "((ctid::text::point)[0]::bigint * 65536 + (ctid::text::point)[1]::bigint)"
+    partition_rows = "tableoid = cast({p_partition} as regclass)"
 
     def table_layout(self, conn: Any, table: str, column: str) -> Layout | None:
         row = conn.execute(_LAYOUT, {"table": self.quote(table), "column": column}).fetchone()

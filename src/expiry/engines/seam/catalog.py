@@ -53,6 +53,10 @@ class CatalogSeam(Primitives):
     block_of_row: str | None = None
     """The expression that encodes a row's address as block_span reads it."""
 
+    partition_rows: str | None = None
+    """The rows of the table that one partition holds, {p_partition} naming it
+    (PostgreSQL's tableoid); None where no table is partitioned for expiry."""
+
     @abc.abstractmethod
     def quote(self, identifier: str) -> str:
         """A validated identifier, schema-qualified or not, quoted by the driver's rules."""
