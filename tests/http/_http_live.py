@@ -45,10 +45,12 @@ def config_data(
     *,
     http: dict[str, Any] | None = None,
     policies: Iterable[dict[str, Any]] = ({},),
+    holds: Iterable[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     data: dict[str, Any] = {
         "database": {"url": url},
         "policy": [{**POLICY, **p} for p in policies],
+        "hold": list(holds),
     }
     # Each scrape reads the database afresh (the tests compare scrapes), and
     # the tests' many refused requests from one address are not slowed down

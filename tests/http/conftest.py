@@ -27,12 +27,13 @@ def serve() -> Iterator[Serve]:
         *,
         http: dict[str, Any] | None = None,
         policies: tuple[dict[str, Any], ...] = ({},),
+        holds: tuple[dict[str, Any], ...] = (),
         table: bool = True,
     ) -> Live:
         db = Db(url)
         if table:
             db.create_sessions()
-        app = make_app(url, http=http, policies=policies)
+        app = make_app(url, http=http, policies=policies, holds=holds)
         app.migrate()
         server = LiveServer(app).start()
         started.append((server, app, db))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
-from _http_live import Live, assert_error
+from _http_live import Live, Serve, assert_error
 from prometheus_client.parser import text_string_to_metric_families
 
 POLICY = "expired-sessions"
@@ -180,3 +180,27 @@ def test_evidence_over_http_is_what_the_run_deleted_for_a_read_key(live: Live) -
     assert_error(live.new_client(None).get(f"/v1/evidence/{POLICY}"), 401)
     publisher = live.new_client(live.app.keys.create("pub", ["queue:publish:*"]))
     assert_error(publisher.get(f"/v1/evidence/{POLICY}"), 403)
+
+
+def test_holds_are_listed_with_the_rows_they_keep_and_the_dry_run_counts_them(
+    db_url: str, serve: Serve
+) -> None:
+    hold = {"name": "first-20", "table": "sessions", "where": "id <= 20", "reason": "case 20"}
+    live = serve(db_url, holds=(hold,))
+    live.db.insert_sessions(expired=250, live=50)
+
+    listed = live.client.get("/v1/holds")
+    assert listed.status_code == 200, listed.text
+    assert listed.json() == [
+        {
+            "name": "first-20",
+            "table": "sessions",
+            "rows": "id <= 20",
+            "reason": "case 20",
+            "kept": {POLICY: 20},
+        }
+    ]
+    dry = live.client.post("/v1/cleanup/trigger", json={"policy": POLICY, "dry_run": True})
+    assert dry.status_code == 200, dry.text
+    assert dry.json()["candidates"] == 230 and dry.json()["held"] == {"first-20": 20}
+    assert_error(live.new_client().get("/v1/holds"), 401)

@@ -6,13 +6,34 @@ themselves are predicates on the policies' statements (statements.py)."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Protocol
 
 from ..config import Config, Hold
 from ..engines import Engine
 from ..types import AuditAction
 
 log = logging.getLogger("expiry.cleanup")
+
+
+class Counting(Protocol):
+    def kept_by_holds(self, name: str) -> dict[str, int]: ...
+
+
+def holds_report(cleanup: Counting, config: Config) -> list[dict[str, Any]]:
+    """Each hold of the config: its table, the rows it names, why, and per
+    policy on its table the rows older than retain it keeps now (`expiry
+    holds`, GET /v1/holds)."""
+    kept = {p.name: cleanup.kept_by_holds(p.name) for p in config.policy if p.holds}
+    return [
+        {
+            "name": h.name,
+            "table": h.table,
+            "rows": h.where if h.where is not None else f"keys in {h.keys_table}.{h.keys_column}",
+            "reason": h.reason,
+            "kept": {policy: by[h.name] for policy, by in kept.items() if h.name in by},
+        }
+        for h in config.hold
+    ]
 
 
 def hold_detail(hold: Hold) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ..app import App
+from ..cleanup.holds import holds_report
 from ..cleanup.preview import PlanPreview
 from ..errors import ConfigError
 from ..status import Status
@@ -94,18 +95,7 @@ def cmd_holds(args: argparse.Namespace) -> int:
     older than its retain that the hold keeps now. Reads the tables alone."""
     app = reading(args, need_config=True)
     assert app.config is not None
-    cleanup = app.table_reader()
-    kept = {p.name: cleanup.kept_by_holds(p.name) for p in app.config.policy if p.holds}
-    holds = [
-        {
-            "name": h.name,
-            "table": h.table,
-            "rows": h.where if h.where is not None else f"keys in {h.keys_table}.{h.keys_column}",
-            "reason": h.reason,
-            "kept": {policy: by[h.name] for policy, by in kept.items() if h.name in by},
-        }
-        for h in app.config.hold
-    ]
+    holds = holds_report(app.table_reader(), app.config)
     emit(args, {"holds": holds}, lambda: print_holds(holds))
     return 0
 

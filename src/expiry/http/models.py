@@ -363,6 +363,19 @@ class Triggered(Body):
     partitions: list[dict[str, Any]] | None = Field(
         None, description="whole partitions a run would drop or detach now, with row estimates"
     )
+    held: dict[str, int] | None = Field(
+        None, description="per legal hold on the table, the expired rows it keeps"
+    )
+
+
+class HoldReport(Body):
+    name: str
+    table: str
+    rows: str = Field(description="the rows it names: its where, or the table listing their keys")
+    reason: str
+    kept: dict[str, int] = Field(
+        description="per policy on the table, the rows older than its retain that the hold keeps"
+    )
 
 
 DLQ_QUEUE = (

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query
 
 from ...app import App
+from ...cleanup.holds import holds_report
 from ...cleanup.service import Cleanup
 from ...errors import ConfigError
 from ...status import Status
@@ -57,6 +58,7 @@ def trigger(body: m.TriggerRequest, key: Trigger, app: ExpiryApp) -> m.Triggered
             ],
             strategy=preview.strategy,
             partitions=preview.partitions,
+            held=preview.held,
         )
     opened = cleanup.open_run(
         body.policy, body.cutoff, opened_by="api", actor=f"api:{key.name}", force=body.force
@@ -68,6 +70,13 @@ def trigger(body: m.TriggerRequest, key: Trigger, app: ExpiryApp) -> m.Triggered
         run_id=opened.run_id,
         created=opened.created,
     )
+
+
+@router.get("/holds", response_model=list[m.HoldReport])
+def holds(_: Reader, app: ExpiryApp) -> list[dict[str, Any]]:
+    """The config's legal holds, each with the expired rows it keeps per policy."""
+    cleanup = cleanup_of(app)
+    return holds_report(cleanup, cleanup.config)
 
 
 @router.get("/policies")
