@@ -680,6 +680,14 @@ MUTANTS = [
         "MySQL: the worker's own idle connections read as the application's: it always rests",
     ),
     Mutant(
+        "sqlite-key-windows-through-the-timestamp-index",
+        "src/expiry/engines/sqlite/tables.py",
+        '    unindexed = "+{}"\n',
+        "",
+        (f"{TIMESTAMPS}::test_sqlite_key_windows_scan_the_key_not_the_timestamps_index[epoch]",),
+        "SQLite reads every expired row through the timestamp's index for each key window",
+    ),
+    Mutant(
         "hold-left-out-of-the-windows",
         "src/expiry/cleanup/statements.py",
         "        pred += self._beyond_newest() + unheld\n",

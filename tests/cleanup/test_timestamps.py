@@ -483,3 +483,39 @@ def test_a_zero_in_a_stated_epoch_column_is_the_epoch_itself(
     drain(app)
     assert db.ids("tokens") == {5, 6}
     assert sum(row["rows"] for row in db.ledger(opened.run_id)) == 4
+
+
+@pytest.mark.parametrize("storage", ["epoch", "iso"])
+def test_sqlite_key_windows_scan_the_key_not_the_timestamps_index(
+    sqlite_db: Db, apps: Apps, storage: str
+) -> None:
+    """A key window's statement, and the planner's walk along the key, read the
+    key's range: SQLite would otherwise take the timestamp's index for the
+    cutoff and an epoch column's guard, every expired row of the table for each
+    window (0.14x the hand-written loop at 2,000,000 rows; 0.54x with the key)."""
+    from expiry.cleanup.sql import DELETE, PLAN_PAGE
+
+    sqlite_db.create_sessions()
+    # Expired and live rows interleaved, 4 in 5 expired, as sessions are.
+    seconds = (
+        "unixepoch('now') + case when (i * 761) % 1000 < 800 then -1 else 1 end * (1 + i % 86400)"
+    )
+    value = f"datetime({seconds}, 'unixepoch')" if storage == "iso" else f"{seconds} + 0.5"
+    sqlite_db.conn.execute(
+        "insert into sessions (id, expires_at) with recursive s(i) as (select 1 union all"
+        f" select i + 1 from s where i < 20000) select i, {value} from s"
+    )
+    sqlite_db.conn.execute("analyze")  # the statistics that make the planner prefer the index
+    app = apps(sqlite_db.url, {"windows": "key", "where": None})
+    assert app.cleanup is not None
+    target = app.cleanup.target(POLICY)  # checked: the column's storage read
+    for template in (DELETE, PLAN_PAGE):
+        text = target.text(template)
+        found = sqlite_db.conn.execute("explain query plan " + text, _params(text)).fetchall()
+        plan = " ".join(str(row[3]) for row in found)
+        assert "INTEGER PRIMARY KEY" in plan and "sessions_expires_at" not in plan, (text, plan)
+
+
+def _params(text: str) -> dict[str, Any]:
+    """Every named parameter of a statement, bound to a value of no consequence."""
+    return {name: 0 for name in re.findall(r":(\w+)", text)}

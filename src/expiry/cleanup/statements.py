@@ -116,6 +116,10 @@ class Statements:
         text = template.replace("{span}", spans[span]).replace("{pred}", pred)
         text = text.replace("{unheld}", unheld)
         text = text.replace("{partition_rows}", engine.partition_rows or "0 = 1")
+        # A window over a key range, or the planner's walk along the key, scans
+        # the key's index: the timestamp's terms are kept off its own index.
+        key_ranged = ("{span}" in template and span == "key") or "{p_after}" in template
+        ts = engine.quote(p.timestamp)
         text = text.replace("{bound}", bound)
         text = text.replace("{block_of_row}", engine.block_of_row or "null")
         return text.format(
@@ -126,7 +130,7 @@ class Statements:
             integer=engine.integer_type,
             div=engine.integer_division,
             key=engine.quote(p.key),
-            ts=engine.quote(p.timestamp),
+            ts=engine.unindexed.format(ts) if key_ranged else ts,
             tie=engine.quote(self.tie),
             columns=", ".join(engine.quote(c) for c in self.columns),
             where=engine.escape(p.where) if p.where else "1 = 1",

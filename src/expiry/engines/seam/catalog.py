@@ -53,6 +53,13 @@ class CatalogSeam(Primitives):
     block_of_row: str | None = None
     """The expression that encodes a row's address as block_span reads it."""
 
+    unindexed: str = "{}"
+    """A column as a statement that ranges over the key writes it, so that the
+    planner leaves the column's indexes alone (SQLite: unary +, a no-op on the
+    value). SQLite otherwise reads a key window's two-sided timestamp bounds
+    (the cutoff and an epoch column's guard) through the timestamp's index,
+    every expired row of the table for each window."""
+
     partition_rows: str | None = None
     """The rows of the table that one partition holds, {p_partition} naming it
     (PostgreSQL's tableoid); None where no table is partitioned for expiry."""

@@ -193,6 +193,8 @@ class SQLiteTables(Engine):
     ) -> int | None:
         raise SchemaError("SQLite has no partitions")
 
+    unindexed = "+{}"
+
     def explain(self, conn: Any, statement: str) -> None:
         conn.execute("explain " + statement, {})
 
