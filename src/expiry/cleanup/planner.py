@@ -240,7 +240,7 @@ class Planner(Policies):
         strategy = target.choose(tx, cutoff, storage)
         start: dict[str, Any] | None = None
         if strategy.name == KEY:
-            bounds = target.bounds(tx, cutoff, storage)
+            bounds = strategy.bounds or target.bounds(tx, cutoff, storage)
             if bounds is not None:
                 start = {"after": bounds[0] - 1, "max": bounds[1]}
         elif target.oldest(tx, cutoff, storage) is None:

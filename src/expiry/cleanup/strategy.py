@@ -56,6 +56,7 @@ class Strategies(Statements):
                     KEY,
                     f"expired keys are dense: {n:,}+ of the {keys:,} {k} values {lo}..{hi} "
                     f"are candidates (at least {DENSE_ENOUGH:.0%})",
+                    bounds,
                 )
             reason = (
                 f"expired keys are sparse: {n:,} candidates over the {keys:,} {k} values "

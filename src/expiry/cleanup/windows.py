@@ -65,6 +65,9 @@ Position = tuple[Any, Any]
 class Strategy:
     name: str  # KEY | TIME
     reason: str
+    bounds: tuple[int, int] | None = None
+    """The expired keys' range, when the choice read it (key windows chosen
+    from the data): the planner starts from it rather than reading it again."""
 
     def describe(self) -> str:
         return f"{'block' if self.name == BLOCKS else self.name} windows: {self.reason}"

@@ -97,6 +97,10 @@ class SQLiteEngine(SQLiteTables):
                 conn.execute("pragma journal_mode = wal")
             conn.execute("pragma synchronous = normal")
             conn.execute("pragma foreign_keys = on")
+            # A statement inside a transaction keeps the pages it changes in a
+            # statement journal, to undo it alone: in memory, not a temporary
+            # file each window (it holds no committed data).
+            conn.execute("pragma temp_store = memory")
             self._local.conn = conn
             with self._lock:
                 self._all.append(conn)
