@@ -4,6 +4,7 @@ pages that work on a phone (390 px wide) with every button on screen."""
 
 from __future__ import annotations
 
+import re
 from urllib.parse import quote
 
 import pytest
@@ -140,6 +141,17 @@ WIDEST = (
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def phone_screenshot(page: WebDriver, path: str) -> None:
+    """The page as a 390 px phone shows it, whole (artifacts/dashboard/390px-*.png)."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page_of = "/run" if path.startswith("/runs/") else path.split("?")[0]  # not its id
+    slug = re.sub(r"[^a-z0-9]+", "-", page_of.lower()).strip("-") or "overview"
+    height = page.execute_script("return document.documentElement.scrollHeight")
+    page.set_window_size(390, min(int(height) + 140, 9000))
+    page.save_screenshot(str(ARTIFACTS / f"390px-{slug}.png"))
+    page.set_window_size(390, 844)
+
+
 def test_every_page_fits_a_phone(page: WebDriver, dashboard: Dashboard) -> None:
     """390 x 844, an on-call phone: no page is wider than the screen (a run,
     a job, the queue, cron targets, the audit log, a policy's plan, the
@@ -176,6 +188,7 @@ def test_every_page_fits_a_phone(page: WebDriver, dashboard: Dashboard) -> None:
             width = page.execute_script("return document.documentElement.scrollWidth")
             if width > 390:
                 wide[path] = (width, page.execute_script(WIDEST))
+            phone_screenshot(page, path)
         page.delete_all_cookies()
         page.get(dashboard.url("/login"))
         width = page.execute_script("return document.documentElement.scrollWidth")
