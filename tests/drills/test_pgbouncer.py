@@ -181,16 +181,26 @@ class Neighbour(threading.Thread):
         self.join(10)
 
 
-def after_expiry(url: str) -> dict[str, Any]:
+def after_expiry(url: str, lent: int = 2) -> dict[str, Any]:
     """What the pooler's next clients find on the server connections expiry
-    used: its settings and prepared statements, read on every lent connection."""
-    seen: dict[str, Any] = {"prepared": 0}
-    for _ in range(4):
-        with psycopg.connect(url, autocommit=True, prepare_threshold=None) as conn:
-            seen["lock_timeout"] = conn.execute("show lock_timeout").fetchone()[0]  # type: ignore[index]
-            seen["statement_timeout"] = conn.execute("show statement_timeout").fetchone()[0]  # type: ignore[index]
+    used: its settings and prepared statements, read on every lent connection
+    at once (each client holds one in a transaction, so that the pooler lends
+    the next client another; one after the other, it lends the same one)."""
+    seen: dict[str, Any] = {"lock_timeout": "0", "statement_timeout": "0", "prepared": 0}
+    conns = [psycopg.connect(url, autocommit=True, prepare_threshold=None) for _ in range(lent)]
+    try:
+        for conn in conns:
+            conn.execute("begin")
+        for conn in conns:
+            for setting in ("lock_timeout", "statement_timeout"):
+                value = conn.execute(f"show {setting}").fetchone()[0]  # type: ignore[index]
+                if value != "0":
+                    seen[setting] = value
             (n,) = conn.execute("select count(*) from pg_prepared_statements").fetchone()  # type: ignore[misc]
             seen["prepared"] += n
+    finally:
+        for conn in conns:
+            conn.close()
     return seen
 
 

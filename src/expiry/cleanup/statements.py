@@ -99,8 +99,8 @@ class Statements:
         the checked one) and a window ``span`` (SPANS), in the engine's quoting
         and parameter style; ``unreferenced``: its candidates exclude the rows
         that other tables' rows reference (``skip_referenced``); ``holds``: the
-        holds it honours (default: every hold on the table; only ``held``
-        counts with fewer)."""
+        holds it honours (default: every hold on the table; only
+        ``kept_by_holds`` counts with fewer)."""
         p, engine = self.policy, self.engine
         bound, guard = engine.time_predicate(storage or self.storage)
         pred = PREDICATE.format(ts="{ts}", bound=bound, guard=guard)
