@@ -264,7 +264,7 @@ def test_only_the_engines_ask_which_database_they_are_on() -> None:
 
 def test_the_dialect_reader_sees_a_dialect_question(tmp_path: Path) -> None:
     """The reader works: both kinds of question, as they were asked before the
-    engines answered them (app.py, config.py)."""
+    engines answered them (app.py, config/)."""
     asked = tmp_path / "asked.py"
     asked.write_text(
         "def embedded(engine, url):\n"

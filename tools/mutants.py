@@ -715,8 +715,8 @@ MUTANTS = [
     ),
     Mutant(
         "hold-on-a-table-written-otherwise",
-        "src/expiry/config.py",
-        "                if same_name and not _same_table(hold.table, policy.table):\n",
+        "src/expiry/config/__init__.py",
+        "                if same_name and not same_table(hold.table, policy.table):\n",
         "                if False:\n",
         (f"{HOLDS}::test_a_hold_that_could_be_misread_is_refused_with_the_fix",),
         "a hold on public.sessions is silently not applied to a policy on sessions",
