@@ -565,7 +565,7 @@ MUTANTS = [
     Mutant(
         "shrink-spends-attempts",
         "src/expiry/cleanup/window.py",
-        "                        spend=False,\n",
+        "                spend=False,\n",
         "",
         (f"{TIMEOUTS}::test_a_held_row_is_isolated_in_seconds_with_the_backoff_as_shipped",),
         "each smaller retry of a timed-out window spends an attempt: a worker lost on the "
@@ -717,7 +717,7 @@ MUTANTS = [
         "hold-on-a-table-written-otherwise",
         "src/expiry/config/__init__.py",
         "                if same_name and not same_table(hold.table, policy.table):\n",
-        "                if False:\n",
+        "            if False:\n",
         (f"{HOLDS}::test_a_hold_that_could_be_misread_is_refused_with_the_fix",),
         "a hold on public.sessions is silently not applied to a policy on sessions",
     ),
@@ -1102,8 +1102,8 @@ MUTANTS = [
     Mutant(
         "cron-busy-called-again",
         "src/expiry/cron/targets.py",
-        "                if unfinished.get(target.name, 0) > 0:\n",
-        "                if False:\n",
+        "            if unfinished > 0:\n",
+        "            if False:\n",
         (
             f"{SCHEDULER}::test_a_cron_target_whose_call_has_not_finished_is_not_called_again"
             "[sqlite]",
@@ -1262,8 +1262,8 @@ MUTANTS = [
     Mutant(
         "lock-wait-names-no-one",
         "src/expiry/cleanup/window.py",
-        "                    words += self._behind(policy)\n",
-        '                    words += ""\n',
+        "            words += self._behind(self.policy(job.payload[\"policy\"]))\n",
+        '            words += ""\n',
         (f"{TIMEOUTS}::test_a_lock_wait_says_whom_it_waited_behind[postgres]",),
         "a window's lock wait that ran out says nothing of the session it waited behind: "
         "on-call hunts for the blocker by hand",

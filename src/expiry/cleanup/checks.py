@@ -8,7 +8,7 @@ import logging
 from typing import Any
 
 from ..errors import SchemaError
-from ..types import Reference, Relation
+from ..types import Column, Reference, Relation
 from .detection import Detection
 from .strategy import Strategies
 from .windows import (
@@ -27,18 +27,7 @@ class Checks(Strategies, Detection):
         p = self.policy
         self._texts.clear()
         self.relation = relation = self._check_relation(conn, p.table, "table")
-        columns = self.engine.table_columns(conn, p.table)
-        by_name = {c.name: c for c in columns}
-        named = [("key", p.key), ("timestamp", p.timestamp), ("group_by", p.group_by)]
-        for field, column in named:
-            if column is not None and column not in by_name:
-                raise SchemaError(
-                    f"policy {p.name!r}: {field} column {column!r} is not in table {p.table!r} "
-                    f"(columns: {', '.join(by_name)})"
-                )
-        self._declared = by_name[p.timestamp].type
-        self.types = {c.name: c.type for c in columns}
-        self.tie = relation.rowid if relation.rowid not in (None, p.key) else p.key
+        by_name = self._check_columns(conn, relation)
         warnings: list[str] = []
         view = relation.kind != "table"  # its table's indexes serve it, unseen here
         if not view and not by_name[p.timestamp].indexed:
@@ -52,7 +41,7 @@ class Checks(Strategies, Detection):
         self.fixed = self._fixed(by_name, warnings)
         self.notes = self._layout_notes(conn, relation)
         self.notes += self._references(conn, warnings)
-        self.columns = [c.name for c in columns]
+        self.columns = list(by_name)
         if p.action == "archive":
             self._check_archive(conn)
         if p.where:
@@ -63,6 +52,25 @@ class Checks(Strategies, Detection):
         warnings += self.read_values(conn, self.storage)
         self.checked = True
         return warnings
+
+    def _check_columns(self, conn: Any, relation: Relation) -> dict[str, Column]:
+        """The table's columns by name, in their order; the policy's columns
+        must be among them. Notes the timestamp's declared type, every
+        column's, and the tie that orders rows of one timestamp."""
+        p = self.policy
+        columns = self.engine.table_columns(conn, p.table)
+        by_name = {c.name: c for c in columns}
+        named = [("key", p.key), ("timestamp", p.timestamp), ("group_by", p.group_by)]
+        for field, column in named:
+            if column is not None and column not in by_name:
+                raise SchemaError(
+                    f"policy {p.name!r}: {field} column {column!r} is not in table {p.table!r} "
+                    f"(columns: {', '.join(by_name)})"
+                )
+        self._declared = by_name[p.timestamp].type
+        self.types = {c.name: c.type for c in columns}
+        self.tie = relation.rowid if relation.rowid not in (None, p.key) else p.key
+        return by_name
 
     def _keep_last_index(self, conn: Any) -> list[str]:
         """keep_last reads each candidate's group's newest rows: an index that
@@ -150,16 +158,7 @@ class Checks(Strategies, Detection):
                     warnings.append(self._unindexed(ref, named))
                 continue
             if ref.on_delete in ("restrict", "no action"):
-                match = " and ".join(
-                    f"r.{c} = {p.table.split('.')[-1]}.{r}"
-                    for c, r in zip(ref.columns, ref.referenced, strict=True)
-                )
-                warnings.append(
-                    f"policy {p.name!r}: {named}: a window that meets a referenced row is split "
-                    "until that row stands alone, which is kept and booked as blocked (fix, to "
-                    f'skip such rows: where = "not exists (select 1 from {ref.table} r where '
-                    f'{match})")'
-                )
+                warnings.append(self._split_at(ref, named))
                 continue
             if not ref.indexed:
                 warnings.append(self._unindexed(ref, named))
@@ -170,6 +169,21 @@ class Checks(Strategies, Detection):
                     f"{named}: its references to a deleted row are set to {ref.on_delete[4:]}"
                 )
         return notes
+
+    def _split_at(self, ref: Reference, named: str) -> str:
+        """The warning for a reference windows cannot step around (the table's
+        to itself), with the where that skips the rows it references."""
+        p = self.policy
+        match = " and ".join(
+            f"r.{c} = {p.table.split('.')[-1]}.{r}"
+            for c, r in zip(ref.columns, ref.referenced, strict=True)
+        )
+        return (
+            f"policy {p.name!r}: {named}: a window that meets a referenced row is split "
+            "until that row stands alone, which is kept and booked as blocked (fix, to "
+            f'skip such rows: where = "not exists (select 1 from {ref.table} r where '
+            f'{match})")'
+        )
 
     def _unindexed(self, ref: Reference, named: str) -> str:
         """The warning for a CASCADE, SET NULL or SET DEFAULT reference that no

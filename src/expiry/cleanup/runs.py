@@ -211,16 +211,12 @@ class Runs:
         followed: list[str] = []
         while True:
             summary = self._summary_of(run_id)
-            if summary["superseded_by"]:
+            if later := summary["superseded_by"]:
                 # A later run of the policy took this one's place: its rows are
                 # that run's to delete, so the wait goes on with it.
-                log.info(
-                    "run superseded: waiting for %s",
-                    summary["superseded_by"],
-                    extra={"run": run_id},
-                )
+                log.info("run superseded: waiting for %s", later, extra={"run": run_id})
                 followed.append(run_id)
-                run_id = summary["superseded_by"]
+                run_id = later
                 continue
             summary = {**summary, **_supersedes(followed)}
             if progress is not None:
@@ -244,6 +240,16 @@ class Runs:
         return summary
 
 
+def _retries(windows: list[RunJobs]) -> int:
+    """Failures followed by another attempt (a dead job's last failure ended
+    it); a lost lease is counted as a redelivery, not here."""
+    return max(
+        0,
+        sum(j.failures - j.redelivered for j in windows)
+        - sum(j.n for j in windows if j.state == JobState.DEAD),
+    )
+
+
 def summarize(run: Run, jobs: list[RunJobs], ledger: RunTotals, duplicates: int) -> dict[str, Any]:
     """A run's summary from its row, its jobs by state, its ledger totals and the
     duplicates its windows absorbed. Counts are of window (and partition) jobs only."""
@@ -264,13 +270,7 @@ def summarize(run: Run, jobs: list[RunJobs], ledger: RunTotals, duplicates: int)
         "rows_affected": ledger.rows,
         "rows_blocked": ledger.blocked,
         "duplicates_skipped": duplicates,
-        # Failures followed by another attempt (a dead job's last failure ended
-        # it); a lost lease is counted as a redelivery below, not here.
-        "retries": max(
-            0,
-            sum(j.failures - j.redelivered for j in windows)
-            - sum(j.n for j in windows if j.state == JobState.DEAD),
-        ),
+        "retries": _retries(windows),
         "outcome": _outcome(run, by_state.get(JobState.DEAD, 0)),
         "cancelled_at": _time(run.cancelled_at),
         "cancelled_by": run.cancelled_by,

@@ -52,6 +52,12 @@ from .windows import (
 log = logging.getLogger("expiry.target")
 
 
+PARAMETERS = (
+    "cutoff", "exact", "after", "max", "window", "page", "lo", "hi", "key", "skip", "partition",
+)  # fmt: skip
+"""The bound values a statement may name, as ``{p_<name>}``."""
+
+
 class Statements:
     """A policy's table in one engine's dialect: its statements."""
 
@@ -108,10 +114,6 @@ class Statements:
         unheld = self._unheld(p.holds if holds is None else holds)
         pred += self._beyond_newest() + unheld
         pred += self._unreferenced() if unreferenced else ""
-        names = [
-            "cutoff", "exact", "after", "max", "window", "page", "lo", "hi", "key", "skip",
-            "partition",
-        ]  # fmt: skip
         spans = SPANS | {"blocks": engine.block_span or "0 = 1"}
         text = template.replace("{span}", spans[span]).replace("{pred}", pred)
         text = text.replace("{unheld}", unheld)
@@ -119,9 +121,15 @@ class Statements:
         # A window over a key range, or the planner's walk along the key, scans
         # the key's index: the timestamp's terms are kept off its own index.
         key_ranged = ("{span}" in template and span == "key") or "{p_after}" in template
-        ts = engine.quote(p.timestamp)
         text = text.replace("{bound}", bound)
         text = text.replace("{block_of_row}", engine.block_of_row or "null")
+        return self._names(text, key_ranged)
+
+    def _names(self, text: str, key_ranged: bool) -> str:
+        """``text`` with the policy's names quoted in and the engine's
+        placeholders; the timestamp kept off its index where ``key_ranged``."""
+        p, engine = self.policy, self.engine
+        ts = engine.quote(p.timestamp)
         return text.format(
             table=engine.quote(p.table),
             archive=engine.quote(p.archive_table or "_"),
@@ -134,7 +142,7 @@ class Statements:
             tie=engine.quote(self.tie),
             columns=", ".join(engine.quote(c) for c in self.columns),
             where=engine.escape(p.where) if p.where else "1 = 1",
-            **{f"p_{n}": engine.placeholder(n) for n in names},
+            **{f"p_{n}": engine.placeholder(n) for n in PARAMETERS},
             **self._typed_placeholders(),
         )
 

@@ -122,36 +122,9 @@ class Windows(Pacing):
                 part = self._paced(target, span, cutoff, tx, storage, halvings)
                 taken = self._take(job, tx, part, cutoff, storage, halvings)
             except Exception as exc:
-                kind = self.engine.classify(exc)[1]
-                if kind not in self.engine.window_timeouts:
+                if self.engine.classify(exc)[1] not in self.engine.window_timeouts:
                     raise
-                words = database_words(exc)
-                if kind == "lock_timeout":
-                    words += self._behind(policy)
-                reason = self._timed_out(job, part, halvings, exc, words)
-                if reason is None:  # the next attempt, smaller or cut, comes soon
-                    raise TransientError(
-                        words
-                        + (
-                            HELD_RETRY
-                            if kind == "lock_timeout" and not probed
-                            else ": retried with half the rows"
-                        ),
-                        kind=kind,
-                        retry_within=defaults.SHRINK_RETRY_SECONDS,
-                        spend=False,
-                    ) from exc
-                return self._blocked(
-                    job,
-                    tx,
-                    part.span,
-                    cutoff,
-                    storage,
-                    reason,
-                    rest=part.rest,
-                    timed_out=True,
-                    halvings=halvings,
-                )
+                return self._after_timeout(job, tx, exc, part, halvings, probed)
         except ForeignKeyBlocked as exc:
             reason = str(exc).splitlines()[0]
             around = self._around_referenced(job, tx, span, cutoff, storage)
@@ -161,6 +134,44 @@ class Windows(Pacing):
         except SchemaError as exc:
             raise PermanentError(str(exc)) from exc
         return WindowResult(policy.name, taken)
+
+    def _after_timeout(
+        self, job: Job, tx: Any, exc: Exception, part: _Part, halvings: int, probed: bool
+    ) -> WindowResult:
+        """The window's statement ran out of its lock or statement timeout: the
+        next attempt, smaller or cut around a held row, comes soon without
+        spending an attempt; at its last chance (_timed_out) the part is booked
+        as blocked and its rest queued. A lock wait names whom it waited behind."""
+        kind = self.engine.classify(exc)[1]
+        words = database_words(exc)
+        if kind == "lock_timeout":
+            words += self._behind(self.policy(job.payload["policy"]))
+        reason = self._timed_out(job, part, halvings, exc, words)
+        if reason is None:  # the next attempt, smaller or cut, comes soon
+            again = (
+                HELD_RETRY
+                if kind == "lock_timeout" and not probed
+                else ": retried with half the rows"
+            )
+            raise TransientError(
+                words + again,
+                kind=kind,
+                retry_within=defaults.SHRINK_RETRY_SECONDS,
+                spend=False,
+            ) from exc
+        p = job.payload
+        cutoff, storage = parse_time(p["cutoff"]), storage_of(p, self.target(p["policy"], tx))
+        return self._blocked(
+            job,
+            tx,
+            part.span,
+            cutoff,
+            storage,
+            reason,
+            rest=part.rest,
+            timed_out=True,
+            halvings=halvings,
+        )
 
     def _take(
         self, job: Job, tx: Any, part: _Part, cutoff: datetime, storage: Storage, halvings: int
@@ -235,29 +246,13 @@ class Windows(Pacing):
         role may not lock the table's rows (SELECT ... FOR UPDATE needs the
         UPDATE privilege on PostgreSQL): the attempt goes on as the halving
         would."""
-        p, policy = job.payload, self.policy(job.payload["policy"])
-        target = self.target(p["policy"], tx)
+        policy = self.policy(job.payload["policy"])
         words = lock_words(job)
         with self.engine.atomic(tx):
-            self.engine.session_limits(
-                tx,
-                f"{int(policy.lock_timeout * 1000)}ms",
-                f"{int(policy.statement_timeout * 1000)}ms",
-            )
-            try:
-                with self.engine.scratch(tx):
-                    order, held = target.held(tx, cutoff, span, storage)
-            except Exception as exc:
-                if self.engine.classify(exc)[1] != "insufficient_privilege":
-                    raise
-                self._probe_refused(job, exc)
+            probe = self._probe(job, tx, span, cutoff, storage)
+            if probe is None or not probe[1]:
                 return None
-            locked = set(held)
-            if self.engine.next_key_reads:  # the row before a held one waits on it too
-                marked = {i for i, p in enumerate(order) if p in locked}
-                held = [p for i, p in enumerate(order) if i in marked or i + 1 in marked]
-            if not held:
-                return None
+            order, held, locked = probe
             first = order.index(held[0])
             if first == 0:
                 part, rest = (span, None) if held[0] == span.hi else span.split(held[0])
@@ -274,6 +269,34 @@ class Windows(Pacing):
             part, rest = span.split(order[first - 1])
             taken = self._take(job, tx, _Part(part, rest, first, held=words), cutoff, storage, 0)
         return WindowResult(policy.name, taken, timed_out=True)
+
+    def _probe(
+        self, job: Job, tx: Any, span: Span, cutoff: datetime, storage: Storage
+    ) -> tuple[list[Any], list[Any], set[Any]] | None:
+        """Which of the window's candidates another transaction holds, read
+        under the policy's limits: (the candidates in order, those that would
+        wait, those locked). On MariaDB the row before a held one waits on it
+        too (next-key locks). None when the role may not lock the rows."""
+        policy = self.policy(job.payload["policy"])
+        target = self.target(policy.name, tx)
+        self.engine.session_limits(
+            tx,
+            f"{int(policy.lock_timeout * 1000)}ms",
+            f"{int(policy.statement_timeout * 1000)}ms",
+        )
+        try:
+            with self.engine.scratch(tx):
+                order, held = target.held(tx, cutoff, span, storage)
+        except Exception as exc:
+            if self.engine.classify(exc)[1] != "insufficient_privilege":
+                raise
+            self._probe_refused(job, exc)
+            return None
+        locked = set(held)
+        if self.engine.next_key_reads:  # the row before a held one waits on it too
+            marked = {i for i, p in enumerate(order) if p in locked}
+            held = [p for i, p in enumerate(order) if i in marked or i + 1 in marked]
+        return order, held, locked
 
     def _around_referenced(
         self, job: Job, tx: Any, span: Span, cutoff: datetime, storage: Storage

@@ -285,18 +285,29 @@ class Crons:
             if not fires:
                 continue
             priority = ahead.get(target.owner, 0)
-            with self.engine.transaction() as conn:
-                if unfinished.get(target.name, 0) > 0:
-                    if self.engine.cron_advance(target, fires[-1], conn=conn):
-                        self._missed(conn, target.name, fires, "the previous call has not finished")
-                        out.append((target.name, fires[-1], False))
-                    continue
-                if not self.fire(target, fires[-1], conn, priority=priority):
-                    continue  # another scheduler fired it
-                self._missed(conn, target.name, fires[:-1], "a later fire was called")
-            ahead[target.owner] = priority + 1
-            out.append((target.name, fires[-1], True))
+            called = self._fire_latest(target, fires, unfinished.get(target.name, 0), priority)
+            if called:
+                ahead[target.owner] = priority + 1
+            if called is not None:
+                out.append((target.name, fires[-1], called))
         return out
+
+    def _fire_latest(
+        self, target: CronTarget, fires: list[datetime], unfinished: int, priority: int
+    ) -> bool | None:
+        """Call ``target`` for its latest due fire, auditing the older ones as
+        missed: True when called; False when its previous call has not
+        finished (every fire missed); None when another scheduler took them."""
+        with self.engine.transaction() as conn:
+            if unfinished > 0:
+                if not self.engine.cron_advance(target, fires[-1], conn=conn):
+                    return None
+                self._missed(conn, target.name, fires, "the previous call has not finished")
+                return False
+            if not self.fire(target, fires[-1], conn, priority=priority):
+                return None  # another scheduler fired it
+            self._missed(conn, target.name, fires[:-1], "a later fire was called")
+        return True
 
     def fire(
         self, target: CronTarget, fire_time: datetime, conn: Any, *, priority: int = 0
@@ -345,24 +356,7 @@ class Crons:
         target = engine.cron_get(job.payload["name"])
         if target is None:
             return None  # the target was deleted
-        body = json.dumps(
-            {"name": target.name, "fire_time": job.payload["fire_time"], "attempt": job.attempt}
-        ).encode()
-        msg_id = f"msg_{uuid.uuid5(uuid.NAMESPACE_URL, job.key).hex}"
-        stamp = int(engine.now().timestamp())
-        headers = {
-            "webhook-id": msg_id,
-            "webhook-timestamp": str(stamp),
-            "webhook-signature": webhooks.sign(target.secret, msg_id, stamp, body),
-            "User-Agent": "expiry-cron",
-        }
-        result = webhooks.post(
-            target.http_url,
-            body,
-            headers,
-            allowed_hosts=self.allowed_hosts,
-            timeout=self.call_timeout,
-        )
+        result = self._post(target, job)
         engine.cron_call_insert(
             target.name,
             parse_time(job.payload["fire_time"]),
@@ -377,6 +371,28 @@ class Crons:
                 return result.status
             raise TransientError(f"cron target {job.payload['name']!r}: {result.error}")
         return result.status
+
+    def _post(self, target: CronTarget, job: Job) -> webhooks.CallResult:
+        """POST the fire to the target, signed as Standard Webhooks say (its
+        id, derived from the job's key, is the same on every attempt)."""
+        body = json.dumps(
+            {"name": target.name, "fire_time": job.payload["fire_time"], "attempt": job.attempt}
+        ).encode()
+        msg_id = f"msg_{uuid.uuid5(uuid.NAMESPACE_URL, job.key).hex}"
+        stamp = int(self.engine.now().timestamp())
+        headers = {
+            "webhook-id": msg_id,
+            "webhook-timestamp": str(stamp),
+            "webhook-signature": webhooks.sign(target.secret, msg_id, stamp, body),
+            "User-Agent": "expiry-cron",
+        }
+        return webhooks.post(
+            target.http_url,
+            body,
+            headers,
+            allowed_hosts=self.allowed_hosts,
+            timeout=self.call_timeout,
+        )
 
     def _next_soon(self, target: CronTarget, job: Job, error: str) -> bool:
         """After the last attempt failed: when the target's next fire comes within

@@ -139,25 +139,30 @@ class Claiming(JobRunner):
             self.stopping.wait(delay)
             return []
         if not jobs:
-            locked_out = False
-            if self.until_idle:
-                if self.acks is not None:
-                    self.acks.flush()  # jobs awaiting their ack are not idle yet
-                busy = self._busy(self.queues)
-                if busy is not None and not busy:
-                    self.stopping.set()
-                    return []
-                # Jobs of this loop's queues that this claim could not take: another
-                # claim in flight holds them locked, or another worker runs them. It
-                # may give some back (fair share, a release) or finish them: claim
-                # again after the short wait, not a poll later. One reading a queue:
-                # read twice, a queue could look busy to the first test and idle to
-                # the second, and the loop then rested a poll with the work all done.
-                locked_out = busy is None or not busy.isdisjoint(queues)
+            locked_out = self._locked_out(queues) if self.until_idle else False
+            if self.stopping.is_set():
+                return []
             if hints is not None and not locked_out:
                 loop.empty.update({q: (now, hints) for q in queues})
             self._wait(min(self.poll, opens_in or self.poll))
         return jobs
+
+    def _locked_out(self, queues: tuple[str, ...]) -> bool:
+        """With ``until_idle``, after a claim that found nothing: stop the worker
+        when nothing is left anywhere it serves, else whether ``queues`` still
+        hold jobs this claim could not take: another claim in flight holds them
+        locked, or another worker runs them. It may give some back (fair share,
+        a release) or finish them: claim again after the short wait, not a poll
+        later. One reading a queue: read twice, a queue could look busy to the
+        first test and idle to the second, and the loop then rested a poll with
+        the work all done."""
+        if self.acks is not None:
+            self.acks.flush()  # jobs awaiting their ack are not idle yet
+        busy = self._busy(self.queues)
+        if busy is not None and not busy:
+            self.stopping.set()
+            return True
+        return busy is None or not busy.isdisjoint(queues)
 
     def _claim(self, size: int, queues: tuple[str, ...], limits: dict[str, int]) -> list[Job]:
         return self.queue.claim(

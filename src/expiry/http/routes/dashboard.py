@@ -71,17 +71,7 @@ def login(request: Request, form: Form, pages: DashboardPages) -> Response:
     if not sessions.login_token_ok(request.cookies.get(LOGIN_COOKIE), form.get("csrf")):
         return login_page(request, pages, 403, next=target, expired=True)
     cookie = sessions.sign_in(form.get("key", ""))
-    session = sessions.read(cookie) if cookie else None
-    if session is not None:
-        pages.audit(
-            AuditAction.SIGNED_IN,
-            actor=f"dashboard:{session.key_name}",
-            detail={"client": client},
-        )
-    elif sessions.refusals_audited.take("all") == 0:
-        pages.audit(AuditAction.SIGN_IN_REFUSED, actor="dashboard", detail={"client": client})
-    else:
-        log.warning("sign-in refused, not audited (too many at once)", extra={"client": client})
+    _audit_sign_in(pages, cookie, client)
     if cookie is None:
         sessions.failures.take(client)
         return login_page(request, pages, 401, next=target, error=True)
@@ -97,6 +87,23 @@ def login(request: Request, form: Form, pages: DashboardPages) -> Response:
         secure=request.url.scheme == "https",
     )
     return response
+
+
+def _audit_sign_in(pages: DashboardPages, cookie: str | None, client: str) -> None:
+    """Audit a sign-in, or a refused one while refusals are few enough (else
+    log it)."""
+    sessions = pages.sessions
+    session = sessions.read(cookie) if cookie else None
+    if session is not None:
+        pages.audit(
+            AuditAction.SIGNED_IN,
+            actor=f"dashboard:{session.key_name}",
+            detail={"client": client},
+        )
+    elif sessions.refusals_audited.take("all") == 0:
+        pages.audit(AuditAction.SIGN_IN_REFUSED, actor="dashboard", detail={"client": client})
+    else:
+        log.warning("sign-in refused, not audited (too many at once)", extra={"client": client})
 
 
 @router.post("/logout")
