@@ -1262,7 +1262,7 @@ MUTANTS = [
     Mutant(
         "lock-wait-names-no-one",
         "src/expiry/cleanup/window.py",
-        "            words += self._behind(self.policy(job.payload[\"policy\"]))\n",
+        '            words += self._behind(self.policy(job.payload["policy"]))\n',
         '            words += ""\n',
         (f"{TIMEOUTS}::test_a_lock_wait_says_whom_it_waited_behind[postgres]",),
         "a window's lock wait that ran out says nothing of the session it waited behind: "
