@@ -90,6 +90,8 @@ FOREGROUND = (
 SIGNALS = "tests/cli/test_signals.py"
 READ_ONLY = "tests/cli/test_read_only.py"
 ZONES = "tests/cleanup/test_timestamp_zones.py"
+HISTORY = "tests/dashboard/test_history.py"
+SAMPLED = "test_a_sample_holds_the_backlog_retries_dead_and_oldest_age_that_sql_reads"
 DJANGO = f"{ZONES}::test_django_local_times_delete_exactly_djangos_expired_half"
 FALL_BACK = f"{ZONES}::test_a_repeated_hour_is_kept_until_both_its_instants_have_passed"
 SPRING_FORWARD = f"{ZONES}::test_a_skipped_hour_is_kept_until_both_its_readings_have_passed"
@@ -1279,6 +1281,32 @@ MUTANTS = [
         ),
         "a consumer's redrive of its dead message's key also redrives another queue's dead "
         "message of that key",
+    ),
+    Mutant(
+        "history-sampled-every-sweep",
+        "src/expiry/health/history.py",
+        "        minute = self.engine.now().replace(second=0, microsecond=0)\n",
+        "        minute = self.engine.now()\n",
+        (f"{HISTORY}::{SAMPLED}[sqlite]",),
+        "every sweep of every process adds a sample: minutes counted many times, the table "
+        "growing with the workers",
+    ),
+    Mutant(
+        "history-backlog-without-retries",
+        "src/expiry/health/history.py",
+        "            backlog=sum(states.get(s, 0) for s in UNFINISHED_STATES),\n",
+        "            backlog=states.get(JobState.AVAILABLE, 0),\n",
+        (f"{HISTORY}::{SAMPLED}[postgres]",),
+        "the backlog drawn leaves out the windows retrying and running: a failing policy "
+        "looks drained",
+    ),
+    Mutant(
+        "history-gap-joined",
+        "src/expiry/http/views.py",
+        "            if segments[-1]:\n                segments.append([])\n",
+        "",
+        (f"{HISTORY}::test_a_gap_in_the_samples_breaks_the_line[sqlite]",),
+        "minutes no process sampled are drawn as a line between the minutes around them",
     ),
 ]
 

@@ -30,6 +30,7 @@ from .cron.targets import Crons
 from .engines import Engine, open_engine
 from .errors import AlreadyApplied, ConfigError, MigrationError
 from .health.database import Health
+from .health.history import History
 from .keys import Keys
 from .queue.handlers import Handler, HandlerFn
 from .queue.jobs import CRON_QUEUE, Queue, is_reserved, policy_queue
@@ -128,6 +129,7 @@ class App:
         self._keys: Keys | None = None
         self._runs: Runs | None = None
         self._health: Health | None = None
+        self._history: History | None = None
         self._workers: list[tuple[Worker, tuple[str, ...]]] = []
         """The workers built here, with the queues each was asked for."""
         self._register_builtins()
@@ -163,6 +165,8 @@ class App:
             self._cleanup.reload(config)
         if self._health is not None:
             self._health.reload(config)
+        if self._history is not None:
+            self._history.keep_seconds = config.retention.samples
         if self._crons is not None:
             self._crons.allowed_hosts = list(config.http.allowed_hosts)
             self._crons.call_timeout = config.http.call_timeout
@@ -288,19 +292,35 @@ class App:
         return self._health
 
     @property
+    def history(self) -> History | None:
+        """The policies' per-minute history (None for an App without a config)."""
+        if self._history is None and self.cleanup is not None and self.config is not None:
+            self._history = History(self.engine, self.cleanup, self.config.retention.samples)
+        return self._history
+
+    @property
     def hooks(self) -> Hooks:
         """What the worker calls back into: the cleanup's run bookkeeping and
         pacing, and the throttles' health readings and holds."""
-        cleanup, health = self.cleanup, self.health
-        if cleanup is None or health is None or self.config is None:
+        cleanup, health, history = self.cleanup, self.health, self.history
+        if cleanup is None or health is None or history is None or self.config is None:
             return Hooks()
         retention = self.config.retention.ledger
+
+        def sweep() -> None:
+            cleanup.sweep()
+            history.sample()
+
+        def prune() -> None:
+            self.runs.prune(retention)
+            history.prune()
+
         return Hooks(
             gates=lambda: merge_gates(cleanup.gates(), health.gates()),
             monitor=health.check,
             report=health.snapshot,
-            sweep=cleanup.sweep,
-            prune=lambda: self.runs.prune(retention),
+            sweep=sweep,
+            prune=prune,
             stalled=cleanup.stalled,
             dead=lambda job: cleanup.finish_runs(
                 {job.payload["run_id"]} if job.payload.get("run_id") else set()
@@ -346,7 +366,14 @@ class App:
 
     def scheduler(self, **options: Any) -> Scheduler:
         """A Scheduler of this App's policies and cron targets (options: its clock)."""
-        return Scheduler(self.engine, self.cleanup, self.crons, reload=self.reload, **options)
+        return Scheduler(
+            self.engine,
+            self.cleanup,
+            self.crons,
+            reload=self.reload,
+            history=self.history,
+            **options,
+        )
 
     def migrate(self) -> list[int]:
         """Create or upgrade expiry's own tables (nothing to do: nothing created).

@@ -46,10 +46,13 @@ CLAIM_HOLD_SECONDS = 0.5
 durations, at most CLAIM_BATCH): many no-op jobs, a few cleanup windows."""
 
 PRUNE_AFTER_SECONDS = 7 * 24 * 3600.0
+"""Completed and cancelled jobs are kept a week; the ledger keeps the durable truth."""
+SAMPLE_RETENTION_SECONDS = 7 * 24 * 3600.0
+"""[retention] samples: each policy's per-minute history is kept a week
+(10,080 rows a policy)."""
 LEDGER_RETENTION_SECONDS = 400 * 24 * 3600.0
 """[retention] ledger: the evidence of a finished run is kept this long (over a
 year, for an annual audit)."""
-"""Completed and cancelled jobs are kept a week; the ledger keeps the durable truth."""
 
 QUEUE = "default"
 """The queue a job goes to when none is named."""

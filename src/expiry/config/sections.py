@@ -234,3 +234,7 @@ class RetentionConfig(Strict):
     """The ledger rows of a run finished longer ago than this are deleted, then
     the run itself (the evidence `expiry evidence` reads); an open run's never.
     At least a day."""
+    samples: Duration = Field(defaults.SAMPLE_RETENTION_SECONDS, ge=3600)
+    """Each policy's per-minute history (backlog, retries, dead letters, the
+    oldest expired row's age, throttle holds) is kept this long. At least an
+    hour."""

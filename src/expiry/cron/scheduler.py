@@ -44,6 +44,7 @@ from ..config import Policy
 from ..crontab import choose, cron_next, fires_between, next_fire
 from ..engines import Engine
 from ..errors import SchemaError
+from ..health.history import History
 from ..times import format_time
 from ..types import AuditAction, Schedule
 from .targets import Crons
@@ -68,14 +69,18 @@ class Scheduler:
         *,
         clock: Callable[[], datetime] | None = None,
         reload: Callable[[], bool] | None = None,
+        history: History | None = None,
     ) -> None:
         """``cleanup`` opens the policies' runs (None: no policies, cron targets
         only); ``reload`` re-reads the config on SIGHUP (False: the file was
-        refused, the old config kept); ``clock`` replaces the database's (tests)."""
+        refused, the old config kept); ``clock`` replaces the database's (tests);
+        ``history`` samples the policies each minute (with every worker down,
+        the scheduler still keeps their history)."""
         self.engine = engine
         self.cleanup = cleanup
         self.crons = crons
         self.reload = reload
+        self.history = history
         self.clock = clock
         self.stopping = threading.Event()
         self.reload_requested = threading.Event()
@@ -121,6 +126,11 @@ class Scheduler:
                 self.cleanup.mark_stalled()
             except Exception as exc:  # never at the cost of the fires
                 log.warning("could not check for stalled runs: %s", exc)
+        if self.history is not None:
+            try:
+                self.history.sample()
+            except Exception as exc:
+                log.warning("could not sample the policies' history: %s", exc)
         return fired
 
     def _fire_crons(self, now: datetime) -> list[Fire]:

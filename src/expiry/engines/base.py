@@ -14,7 +14,8 @@ effect and its completion commit together); without it they open and commit
 their own. A service that runs either way uses ``transaction_or(conn)``.
 
 The seam's parts live in ``engines/seam/``, one module a noun (primitives,
-jobs, ledger, runs, cron, access, catalog, health); Engine is all of them.
+jobs, ledger, runs, cron, access, catalog, health, samples); Engine is all of
+them.
 What every engine shares beside it is ``engines/common.py``'s.
 """
 
@@ -26,7 +27,8 @@ from .seam.cron import CronSeam
 from .seam.health import HealthSeam
 from .seam.ledger import LedgerSeam
 from .seam.runs import RunsSeam
+from .seam.samples import SamplesSeam
 
 
-class Engine(LedgerSeam, RunsSeam, CronSeam, AccessSeam, CatalogSeam, HealthSeam):
+class Engine(LedgerSeam, RunsSeam, CronSeam, AccessSeam, CatalogSeam, HealthSeam, SamplesSeam):
     """One database that holds both the application's tables and expiry's."""

@@ -55,7 +55,7 @@ _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
 def load_queries(package: str, substitutions: dict[str, str] | None = None) -> dict[str, str]:
     """Read an engine package's ``queries/*.sql`` (one file a noun: jobs,
-    ledger, runs, cron, access, database) into {name: sql}. A name given twice
+    ledger, runs, cron, access, database, samples) into {name: sql}. A name given twice
     is refused."""
     found: dict[str, str] = {}
     folder = resources.files(package).joinpath("queries")

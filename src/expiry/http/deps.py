@@ -28,13 +28,12 @@ from .quotas import Quotas
 from .render import PageRefused, Pages
 from .security import RateLimiter
 from .sessions import Session, Sessions
-from .views import WatermarkHistory
 
 
 def attach(api: FastAPI, app: App, http: HttpConfig) -> None:
     """Keep ``app``, its keys (one cache for the API, the Idempotency-Key owner and
-    the dashboard), the rate limiter's buckets, the publish quotas and the dashboard's pages and
-    watermark history on ``api.state``."""
+    the dashboard), the rate limiter's buckets, the publish quotas and the dashboard's pages on
+    ``api.state``."""
     keys = app.keys
     api.state.expiry = app
     api.state.keys = keys
@@ -52,7 +51,6 @@ def attach(api: FastAPI, app: App, http: HttpConfig) -> None:
         max_bytes=http.max_pending_bytes_per_key,
     )
     api.state.pages = Pages(app.engine, Sessions(keys))
-    api.state.history = WatermarkHistory()
 
 
 async def get_app(request: Request) -> App:
@@ -70,11 +68,6 @@ async def get_pages(request: Request) -> Pages:
     return pages
 
 
-async def get_history(request: Request) -> WatermarkHistory:
-    history: WatermarkHistory = request.app.state.history
-    return history
-
-
 def reading_session(request: Request, pages: Annotated[Pages, Depends(get_pages)]) -> Session:
     """The session of a dashboard reading page (Pages.reading); else PageRefused
     with the sign-in redirect or the 403 page. A plain function: reading the
@@ -88,7 +81,6 @@ def reading_session(request: Request, pages: Annotated[Pages, Depends(get_pages)
 ExpiryApp = Annotated[App, Depends(get_app)]
 PublishQuotas = Annotated[Quotas, Depends(get_quotas)]
 DashboardPages = Annotated[Pages, Depends(get_pages)]
-History = Annotated[WatermarkHistory, Depends(get_history)]
 Reading = Annotated[Session, Depends(reading_session)]
 """The signed-in session of a reading page, which needs the read scope."""
 

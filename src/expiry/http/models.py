@@ -378,6 +378,27 @@ class HoldReport(Body):
     )
 
 
+class HistoryMinute(Body):
+    minute: str = Field(description="the minute, by the database's clock (ISO-8601, UTC)")
+    rows: int = Field(
+        description="rows the policy's windows deleted or archived in it (the ledger)"
+    )
+    sampled: bool = Field(description="false: no worker or scheduler sampled this minute")
+    backlog: int | None = Field(None, description="its queue's jobs not yet final")
+    retrying: int | None = Field(None, description="of those, waiting to retry after a failure")
+    dead: int | None = Field(None, description="its dead letters")
+    oldest_age_seconds: float | None = Field(
+        None, description="since its oldest expired row still present expired"
+    )
+    held: str | None = Field(None, description="what held its throttle, when it held")
+
+
+class PolicyHistory(Body):
+    policy: str
+    minutes: list[HistoryMinute] = Field(description="oldest first, one a minute")
+    held_minutes: dict[str, int] = Field(description="minutes the throttle held it, by reason")
+
+
 DLQ_QUEUE = (
     "the queue whose dead jobs the keys name, as published; without it, a key names "
     "a job key or a message's key in any queue"

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
@@ -105,30 +103,6 @@ def level(policy: Policy | None, seconds: float) -> str:
     return "ok"
 
 
-class WatermarkHistory:
-    """Recent watermark samples per policy, in this process's memory, taken when a
-    page shows them: a new sample when the value moved, else at most one every
-    ``every`` seconds (by the database clock); the last ``keep`` are kept."""
-
-    def __init__(self, keep: int = 120, every: float = 10.0) -> None:
-        self.keep, self.every = keep, every
-        self._series: dict[str, deque[tuple[datetime, float]]] = {}
-        self._lock = threading.Lock()
-
-    def record(self, policy: str, at: datetime, seconds: float) -> None:
-        with self._lock:
-            series = self._series.setdefault(policy, deque(maxlen=self.keep))
-            if series:
-                last_at, last = series[-1]
-                if last == seconds and (at - last_at).total_seconds() < self.every:
-                    return
-            series.append((at, seconds))
-
-    def series(self, policy: str) -> list[tuple[datetime, float]]:
-        with self._lock:
-            return list(self._series.get(policy, ()))
-
-
 def trend(series: Sequence[tuple[datetime, float]]) -> str:
     """ "rising", "falling" or "steady" over the samples kept; "new" with one."""
     if len(series) < 2:
@@ -154,6 +128,34 @@ def sparkline(series: Sequence[tuple[datetime, float]], width: int = 120, height
     if len(points) == 1:
         points.append(f"{width:.1f},{points[0].split(',')[1]}")
     return " ".join(points)
+
+
+@dataclass(frozen=True)
+class MinuteLine:
+    """One sampled field a minute as an SVG line in a ``width`` x ``height``
+    box, broken where no sample was taken; its latest and highest values."""
+
+    segments: list[str]
+    latest: float | None
+    peak: float | None
+    sampled: int
+
+
+def minute_line(values: Sequence[float | None], width: int = 240, height: int = 40) -> MinuteLine:
+    """A line of ``values`` (oldest left, zero at the bottom, None a gap)."""
+    known = [v for v in values if v is not None]
+    top = max(known, default=0.0) or 1.0
+    step = width / max(1, len(values) - 1)
+    segments: list[list[str]] = [[]]
+    for i, value in enumerate(values):
+        if value is None:
+            if segments[-1]:
+                segments.append([])
+            continue
+        segments[-1].append(f"{i * step:.1f},{height - 1 - (height - 2) * value / top:.1f}")
+    lines = [" ".join(s if len(s) > 1 else [*s, s[0]]) for s in segments if s]
+    latest = next((v for v in reversed(values) if v is not None), None)
+    return MinuteLine(lines, latest, max(known) if known else None, len(known))
 
 
 @dataclass(frozen=True)

@@ -132,6 +132,18 @@ CREATE TABLE `expiry_runs` (
   CONSTRAINT `expiry_runs_state` CHECK (`state` in ('planning','running','finished'))
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 
+CREATE TABLE `expiry_samples` (
+  `policy` varchar(255) NOT NULL,
+  `minute` datetime(6) NOT NULL,
+  `backlog` bigint(20) NOT NULL,
+  `retrying` bigint(20) NOT NULL,
+  `dead` bigint(20) NOT NULL,
+  `oldest_age` double DEFAULT NULL,
+  `held` varchar(255) DEFAULT NULL,
+  PRIMARY KEY (`policy`,`minute`),
+  KEY `expiry_samples_minute` (`minute`)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+
 CREATE TABLE `expiry_schedules` (
   `policy` varchar(255) NOT NULL,
   `paused` tinyint(1) NOT NULL DEFAULT 0,

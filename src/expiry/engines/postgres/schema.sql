@@ -233,6 +233,16 @@ CREATE TABLE expiry.runs (
     CONSTRAINT runs_state_check CHECK ((state = ANY (ARRAY['planning'::text, 'running'::text, 'finished'::text])))
 );
 
+CREATE TABLE expiry.samples (
+    policy text NOT NULL,
+    minute timestamp with time zone NOT NULL,
+    backlog bigint NOT NULL,
+    retrying bigint NOT NULL,
+    dead bigint NOT NULL,
+    oldest_age double precision,
+    held text
+);
+
 CREATE TABLE expiry.schedules (
     policy text NOT NULL,
     paused boolean DEFAULT false NOT NULL,
@@ -286,6 +296,9 @@ ALTER TABLE ONLY expiry.ledger
 ALTER TABLE ONLY expiry.runs
     ADD CONSTRAINT runs_pkey PRIMARY KEY (id);
 
+ALTER TABLE ONLY expiry.samples
+    ADD CONSTRAINT samples_pkey PRIMARY KEY (policy, minute);
+
 ALTER TABLE ONLY expiry.schedules
     ADD CONSTRAINT schedules_pkey PRIMARY KEY (policy);
 
@@ -316,6 +329,8 @@ CREATE INDEX ledger_run ON expiry.ledger USING btree (run_id) WHERE (run_id IS N
 CREATE INDEX runs_open ON expiry.runs USING btree (policy, opened_at) WHERE (state <> 'finished'::text);
 
 CREATE INDEX runs_policy ON expiry.runs USING btree (policy, opened_at DESC);
+
+CREATE INDEX samples_minute ON expiry.samples USING btree (minute);
 
 CREATE TRIGGER audit_is_append_only BEFORE DELETE OR UPDATE ON expiry.audit FOR EACH ROW EXECUTE FUNCTION expiry.audit_is_append_only();
 

@@ -21,6 +21,8 @@ CREATE INDEX expiry_runs_open on expiry_runs (policy, opened_at) where state <> 
 
 CREATE INDEX expiry_runs_policy on expiry_runs (policy, opened_at desc);
 
+CREATE INDEX expiry_samples_minute on expiry_samples (minute);
+
 CREATE TABLE expiry_api_keys (
     name       text primary key,
     hash       text not null,
@@ -123,6 +125,17 @@ CREATE TABLE expiry_runs (
     planned_at      real,
     finished_at     real
 , cancelled_at real, cancelled_by text, superseded_by text, stalled_at real);
+
+CREATE TABLE expiry_samples (
+    policy     text    not null,
+    minute     real    not null,
+    backlog    integer not null,
+    retrying   integer not null,
+    dead       integer not null,
+    oldest_age real,
+    held       text,
+    primary key (policy, minute)
+);
 
 CREATE TABLE expiry_schedules (
     policy       text    primary key,

@@ -84,6 +84,38 @@ def policies(_: Reader, app: ExpiryApp) -> list[dict[str, Any]]:
     return Status.of(app).policies()
 
 
+@router.get("/policies/{name}/history", response_model=m.PolicyHistory, responses=NOT_FOUND)
+def policy_history(
+    name: Annotated[str, Path(max_length=63, pattern=m.NO_NUL)],
+    _: Reader,
+    app: ExpiryApp,
+    minutes: Annotated[int, Query(ge=1, le=1440)] = 60,
+) -> m.PolicyHistory:
+    """The policy's last ``minutes`` minutes, one entry a minute, from the
+    database: rows cleaned (the ledger) and the sampled backlog, retries,
+    dead letters, oldest expired row's age and throttle holds."""
+    known_policy(app, name)
+    assert app.history is not None  # known_policy: the App has a config
+    history = app.history.minutes(name, minutes)
+    return m.PolicyHistory(
+        policy=name,
+        minutes=[
+            m.HistoryMinute(
+                minute=format_time(minute),
+                rows=rows,
+                sampled=s is not None,
+                backlog=None if s is None else s.backlog,
+                retrying=None if s is None else s.retrying,
+                dead=None if s is None else s.dead,
+                oldest_age_seconds=None if s is None else s.oldest_age,
+                held=None if s is None else s.held,
+            )
+            for minute, rows, s in zip(history.minutes, history.rows, history.samples, strict=True)
+        ],
+        held_minutes=history.held_minutes,
+    )
+
+
 def set_paused(app: App, policy: str, paused: bool, actor: str) -> m.Paused:
     known_policy(app, policy)
     app.scheduler().set_paused(policy, paused, actor=actor)

@@ -15,10 +15,13 @@ from ...app import App
 from ...errors import ExpiryError
 from ...keys import Principal
 from ...status import STALE_AFTER_SECONDS, Status
-from ...types import JobState
+from ...types import JobState, LedgerMinute
 from .. import views as v
-from ..deps import DashboardPages, ExpiryApp, History, Reading
+from ..deps import DashboardPages, ExpiryApp, Reading
 from ..render import page_number
+
+HISTORY_MINUTES = 60
+"""The minutes a policy's history on the runs page draws."""
 
 router = APIRouter(include_in_schema=False)
 
@@ -28,10 +31,8 @@ def policy_names(app: App) -> list[str]:
 
 
 @router.get("/")
-def overview(
-    request: Request, app: ExpiryApp, pages: DashboardPages, session: Reading, history: History
-) -> Response:
-    policies, error = _policies(app, history)
+def overview(request: Request, app: ExpiryApp, pages: DashboardPages, session: Reading) -> Response:
+    policies, error = _policies(app)
     totals: dict[str, int] = {}
     for states in app.queue.stats().by_state.values():
         for state, n in states.items():
@@ -72,6 +73,7 @@ def runs(
         page=listed,
         policy=policy,
         policy_names=policy_names(app),
+        history=_history(app, policy) if policy in policy_names(app) else None,
     )
 
 
@@ -222,22 +224,29 @@ def job(
 # -- what the pages show ----------------------------------------------------------------
 
 
-def _policies(app: App, history: v.WatermarkHistory) -> tuple[list[dict[str, Any]], str | None]:
-    """The status view of every policy, with its watermark's level and trend."""
+def _policies(app: App) -> tuple[list[dict[str, Any]], str | None]:
+    """The status view of every policy, with its watermark's level and its
+    trend over the last hour's samples (the database's: a restart keeps them)."""
     try:
         policies = Status.of(app).policies()
     except ExpiryError as exc:
         return [], str(exc)
     now = app.engine.now()
     config = {p.name: p for p in (app.cleanup.policies if app.cleanup else [])}
-    minutes = app.engine.ledger_minutes(now - timedelta(hours=1))
+    hour = now - timedelta(hours=1)
+    minutes = app.engine.ledger_minutes(hour)
+    samples = app.engine.sample_list(hour)
     for row in policies:
         row["history"] = v.minute_bars([m for m in minutes if m.policy == row["name"]], now)
         if row["broken"]:
             row.update(level="alert", warn=None, alert=None, trend="", spark="", samples=0)
             continue
-        history.record(row["name"], now, row["watermark_seconds"])
-        series = history.series(row["name"])
+        series = [
+            (s.minute, s.oldest_age)
+            for s in samples
+            if s.policy == row["name"] and s.oldest_age is not None
+        ]
+        series.append((now, row["watermark_seconds"]))
         policy = config.get(row["name"])
         row.update(
             level=v.level(policy, row["watermark_seconds"]),
@@ -248,6 +257,27 @@ def _policies(app: App, history: v.WatermarkHistory) -> tuple[list[dict[str, Any
             samples=len(series),
         )
     return policies, None
+
+
+def _history(app: App, policy: str) -> dict[str, Any] | None:
+    """The policy's last hour a minute at a time, as the runs page draws it."""
+    if app.history is None:
+        return None
+    minutes = app.history.minutes(policy, HISTORY_MINUTES)
+    now = minutes.minutes[-1] + timedelta(seconds=59)
+    rows = [
+        LedgerMinute(policy, m, 0, n) for m, n in zip(minutes.minutes, minutes.rows, strict=True)
+    ]
+    return {
+        "minutes": len(minutes.minutes),
+        "sampled": minutes.sampled,
+        "rows": v.minute_bars(rows, now, count=HISTORY_MINUTES, width=240, height=40),
+        "lines": {
+            field: v.minute_line(minutes.series(field))
+            for field in ("backlog", "retrying", "dead", "oldest_age")
+        },
+        "held": minutes.held_minutes,
+    }
 
 
 def _queue_charts(app: App, who: Principal) -> dict[str, Any]:
