@@ -147,8 +147,11 @@ def test_the_policy_page_draws_the_samples_and_the_overview_trend_reads_them(
     """Samples of earlier minutes (as workers took them) drawn on the policy's
     runs page, the figures in words matching them; the overview's trend reads
     them too (no process keeps them in memory), so a server that just started
-    shows a trend, not "first sample"."""
+    shows a trend, not "first sample". Showing the overview (signing in does)
+    samples the current minute itself."""
     app = dashboard.app
+    while app.engine.now().second > 50:  # the whole test in one minute
+        time.sleep(1)
     now = app.engine.now().replace(second=0, microsecond=0)
     backlog = [40, 35, 30, 12, 5]
     ages = [9000.0, 8000.0, 7600.0, 7500.0, 7400.0]
@@ -163,21 +166,27 @@ def test_the_policy_page_draws_the_samples_and_the_overview_trend_reads_them(
     section = page.find_element(By.ID, "history")
     chart = section.find_element(By.CSS_SELECTOR, "#history-backlog svg")
     label = chart.get_attribute("aria-label") or ""
-    assert label == "Backlog (jobs not final): 5 samples, now 5, at most 40", label
+    # Five minutes inserted, and this minute's sample, which the overview shown
+    # at sign-in took: nothing waits now.
+    [current] = app.engine.sample_list(now, policy=POLICY)
+    assert (current.backlog, current.dead) == (0, 0)
+    assert label == "Backlog (jobs not final): 6 samples, now 0, at most 40", label
     words = section.find_element(By.CSS_SELECTOR, "#history-backlog .small")
-    assert words.get_attribute("data-latest") == "5" and words.get_attribute("data-peak") == "40"
-    assert len(chart.find_elements(By.TAG_NAME, "polyline")) == 1  # five minutes in a row
+    assert words.get_attribute("data-latest") == "0" and words.get_attribute("data-peak") == "40"
+    assert len(chart.find_elements(By.TAG_NAME, "polyline")) == 1  # six minutes in a row
     dead = section.find_element(By.CSS_SELECTOR, "#history-dead .small").text
-    assert dead == "now 1, at most 1", dead
-    age = section.find_element(By.CSS_SELECTOR, "#history-oldest_age .small").text
-    assert age == "now 2 h 3 min, at most 2 h 30 min", age
+    assert dead == "now 0, at most 1", dead
+    age = section.find_element(By.CSS_SELECTOR, "#history-oldest_age .small")
+    assert current.oldest_age is not None
+    assert float(age.get_attribute("data-latest") or 0) == current.oldest_age
+    assert age.text.endswith(", at most 2 h 30 min"), age.text
     screenshot(page, "policy-history")
 
-    # The overview's trend: the samples and the reading now, not one sample.
+    # The overview's trend: the six samples and the reading now, not one sample.
     page.get(dashboard.url("/"))
     row = page.find_element(By.ID, "policy-expired-sessions")
     spark = row.find_element(By.CSS_SELECTOR, "svg.spark")
-    assert "over 6 samples" in (spark.get_attribute("aria-label") or "")
+    assert "over 7 samples" in (spark.get_attribute("aria-label") or "")
     assert "first sample" not in row.text
 
 

@@ -5,6 +5,7 @@ browser to sign in."""
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 from typing import Any
 
@@ -23,6 +24,7 @@ from ..render import page_number
 HISTORY_MINUTES = 60
 """The minutes a policy's history on the runs page draws."""
 
+log = logging.getLogger("expiry.http")
 router = APIRouter(include_in_schema=False)
 
 
@@ -226,7 +228,13 @@ def job(
 
 def _policies(app: App) -> tuple[list[dict[str, Any]], str | None]:
     """The status view of every policy, with its watermark's level and its
-    trend over the last hour's samples (the database's: a restart keeps them)."""
+    trend over the last hour's samples (the database's: a restart keeps them).
+    Showing it samples the policies too, once a minute as the workers do."""
+    if app.history is not None and not app.read_only:
+        try:  # a page view samples too (serve --no-workers, every worker down)
+            app.history.sample()
+        except Exception as exc:
+            log.warning("could not sample the policies' history: %s", exc)
     try:
         policies = Status.of(app).policies()
     except ExpiryError as exc:
