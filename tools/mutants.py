@@ -1308,6 +1308,17 @@ MUTANTS = [
         (f"{HISTORY}::test_a_gap_in_the_samples_breaks_the_line[sqlite]",),
         "minutes no process sampled are drawn as a line between the minutes around them",
     ),
+    Mutant(
+        "cron-target-timeout-ignored",
+        "src/expiry/cron/targets.py",
+        "timeout=self.call_timeout if target.timeout is None else target.timeout,",
+        "timeout=self.call_timeout,",
+        (
+            "tests/http/test_http_exposure.py::"
+            "test_a_cron_targets_own_timeout_cuts_its_calls_and_can_be_changed_back",
+        ),
+        "a target's own timeout_seconds is stored and shown but its calls keep [http] call_timeout",
+    ),
 ]
 
 

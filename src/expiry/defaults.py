@@ -104,6 +104,9 @@ its speed at nice_ratio 1). SQLite cannot tell, so it always rests."""
 
 CALL_TIMEOUT_SECONDS = 10.0
 """A cron call's whole deadline: connect, send and the response together."""
+CALL_TIMEOUT_RANGE = (0.1, 600.0)
+"""The deadline a cron target may state for its own calls (timeout_seconds):
+up to ten minutes, for a target that builds a report before it answers."""
 
 CRON_THREADS = 2
 """Worker threads for cron calls alone, besides the ones that clean."""

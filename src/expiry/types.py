@@ -293,6 +293,8 @@ class CronTarget:
     owner: str | None = None
     """The API key that created it (None: made before keys had scopes, or by an
     operator; admin keys only)."""
+    timeout: float | None = None
+    """Its calls' whole deadline in seconds (None: [http] call_timeout)."""
 
 
 @dataclass(frozen=True)

@@ -203,17 +203,16 @@ def test_every_page_fits_a_phone(page: WebDriver, dashboard: Dashboard) -> None:
 def test_a_cron_target_is_edited_from_the_cron_page(page: WebDriver, dashboard: Dashboard) -> None:
     """Open Edit, change the schedule, confirm: the target is changed and the
     change audited; a schedule the API would refuse is refused with the field
-    named, and changes nothing."""
+    named, and changes nothing. Its call timeout is set the same way, and a
+    blank one goes back to [http] call_timeout."""
     app = dashboard.app
     app.crons.create("digest", dashboard.url("/v1/health"), "0 3 * * *")
     sign_in(page, dashboard)
 
-    def edit(schedule: str) -> None:
+    def edit(schedule: str, name: str = "schedule") -> None:
         page.get(dashboard.url("/crons"))
         page.find_element(By.XPATH, "//details[@class='edit']/summary").click()
-        field = page.find_element(
-            By.CSS_SELECTOR, "form[action='/crons/edit'] input[name=schedule]"
-        )
+        field = page.find_element(By.CSS_SELECTOR, f"form[action='/crons/edit'] input[name={name}]")
         field.clear()
         field.send_keys(schedule)
         page.find_element(By.CSS_SELECTOR, "form[action='/crons/edit'] button[type=submit]").click()
@@ -230,3 +229,21 @@ def test_a_cron_target_is_edited_from_the_cron_page(page: WebDriver, dashboard: 
     [event] = [e for e in app.engine.audit_list(limit=20) if e.action == "cron.updated"]
     assert event.actor == f"dashboard:{dashboard.key_name}"
     assert event.detail["schedule"] == {"from": "0 3 * * *", "to": "*/5 * * * *"}
+
+    row = page.find_element(By.XPATH, "//th[starts-with(normalize-space(), 'digest')]").text
+    assert "times out after 10 s ([http] call_timeout)" in row, row
+    edit("45", name="timeout_seconds")
+    wait_for(page, "Changed cron target digest.")
+    target = app.crons.get("digest")
+    assert target is not None and target["timeout_seconds"] == 45.0
+    assert "times out after 45 s" in page.find_element(By.TAG_NAME, "main").text
+    edit("", name="timeout_seconds")
+    wait_for(page, "Changed cron target digest.")
+    target = app.crons.get("digest")
+    assert target is not None and target["timeout_seconds"] is None
+    timeouts = [
+        e.detail["timeout_seconds"]
+        for e in app.engine.audit_list(limit=20)
+        if e.action == "cron.updated" and "timeout_seconds" in e.detail
+    ]
+    assert timeouts == [{"from": 45.0, "to": None}, {"from": None, "to": 45.0}]

@@ -180,3 +180,17 @@ def test_cron_update_sets_url_schedule_and_zone_and_keeps_the_rest(engine: Engin
     assert after.last_fire_at == before.last_fire_at
     assert engine.cron_update("nope", URL, "@daily", "UTC") is False
     assert engine.cron_get("nope") is None
+
+
+def test_cron_insert_and_update_keep_a_targets_own_call_timeout(engine: Engine) -> None:
+    """None by default ([http] call_timeout); stated at insert, changed and
+    cleared by update, read back exactly."""
+    create(engine, "default")
+    assert target(engine, "default").timeout is None
+    assert engine.cron_insert("patient", URL, "@daily", "UTC", "whsec_y", timeout=90.5)
+    assert target(engine, "patient").timeout == 90.5
+    assert engine.cron_update("patient", URL, "@daily", "UTC", timeout=0.25)
+    assert target(engine, "patient").timeout == 0.25
+    assert engine.cron_update("patient", URL, "@daily", "UTC", timeout=None)
+    assert target(engine, "patient").timeout is None
+    assert target(engine, "default").timeout is None

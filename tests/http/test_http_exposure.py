@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -350,6 +351,60 @@ def test_a_dripping_target_is_cut_at_the_deadline_and_never_holds_cleanup(
         for call in calls:  # the first, and any retry begun before the worker stopped
             assert call["error"].startswith("TimeoutError") and "2 s" in call["error"], call
             assert 1900 <= call["duration_ms"] < 3500, call
+
+
+def test_a_cron_targets_own_timeout_cuts_its_calls_and_can_be_changed_back(
+    serve: Serve, pg_url: str
+) -> None:
+    """A target's timeout_seconds is its calls' deadline instead of [http]
+    call_timeout; changed over the API (audited), the next call keeps the new
+    one; null goes back to the config's; out of range is 422 and changes
+    nothing."""
+    live = serve(pg_url, http={"allowed_hosts": ["127.0.0.1:*"], "call_timeout": "1500ms"})
+    with dripping_target(0.5) as port:
+        url = f"http://127.0.0.1:{port}/"
+        for body in ({"timeout_seconds": 0}, {"timeout_seconds": 601}):
+            refused = live.client.post(
+                "/v1/cron/create",
+                json={"name": "bad", "http_url": url, "schedule": "@daily", **body},
+            )
+            assert refused.status_code == 422, refused.text
+        assert live.app.engine.cron_get("bad") is None
+        made = live.client.post(
+            "/v1/cron/create",
+            json={"name": "short", "http_url": url, "schedule": "@daily", "timeout_seconds": 0.5},
+        )
+        assert made.status_code == 201 and made.json()["timeout_seconds"] == 0.5, made.text
+
+        def call_once() -> dict[str, Any]:
+            before = len(live.client.get("/v1/cron/short/calls").json())
+            assert live.app.crons.call_now("short", live.app.engine.now(), actor="test")
+            [job] = live.app.queue.claim(1, 60, owner="test", queues=("expiry.cron",))
+            live.app.worker().process(job)
+            calls = live.client.get("/v1/cron/short/calls").json()
+            assert len(calls) == before + 1, calls
+            return max(calls, key=lambda c: c["at"])
+
+        first = call_once()
+        assert first["error"].startswith("TimeoutError"), first
+        assert 400 <= first["duration_ms"] < 1200, first  # its own 0.5 s, not 1.5 s
+
+        changed = live.client.patch("/v1/cron/short", json={"timeout_seconds": 1.0})
+        assert changed.status_code == 200 and changed.json()["timeout_seconds"] == 1.0
+        assert 900 <= call_once()["duration_ms"] < 1400
+
+        refused = live.client.patch("/v1/cron/short", json={"timeout_seconds": -1})
+        assert refused.status_code == 422
+        back = live.client.patch("/v1/cron/short", json={"timeout_seconds": None})
+        assert back.status_code == 200 and back.json()["timeout_seconds"] is None
+        assert 1400 <= call_once()["duration_ms"] < 2200  # [http] call_timeout again
+    updates = [
+        e.detail
+        for e in live.app.engine.audit_list(limit=100)
+        if e.action == "cron.updated" and e.detail.get("name") == "short"
+    ]
+    assert {"from": 0.5, "to": 1.0} in [u.get("timeout_seconds") for u in updates]
+    assert {"from": 1.0, "to": None} in [u.get("timeout_seconds") for u in updates]
 
 
 # -- limits before work ------------------------------------------------------------------

@@ -15,6 +15,7 @@ import logging
 import uuid
 from collections.abc import Callable
 from datetime import datetime
+from types import EllipsisType
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -67,18 +68,20 @@ class Crons:
         *,
         actor: str = "api",
         owner: str | None = None,
+        timeout: float | None = None,
     ) -> dict[str, Any]:
         """Validate and store a target, belonging to the API key ``owner`` (None:
-        an operator's, seen by admin keys only); returns it with its secret
-        (shown once)."""
-        self._check(http_url, schedule, timezone)
+        an operator's, seen by admin keys only), its calls' deadline
+        ``timeout`` seconds (None: [http] call_timeout); returns it with its
+        secret (shown once)."""
+        self._check(http_url, schedule, timezone, timeout)
         secret = webhooks.new_secret()
         engine = self.engine
         with engine.transaction() as conn:
             if owner is not None:
                 self._check_quota(owner, conn)
             created = engine.cron_insert(
-                name, http_url, schedule, timezone, secret, owner=owner, conn=conn
+                name, http_url, schedule, timezone, secret, owner=owner, timeout=timeout, conn=conn
             )
             if not created:
                 raise ConfigError(f"a cron target named {name!r} exists already")
@@ -86,7 +89,8 @@ class Crons:
                 conn,
                 AuditAction.CRON_CREATED,
                 actor=actor,
-                detail={"name": name, "http_url": http_url},
+                detail={"name": name, "http_url": http_url}
+                | ({"timeout_seconds": timeout} if timeout is not None else {}),
             )
         target = self.get(name)
         assert target is not None
@@ -99,11 +103,13 @@ class Crons:
         http_url: str | None = None,
         schedule: str | None = None,
         timezone: str | None = None,
+        timeout: float | None | EllipsisType = ...,
         actor: str = "api",
     ) -> dict[str, Any] | None:
-        """Point a target at another URL, schedule or time zone (each checked as
-        at create; what is not given stays), audited with what changed; None
-        when there is no such target. The next call (a retry too) reads it."""
+        """Point a target at another URL, schedule, time zone or call timeout
+        (each checked as at create; what is not given stays, and a timeout of
+        None goes back to [http] call_timeout), audited with what changed;
+        None when there is no such target. The next call (a retry too) reads it."""
         engine = self.engine
         with engine.transaction() as conn:
             target = engine.cron_get(name, conn=conn)
@@ -112,14 +118,16 @@ class Crons:
             url = target.http_url if http_url is None else http_url
             when = target.schedule if schedule is None else schedule
             zone = target.timezone if timezone is None else timezone
-            self._check(url, when, zone)
-            engine.cron_update(name, url, when, zone, conn=conn)
+            limit = target.timeout if isinstance(timeout, EllipsisType) else timeout
+            self._check(url, when, zone, limit)
+            engine.cron_update(name, url, when, zone, timeout=limit, conn=conn)
             changed = {
                 field: {"from": old, "to": new}
                 for field, old, new in (
                     ("http_url", target.http_url, url),
                     ("schedule", target.schedule, when),
                     ("timezone", target.timezone, zone),
+                    ("timeout_seconds", target.timeout, limit),
                 )
                 if old != new
             }
@@ -128,9 +136,18 @@ class Crons:
             )
         return self.get(name)
 
-    def _check(self, http_url: str, schedule: str, timezone: str) -> None:
-        """ConfigError naming the field, for a schedule, zone or URL a target
-        may not have (the URL checked against the SSRF rules of cron/webhooks.py)."""
+    def _check(
+        self, http_url: str, schedule: str, timezone: str, timeout: float | None = None
+    ) -> None:
+        """ConfigError naming the field, for a schedule, zone, URL or timeout a
+        target may not have (the URL checked against the SSRF rules of
+        cron/webhooks.py)."""
+        low, high = defaults.CALL_TIMEOUT_RANGE
+        if timeout is not None and not low <= timeout <= high:
+            raise ConfigError(
+                f"timeout_seconds {timeout:g}: a call's deadline is from {low:g} to {high:g} "
+                "seconds (leave it out for [http] call_timeout)"
+            )
         try:
             check_expression(schedule)
         except ValueError as exc:
@@ -165,6 +182,7 @@ class Crons:
             "last_fire_at": format_time(last) if last is not None else None,
             "created_at": format_time(target.created_at),
             "owner": target.owner,
+            "timeout_seconds": target.timeout,
         }
 
     def targets(self) -> list[dict[str, Any]]:
@@ -391,7 +409,7 @@ class Crons:
             body,
             headers,
             allowed_hosts=self.allowed_hosts,
-            timeout=self.call_timeout,
+            timeout=self.call_timeout if target.timeout is None else target.timeout,
         )
 
     def _next_soon(self, target: CronTarget, job: Job, error: str) -> bool:

@@ -259,11 +259,18 @@ class JobOutcome(Body):
     state: str
 
 
+CALL_TIMEOUT = (
+    "each call's whole deadline in seconds, connect to the response's end (null: the "
+    "server's [http] call_timeout, 10 s by default)"
+)
+
+
 class CronCreateRequest(Request):
     name: str = Field(pattern=CRON_NAME)
     http_url: str = Field(max_length=2000)
     schedule: str = Field(max_length=200, description="5-field cron or @hourly, @daily, ...")
     timezone: str = Field("UTC", max_length=100)
+    timeout_seconds: float | None = Field(None, gt=0, le=600, description=CALL_TIMEOUT)
 
 
 class CronUpdateRequest(Request):
@@ -274,11 +281,14 @@ class CronUpdateRequest(Request):
         None, max_length=200, description="5-field cron or @hourly, @daily, ..."
     )
     timezone: str | None = Field(None, max_length=100)
+    timeout_seconds: float | None = Field(
+        None, gt=0, le=600, description=CALL_TIMEOUT + "; null: back to [http] call_timeout"
+    )
 
     @model_validator(mode="after")
     def _something(self) -> CronUpdateRequest:
-        if self.http_url is None and self.schedule is None and self.timezone is None:
-            raise ValueError("give http_url, schedule or timezone: what to change")
+        if not self.model_fields_set & {"http_url", "schedule", "timezone", "timeout_seconds"}:
+            raise ValueError("give http_url, schedule, timezone or timeout_seconds: what to change")
         return self
 
 
@@ -291,6 +301,7 @@ class CronTarget(Body):
     last_fire_at: str | None
     created_at: str
     owner: str | None = Field(description="the key that created it (null: an operator's)")
+    timeout_seconds: float | None = Field(None, description=CALL_TIMEOUT)
 
 
 class CronCreated(CronTarget):

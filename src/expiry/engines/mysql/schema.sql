@@ -45,6 +45,7 @@ CREATE TABLE `expiry_cron_targets` (
   `created_at` datetime(6) NOT NULL,
   `updated_at` datetime(6) NOT NULL,
   `owner` varchar(255) DEFAULT NULL,
+  `timeout_seconds` double DEFAULT NULL,
   PRIMARY KEY (`name`)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 

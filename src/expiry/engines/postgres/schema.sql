@@ -145,7 +145,8 @@ CREATE TABLE expiry.cron_targets (
     last_fire_at timestamp with time zone,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
-    owner text
+    owner text,
+    timeout_seconds double precision
 );
 
 CREATE TABLE expiry.idempotency (

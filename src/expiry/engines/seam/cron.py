@@ -77,12 +77,15 @@ class CronSeam(Primitives):
         secret: str,
         *,
         owner: str | None = None,
+        timeout: float | None = None,
         conn: Any | None = None,
     ) -> bool:
         """Create a cron target whose fires count from now, belonging to the key
-        ``owner`` (None: to admin keys only); False when ``name`` exists."""
+        ``owner`` (None: to admin keys only), its calls' deadline ``timeout``
+        seconds (None: [http] call_timeout); False when ``name`` exists."""
         params = {
             "owner": owner,
+            "timeout": timeout,
             "name": name,
             "http_url": http_url,
             "schedule": schedule,
@@ -112,6 +115,7 @@ class CronSeam(Primitives):
             updated_at=self._time(row["updated_at"]),
             last_fire_stored=row["last_fire_at"],
             owner=row["owner"],
+            timeout=None if row["timeout_seconds"] is None else float(row["timeout_seconds"]),
         )
 
     def cron_delete(self, name: str, *, conn: Any | None = None) -> bool:
@@ -129,11 +133,19 @@ class CronSeam(Primitives):
         schedule: str,
         timezone: str,
         *,
+        timeout: float | None = None,
         conn: Any | None = None,
     ) -> bool:
-        """Set a cron target's URL, schedule and time zone; False when there is
-        none of that name. Its secret, owner and fires so far stay."""
-        params = {"name": name, "http_url": http_url, "schedule": schedule, "timezone": timezone}
+        """Set a cron target's URL, schedule, time zone and call timeout (None:
+        [http] call_timeout); False when there is none of that name. Its
+        secret, owner and fires so far stay."""
+        params = {
+            "name": name,
+            "http_url": http_url,
+            "schedule": schedule,
+            "timezone": timezone,
+            "timeout": timeout,
+        }
         return self._one(conn, "cron_update", params) is not None
 
     def cron_advance(self, target: CronTarget, fire: datetime, *, conn: Any | None = None) -> bool:

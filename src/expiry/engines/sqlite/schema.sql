@@ -63,7 +63,7 @@ CREATE TABLE expiry_cron_targets (
     last_fire_at real,
     created_at   real    not null,
     updated_at   real    not null
-, owner text);
+, owner text, timeout_seconds real);
 
 CREATE TABLE expiry_idempotency (
     api_key      text    not null,

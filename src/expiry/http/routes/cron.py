@@ -1,5 +1,5 @@
 """Cron targets over HTTP: create one (its signing secret is shown once), list,
-read, change (URL, schedule, time zone), delete, pause and resume them, and read a target's call history. Every
+read, change (URL, schedule, time zone, call timeout), delete, pause and resume them, and read a target's call history. Every
 route needs cron:manage; a target belongs to the key that created it, and
 another key (not admin) gets 404 for it, as if it did not exist."""
 
@@ -42,6 +42,7 @@ def cron_create(body: m.CronCreateRequest, key: CronManager, app: ExpiryApp) -> 
         body.timezone,
         actor=f"api:{key.name}",
         owner=key.name,
+        timeout=body.timeout_seconds,
     )
     return m.CronCreated(**created)
 
@@ -60,14 +61,16 @@ def cron_get(name: CronName, key: CronManager, app: ExpiryApp) -> m.CronTarget:
 def cron_update(
     name: CronName, body: m.CronUpdateRequest, key: CronManager, app: ExpiryApp
 ) -> m.CronTarget:
-    """Point a target at another URL, schedule or time zone, each checked as at
-    create; its secret, owner and fires so far stay."""
+    """Point a target at another URL, schedule, time zone or call timeout, each
+    checked as at create; its secret, owner and fires so far stay."""
     cron_or_404(app.crons, name, key)
+    given = "timeout_seconds" in body.model_fields_set
     updated = app.crons.update(
         name,
         http_url=body.http_url,
         schedule=body.schedule,
         timezone=body.timezone,
+        timeout=body.timeout_seconds if given else ...,
         actor=f"api:{key.name}",
     )
     if updated is None:  # deleted meanwhile

@@ -129,7 +129,9 @@ def crons(request: Request, app: ExpiryApp, pages: DashboardPages, session: Read
     for target in targets:
         target["calls"] = app.crons.calls(target["name"], limit=5)
         target.update(app.crons.timing(target, now))
-    return pages.render(request, "crons.html", session, targets=targets)
+    return pages.render(
+        request, "crons.html", session, targets=targets, call_timeout=app.crons.call_timeout
+    )
 
 
 @router.get("/workers")

@@ -218,17 +218,20 @@ def pause_cron(request: Request, form: Form, app: ExpiryApp, pages: DashboardPag
 
 @router.post("/crons/edit")
 def edit_cron(request: Request, form: Form, app: ExpiryApp, pages: DashboardPages) -> Response:
-    """Point a target at another URL, schedule or time zone (checked as the API checks them)."""
+    """Point a target at another URL, schedule, time zone or call timeout
+    (checked as the API checks them; a blank timeout: [http] call_timeout)."""
     target = steered(request, form, app, pages)
     if not isinstance(target, tuple):
         return target
     guarded, name = target
     try:
+        timeout = form.get("timeout_seconds", "").strip()
         changed = app.crons.update(
             name,
             http_url=form.get("http_url", "").strip() or None,
             schedule=form.get("schedule", "").strip() or None,
             timezone=form.get("timezone", "").strip() or None,
+            timeout=_seconds(timeout) if timeout else None,
             actor=f"dashboard:{guarded.key_name}",
         )
     except ConfigError as exc:
@@ -236,3 +239,14 @@ def edit_cron(request: Request, form: Form, app: ExpiryApp, pages: DashboardPage
     if changed is None:
         return pages.done(request, "/crons", f"No cron target named {name}.")
     return pages.done(request, "/crons", f"Changed cron target {name}.")
+
+
+def _seconds(text: str) -> float:
+    """A form's number of seconds; ConfigError for anything else."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"timeout_seconds {text!r} is not a number of seconds") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ConfigError(f"timeout_seconds {text!r} is not a number of seconds")
+    return value

@@ -36,9 +36,10 @@ select greatest(
 
 -- name: cron_insert
 -- Create a cron target; the name is unique.
-insert into expiry_cron_targets (name, http_url, schedule, timezone, secret, owner, last_fire_at,
-                                 created_at, updated_at)
-values (%(name)s, %(http_url)s, %(schedule)s, %(timezone)s, %(secret)s, %(owner)s, $now, $now, $now);
+insert into expiry_cron_targets (name, http_url, schedule, timezone, secret, owner,
+                                 timeout_seconds, last_fire_at, created_at, updated_at)
+values (%(name)s, %(http_url)s, %(schedule)s, %(timezone)s, %(secret)s, %(owner)s, %(timeout)s,
+        $now, $now, $now);
 select %(name)s as name from dual;
 
 -- name: cron_list
@@ -60,9 +61,11 @@ update expiry_cron_targets set paused = %(paused)s, updated_at = $now where name
 select %(name)s as name from dual where row_count() > 0;
 
 -- name: cron_update
--- Point a cron target at another URL, schedule or time zone (its fires so far stay).
+-- Point a cron target at another URL, schedule, time zone or call timeout (its
+-- fires so far stay).
 update expiry_cron_targets
-set http_url = %(http_url)s, schedule = %(schedule)s, timezone = %(timezone)s, updated_at = $now
+set http_url = %(http_url)s, schedule = %(schedule)s, timezone = %(timezone)s,
+    timeout_seconds = %(timeout)s, updated_at = $now
 where name = %(name)s;
 select %(name)s as name from dual where row_count() > 0;
 

@@ -38,8 +38,9 @@ select greatest(
 
 -- name: cron_insert
 -- Create a cron target; the name is unique.
-insert into expiry.cron_targets (name, http_url, schedule, timezone, secret, owner, last_fire_at)
-values (%(name)s, %(http_url)s, %(schedule)s, %(timezone)s, %(secret)s, %(owner)s, now())
+insert into expiry.cron_targets
+    (name, http_url, schedule, timezone, secret, owner, timeout_seconds, last_fire_at)
+values (%(name)s, %(http_url)s, %(schedule)s, %(timezone)s, %(secret)s, %(owner)s, %(timeout)s, now())
 on conflict (name) do nothing returning name;
 
 -- name: cron_list
@@ -60,9 +61,11 @@ update expiry.cron_targets set paused = %(paused)s, updated_at = now() where nam
 returning name;
 
 -- name: cron_update
--- Point a cron target at another URL, schedule or time zone (its fires so far stay).
+-- Point a cron target at another URL, schedule, time zone or call timeout (its
+-- fires so far stay).
 update expiry.cron_targets
-set http_url = %(http_url)s, schedule = %(schedule)s, timezone = %(timezone)s, updated_at = now()
+set http_url = %(http_url)s, schedule = %(schedule)s, timezone = %(timezone)s,
+    timeout_seconds = %(timeout)s, updated_at = now()
 where name = %(name)s
 returning name;
 

@@ -35,8 +35,8 @@ select max(coalesce((select max(updated_at) from expiry_schedules), 0),
 -- name: cron_insert
 -- Create a cron target; the name is unique.
 insert into expiry_cron_targets (name, http_url, schedule, timezone, secret, owner,
-                                 last_fire_at, created_at, updated_at)
-values (:name, :http_url, :schedule, :timezone, :secret, :owner, $now, $now, $now)
+                                 timeout_seconds, last_fire_at, created_at, updated_at)
+values (:name, :http_url, :schedule, :timezone, :secret, :owner, :timeout, $now, $now, $now)
 on conflict (name) do nothing returning name;
 
 -- name: cron_list
@@ -57,9 +57,11 @@ update expiry_cron_targets set paused = :paused, updated_at = $now where name = 
 returning name;
 
 -- name: cron_update
--- Point a cron target at another URL, schedule or time zone (its fires so far stay).
+-- Point a cron target at another URL, schedule, time zone or call timeout (its
+-- fires so far stay).
 update expiry_cron_targets
-set http_url = :http_url, schedule = :schedule, timezone = :timezone, updated_at = $now
+set http_url = :http_url, schedule = :schedule, timezone = :timezone,
+    timeout_seconds = :timeout, updated_at = $now
 where name = :name
 returning name;
 
