@@ -146,6 +146,7 @@ def phone_screenshot(page: WebDriver, path: str) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page_of = "/run" if path.startswith("/runs/") else path.split("?")[0]  # not its id
     slug = re.sub(r"[^a-z0-9]+", "-", page_of.lower()).strip("-") or "overview"
+    slug = "policy-history" if "?policy=" in path else slug
     height = page.execute_script("return document.documentElement.scrollHeight")
     page.set_window_size(390, min(int(height) + 140, 9000))
     page.save_screenshot(str(ARTIFACTS / f"390px-{slug}.png"))
@@ -154,8 +155,8 @@ def phone_screenshot(page: WebDriver, path: str) -> None:
 
 def test_every_page_fits_a_phone(page: WebDriver, dashboard: Dashboard) -> None:
     """390 x 844, an on-call phone: no page is wider than the screen (a run,
-    a job, the queue, cron targets, the audit log, a policy's plan, the
-    sign-in page), so nothing needs a sideways scroll to be read or pressed."""
+    a job, the queue, cron targets, the audit log, a policy's plan and its
+    history, the sign-in page), so nothing needs a sideways scroll to be read or pressed."""
     app = dashboard.app
     assert app.cleanup is not None
     arrange(dashboard)
@@ -174,6 +175,7 @@ def test_every_page_fits_a_phone(page: WebDriver, dashboard: Dashboard) -> None:
         "/crons",
         "/audit",
         "/runs",
+        "/runs?policy=expired-sessions",  # the policy's history charts
         f"/runs/{quote(opened.run_id, safe='')}",
         "/jobs/w-1",
         "/jobs?state=available",
