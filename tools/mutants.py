@@ -700,8 +700,8 @@ MUTANTS = [
     Mutant(
         "hold-changed-not-audited",
         "src/expiry/cleanup/holds.py",
-        "        if in_force.get(hold.name) != detail:\n",
-        "        if hold.name not in in_force:\n",
+        "        if in_force.get(hold.name) != hold_detail(hold)\n",
+        "        if hold.name not in in_force\n",
         (f"{HOLDS}::test_placing_changing_and_lifting_a_hold_is_audited_once_each[sqlite]",),
         "a hold whose rows changed in the config is not audited: the log says the old rows",
     ),
@@ -1318,6 +1318,15 @@ MUTANTS = [
             "test_a_cron_targets_own_timeout_cuts_its_calls_and_can_be_changed_back",
         ),
         "a target's own timeout_seconds is stored and shown but its calls keep [http] call_timeout",
+    ),
+    Mutant(
+        "holds-audited-without-the-lock",
+        "src/expiry/cleanup/holds.py",
+        "        engine.audit_holds_lock(conn)",
+        "        pass",
+        (f"{HOLDS}::test_processes_starting_together_audit_each_hold_once[postgres]",),
+        "processes starting together each read a new hold as not yet placed and each "
+        "audit it: the log says it was placed several times",
     ),
 ]
 

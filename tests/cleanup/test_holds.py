@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -223,6 +224,39 @@ def test_a_partition_holding_a_held_row_is_cleaned_by_windows_and_the_others_dro
     )
     assert [r[0] for r in attached] == ["events_2020", "events_now"]
     assert db.scalar("select to_regclass('events_2019')") is None  # dropped whole
+
+
+def test_processes_starting_together_audit_each_hold_once(db: Db) -> None:
+    """Six processes (each an App with its own connections) read the same new
+    config at once: the log says each hold was placed once, not six times."""
+    seed(db)
+    config = parse_config(with_holds(db.url, BY_USER, BY_KEYS))
+    apps = [App(config=config) for _ in range(6)]
+    for app in apps:
+        app.engine.now()  # connected before the start line
+    start = threading.Barrier(len(apps))
+    said: list[list[str]] = []
+
+    def record(app: App) -> None:
+        assert app.cleanup is not None
+        start.wait()
+        said.append(app.cleanup.record_holds())
+
+    threads = [threading.Thread(target=record, args=(app,)) for app in apps]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        events = apps[0].engine.audit_hold_events()
+    finally:
+        for app in apps:
+            app.close()
+    assert sorted((e.action, e.detail["hold"]) for e in events) == [
+        ("hold.placed", "listed"),
+        ("hold.placed", "user-3-case"),
+    ]
+    assert sorted(len(s) for s in said) == [0, 0, 0, 0, 0, 2], said
 
 
 def test_placing_changing_and_lifting_a_hold_is_audited_once_each(db: Db) -> None:

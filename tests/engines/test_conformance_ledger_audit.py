@@ -6,6 +6,7 @@ Each test runs once on SQLite and once on PostgreSQL (the ``engine`` fixture).
 
 from __future__ import annotations
 
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -312,3 +313,25 @@ def test_the_audit_log_is_append_only(engine: Engine) -> None:
     with pytest.raises(Exception, match="append-only"):
         execute(engine, "delete from expiry.audit")
     assert [e.actor for e in engine.audit_list()] == ["alice"]
+
+
+def test_audit_holds_lock_makes_a_second_transaction_wait_until_the_first_ends(
+    engine: Engine,
+) -> None:
+    """The lock that serializes the auditing of holds: a second transaction
+    asking for it waits while the first holds it, and gets it once the first
+    commits."""
+    got = threading.Event()
+
+    def second() -> None:
+        with engine.transaction() as conn:
+            engine.audit_holds_lock(conn)
+            got.set()
+
+    with engine.transaction() as conn:
+        engine.audit_holds_lock(conn)
+        waiter = threading.Thread(target=second)
+        waiter.start()
+        assert not got.wait(0.5)  # waits while the first holds it
+    assert got.wait(10)
+    waiter.join(10)

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from ..config import Config, Hold
 from ..engines import Engine
-from ..types import AuditAction
+from ..types import AuditAction, AuditEvent
 
 log = logging.getLogger("expiry.cleanup")
 
@@ -44,25 +44,46 @@ def hold_detail(hold: Hold) -> dict[str, Any]:
 def record_holds(engine: Engine, config: Config, actor: str) -> list[str]:
     """Audit what changed since the log last said: hold.placed for each hold in
     the config that the log does not show in force as it is now, hold.lifted
-    for each it shows in force that the config no longer has. The changes, as
-    one line each."""
+    for each it shows in force that the config no longer has. Read first
+    without writing (nothing to say: nothing written, a read-only process
+    included); else read again and written in one transaction under a lock,
+    so that processes starting together write each change once. The
+    changes, as one line each."""
+    if not _changes(engine.audit_hold_events(), config):
+        return []
+    with engine.transaction() as conn:
+        engine.audit_holds_lock(conn)  # two processes starting at once: one audits
+        changes = _changes(engine.audit_hold_events(conn=conn), config)
+        for action, detail in changes:
+            engine.audit_append(conn, action, actor=actor, detail=detail)
+    said = [
+        f"hold {d['hold']} placed on {d['table']}"
+        if action == AuditAction.HOLD_PLACED
+        else f"hold {d['hold']} lifted from {d.get('table')}"
+        for action, d in changes
+    ]
+    for line in said:
+        log.info(line)
+    return said
+
+
+def _changes(events: list[AuditEvent], config: Config) -> list[tuple[AuditAction, dict[str, Any]]]:
+    """What the log must say for the config's holds, given its hold events
+    (oldest first: the newest word on a hold wins)."""
     in_force: dict[str, dict[str, Any]] = {}
-    for event in engine.audit_hold_events():  # oldest first: the newest word wins
+    for event in events:
         name = str(event.detail.get("hold"))
         if event.action == AuditAction.HOLD_PLACED:
             in_force[name] = event.detail
         else:
             in_force.pop(name, None)
-    changes: list[str] = []
-    for hold in config.hold:
-        detail = hold_detail(hold)
-        if in_force.get(hold.name) != detail:
-            engine.audit_append(None, AuditAction.HOLD_PLACED, actor=actor, detail=detail)
-            changes.append(f"hold {hold.name} placed on {hold.table}")
-    for name, detail in in_force.items():
-        if name not in {h.name for h in config.hold}:
-            engine.audit_append(None, AuditAction.HOLD_LIFTED, actor=actor, detail=detail)
-            changes.append(f"hold {name} lifted from {detail.get('table')}")
-    for change in changes:
-        log.info(change)
+    changes = [
+        (AuditAction.HOLD_PLACED, hold_detail(hold))
+        for hold in config.hold
+        if in_force.get(hold.name) != hold_detail(hold)
+    ]
+    names = {h.name for h in config.hold}
+    changes += [
+        (AuditAction.HOLD_LIFTED, detail) for name, detail in in_force.items() if name not in names
+    ]
     return changes

@@ -202,6 +202,12 @@ class LedgerSeam(JobsSeam):
         found = self._tx_rows(conn, "audit_list", {"policy": policy, "limit": limit})
         return [self._as_audit_event(row) for row in found]
 
+    def audit_holds_lock(self, conn: Any) -> None:
+        """Hold, until ``conn``'s transaction ends, the lock that serializes the
+        auditing of the config's holds (cleanup/holds.py): another process
+        doing the same waits, then reads what this one appended."""
+        self._rows(conn, "audit_holds_lock")
+
     def audit_hold_events(self, *, conn: Any | None = None) -> list[AuditEvent]:
         """Every hold.placed and hold.lifted event, oldest first."""
         return [self._as_audit_event(row) for row in self._tx_rows(conn, "audit_holds")]

@@ -55,6 +55,12 @@ select * from expiry_audit
 where (%(policy)s is null or policy = %(policy)s)
 order by id desc limit %(limit)s;
 
+-- name: audit_holds_lock
+-- Serialize the processes that audit the config's holds, to this transaction's
+-- end: two starting at once would both see a new hold and both place it. The
+-- first migration's row, locked (it is always there).
+select version as locked from expiry_schema_migrations where version = 1 for update;
+
 -- name: audit_holds
 -- Every hold placed or lifted, oldest first: what the log says is in force.
 select * from expiry_audit where action in ('hold.placed', 'hold.lifted') order by id;

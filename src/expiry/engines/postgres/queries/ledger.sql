@@ -55,6 +55,11 @@ select * from expiry.audit
 where (%(policy)s::text is null or policy = %(policy)s)
 order by id desc limit %(limit)s;
 
+-- name: audit_holds_lock
+-- Serialize the processes that audit the config's holds, to this transaction's
+-- end: two starting at once would both see a new hold and both place it.
+select 1 as locked from (select pg_advisory_xact_lock(hashtextextended('expiry.holds', 0))) l;
+
 -- name: audit_holds
 -- Every hold placed or lifted, oldest first: what the log says is in force.
 select * from expiry.audit where action in ('hold.placed', 'hold.lifted') order by id;

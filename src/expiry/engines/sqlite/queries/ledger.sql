@@ -56,6 +56,11 @@ select * from expiry_audit
 where (:policy is null or policy = :policy)
 order by id desc limit :limit;
 
+-- name: audit_holds_lock
+-- Serialize the processes that audit the config's holds: every transaction
+-- here is BEGIN IMMEDIATE, one writer at a time, so this reads nothing.
+select 1 as locked;
+
 -- name: audit_holds
 -- Every hold placed or lifted, oldest first: what the log says is in force.
 select * from expiry_audit where action in ('hold.placed', 'hold.lifted') order by id;
