@@ -8,6 +8,7 @@ Each sample is checked against the jobs and the table read with plain SQL.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -237,3 +238,60 @@ def test_an_idle_worker_process_samples_each_policy_within_seconds(
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err.decode()[-2000:]
+
+
+@pytest.mark.parametrize("db_url", ["sqlite", "mysql"], indirect=True)
+def test_expiry_history_prints_what_the_api_returns(dashboard: Dashboard, tmp_path: Path) -> None:
+    """`expiry history POLICY` reads the same minutes as GET
+    /v1/policies/{name}/history: its --json equals the API's answer, its table
+    shows the sampled figures and says which minutes nobody sampled; an
+    unknown policy exits 2 naming the known one."""
+    app = dashboard.app
+    while app.engine.now().second > 50:  # the whole test in one minute
+        time.sleep(1)
+    now = app.engine.now().replace(second=0, microsecond=0)
+    app.engine.sample_insert(
+        [
+            Sample(POLICY, now - timedelta(minutes=3), 1234, 7, 2, 5400.0, "active_backends 6 > 3"),
+            Sample(POLICY, now - timedelta(minutes=1), 12, 0, 2, 60.0),
+        ]
+    )
+    config = tmp_path / "expiry.toml"
+    config.write_text(
+        f'[database]\nurl = "{app.url}"\n\n[[policy]]\nname = "{POLICY}"\n'
+        'table = "sessions"\nkey = "id"\ntimestamp = "expires_at"\n'
+    )
+    env = {**os.environ, "EXPIRY_CONFIG": str(config), "COLUMNS": "160"}
+
+    def expiry(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "expiry", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    shown = expiry("history", POLICY, "--minutes", "5", "--json")
+    assert shown.returncode == 0, shown.stderr
+    report = json.loads(shown.stdout)
+    with dashboard.client() as client:
+        api = client.get(
+            f"/v1/policies/{POLICY}/history?minutes=5",
+            headers={"Authorization": f"Bearer {dashboard.key}"},
+        )
+    assert api.status_code == 200, api.text
+    assert report == api.json()
+    sampled = [m for m in report["minutes"] if m["sampled"]]
+    assert [(m["backlog"], m["retrying"], m["dead"]) for m in sampled] == [(1234, 7, 2), (12, 0, 2)]
+    assert report["held_minutes"] == {"active_backends": 1}
+
+    table = expiry("history", POLICY, "--minutes", "5")
+    assert table.returncode == 0, table.stderr
+    assert "1,234" in table.stdout and "1h30m" in table.stdout, table.stdout
+    assert table.stdout.count("not sampled") == 3, table.stdout
+    assert "throttle held it: 1 min for active_backends" in table.stdout
+
+    unknown = expiry("history", "expired-session")
+    assert unknown.returncode == 2 and "did you mean 'expired-sessions'" in unknown.stderr

@@ -187,6 +187,13 @@ def plan_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cutoff")
 
 
+def history_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("policy")
+    parser.add_argument(
+        "--minutes", type=int, default=60, help="how many minutes, up to now (1 to 1440)"
+    )
+
+
 def serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=whole, default=env("CONCURRENCY", "0"))
     parser.add_argument(

@@ -31,6 +31,7 @@ from .args import (
     demo_args,
     dlq_args,
     evidence_args,
+    history_args,
     keys_args,
     no_args,
     plan_args,
@@ -55,6 +56,7 @@ from .running import (
 from .runs import (
     cmd_dlq,
     cmd_evidence,
+    cmd_history,
     cmd_holds,
     cmd_plan,
     cmd_runs,
@@ -99,6 +101,12 @@ def commands() -> list[tuple[str, Command, str, Arguments]]:
         ("plan", cmd_plan, "dry-run: cutoff, candidate rows and windows; mutates nothing", plan_args),
         ("status", cmd_status, "policies, watermarks, queue and DLQ at a glance", no_args),
         ("holds", cmd_holds, "legal holds, and the expired rows each keeps per policy", no_args),
+        (
+            "history",
+            cmd_history,
+            "a policy's last minutes: rows cleaned, backlog, retries, dead letters, oldest row",
+            history_args,
+        ),
         ("scheduler", cmd_scheduler, "fire cron schedules only", stop_args),
         ("serve", cmd_serve, "scheduler, workers and the HTTP API in one process", serve_args),
         ("pause", cmd_pause, "pause a policy's schedule", policy_args),

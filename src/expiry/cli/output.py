@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from ..times import format_duration
 from ..types import Job
 
 if TYPE_CHECKING:
@@ -210,6 +211,39 @@ def print_check(
             + [last]
         )
     )
+
+
+def print_history(report: dict[str, Any]) -> None:
+    """A row a minute: rows cleaned, then what was sampled ("-": nobody sampled)."""
+
+    def shown(m: dict[str, Any], field: str) -> str:
+        value = m[field]
+        if not m["sampled"] or value is None:
+            return "-"
+        return format_duration(round(value)) if field == "oldest_age_seconds" else f"{value:,}"
+
+    rows = (
+        (
+            m["minute"][11:16],
+            f"{m['rows']:,}",
+            *(shown(m, f) for f in ("backlog", "retrying", "dead", "oldest_age_seconds")),
+            (m["held"] or "") if m["sampled"] else "not sampled",
+        )
+        for m in report["minutes"]
+    )
+    columns = (
+        "minute (UTC)",
+        "rows cleaned",
+        "backlog",
+        "retrying",
+        "dead",
+        "oldest expired",
+        "held",
+    )
+    print_table(f"{report['policy']}: the last {len(report['minutes'])} minutes", columns, rows)
+    if report["held_minutes"]:
+        held = ", ".join(f"{n} min for {r}" for r, n in report["held_minutes"].items())
+        out.print(f"throttle held it: {held}")
 
 
 def print_holds(holds: list[dict[str, Any]]) -> None:

@@ -23,6 +23,7 @@ from .output import (
     out,
     print_dead_jobs,
     print_evidence,
+    print_history,
     print_holds,
     print_json,
     print_preview,
@@ -97,6 +98,20 @@ def cmd_holds(args: argparse.Namespace) -> int:
     assert app.config is not None
     holds = holds_report(app.table_reader(), app.config)
     emit(args, {"holds": holds}, lambda: print_holds(holds))
+    return 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    """A policy's last minutes from the database: rows cleaned (the ledger),
+    and the backlog, retries, dead letters, oldest expired row's age and
+    throttle holds the workers and the scheduler sampled."""
+    app = reading(args, need_config=True)
+    assert app.config is not None and app.history is not None
+    app.config.get_policy(args.policy)  # ConfigError naming the known ones
+    if not 1 <= args.minutes <= 1440:
+        raise ConfigError(f"--minutes {args.minutes}: write 1 to 1440 (a day)")
+    report = app.history.minutes(args.policy, args.minutes).report()
+    emit(args, report, lambda: print_history(report))
     return 0
 
 

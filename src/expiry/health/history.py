@@ -23,6 +23,7 @@ from typing import Any
 from ..cleanup.service import Cleanup
 from ..engines import Engine
 from ..queue.jobs import policy_queue
+from ..times import format_time
 from ..types import UNFINISHED_STATES, JobState, QueueStats, Sample
 from . import roll
 from .database import merge_throttles
@@ -118,6 +119,27 @@ class PolicyMinutes:
     def series(self, field: str) -> list[float | None]:
         """One sampled field (backlog, retrying, dead, oldest_age) a minute."""
         return [None if s is None else getattr(s, field) for s in self.samples]
+
+    def report(self) -> dict[str, Any]:
+        """As ``GET /v1/policies/{name}/history`` and ``expiry history --json``
+        give it: a minute an entry, oldest first."""
+        return {
+            "policy": self.policy,
+            "minutes": [
+                {
+                    "minute": format_time(minute),
+                    "rows": rows,
+                    "sampled": s is not None,
+                    "backlog": None if s is None else s.backlog,
+                    "retrying": None if s is None else s.retrying,
+                    "dead": None if s is None else s.dead,
+                    "oldest_age_seconds": None if s is None else s.oldest_age,
+                    "held": None if s is None else s.held,
+                }
+                for minute, rows, s in zip(self.minutes, self.rows, self.samples, strict=True)
+            ],
+            "held_minutes": self.held_minutes,
+        }
 
     @property
     def held_minutes(self) -> dict[str, int]:

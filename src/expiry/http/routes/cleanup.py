@@ -96,24 +96,7 @@ def policy_history(
     dead letters, oldest expired row's age and throttle holds."""
     known_policy(app, name)
     assert app.history is not None  # known_policy: the App has a config
-    history = app.history.minutes(name, minutes)
-    return m.PolicyHistory(
-        policy=name,
-        minutes=[
-            m.HistoryMinute(
-                minute=format_time(minute),
-                rows=rows,
-                sampled=s is not None,
-                backlog=None if s is None else s.backlog,
-                retrying=None if s is None else s.retrying,
-                dead=None if s is None else s.dead,
-                oldest_age_seconds=None if s is None else s.oldest_age,
-                held=None if s is None else s.held,
-            )
-            for minute, rows, s in zip(history.minutes, history.rows, history.samples, strict=True)
-        ],
-        held_minutes=history.held_minutes,
-    )
+    return m.PolicyHistory(**app.history.minutes(name, minutes).report())
 
 
 def set_paused(app: App, policy: str, paused: bool, actor: str) -> m.Paused:
