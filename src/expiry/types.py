@@ -232,22 +232,18 @@ class LedgerMinute:
 @dataclass(frozen=True)
 class Sample:
     """One policy's state at one minute, kept in the database (the history the
-    dashboard draws, whichever process took it): the first sample of a minute
-    is kept, the others are dropped."""
+    dashboard draws; a minute keeps its first sample): its queue's jobs not yet
+    final (backlog), of those the ones waiting to retry, its dead letters, the
+    seconds since its oldest expired row expired (None: unreadable), and what
+    held its throttle as a live worker reported it (None: open)."""
 
     policy: str
     minute: datetime
     backlog: int
-    """its queue's jobs not yet final (waiting, retrying, scheduled, running)"""
     retrying: int
-    """of those, the jobs waiting to retry after a failure"""
     dead: int
-    """its dead letters"""
     oldest_age: float | None
-    """seconds since its oldest expired row still present expired (None:
-    unreadable, the policy quarantined)"""
     held: str | None = None
-    """why the throttle held it, as a live worker reported (None: open)"""
 
 
 @dataclass(frozen=True)
