@@ -221,11 +221,13 @@ PACINGS = {
     "zero": "nice_ratio = 0\n",
     "shipped": "",
     "always": 'nice_when = "always"\n',
+    "blocks": 'nice_ratio = 0\nwindows = "blocks"\n',
 }
 """The policy's pacing lines: no rests (the loop does not rest either), the
 defaults as shipped (nice_ratio 1, resting only while the application's
-sessions are at work), and nice_ratio 1 resting after every window (the
-default before nice_when)."""
+sessions are at work), nice_ratio 1 resting after every window (the
+default before nice_when), and no rests with the table's heap blocks as
+windows (windows = "blocks": a range of row addresses, no key index read)."""
 
 
 def write_config(path: Path, url: str, window: int, pacing: str = "zero") -> Path:

@@ -29,7 +29,17 @@ from expiry.app import App
 from expiry.cleanup.runs import PARTITION
 from expiry.errors import SchemaError
 
-from ._support import Db, assert_run_clean, cli, cli_env, drain, expiry_cmd, wait_for, write_config
+from ._support import (
+    LIVE,
+    Db,
+    assert_run_clean,
+    cli,
+    cli_env,
+    drain,
+    expiry_cmd,
+    wait_for,
+    write_config,
+)
 
 Apps = Callable[..., App]
 POLICY = "expired-sessions"
@@ -488,6 +498,43 @@ def test_half_expired_sessions_in_random_order_get_block_windows(pg_db: Db, apps
     drain(app)
     assert keys_of(db, "django_session", "session_key") == {r[0] for r in rows}
     assert db.ledger(opened.run_id) == ledger
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "oldest-third"])
+def test_dense_keys_across_the_whole_table_get_block_windows(
+    pg_db: Db, apps: Apps, layout: str
+) -> None:
+    """PostgreSQL, an analyzed table with a bigint key in heap order: expired
+    keys dense across the whole table (four rows in five, interleaved) take
+    block windows, which read the same pages without the key's index; dense
+    but only in the oldest third of the keys, key windows (blocks would read
+    the whole heap). The oracle: exactly the expired rows go, either way."""
+    db = pg_db
+    db.create_sessions()
+    n = 3000
+    if layout == "interleaved":
+        expired = {i for i in range(1, n + 1) if (i * 2654435761) % 1000 < 800}
+    else:
+        expired = set(range(1, n // 3 + 1))
+    db.insert_sessions((i, -60.0 if i in expired else LIVE, False) for i in range(1, n + 1))
+    db.execute("vacuum analyze sessions")
+    app = apps(db.url, {"where": None, "nice_ratio": 0})
+    assert app.cleanup is not None
+    strategy = app.cleanup.preview(POLICY).strategy
+    if layout == "interleaved":
+        assert strategy.startswith("block windows"), strategy
+        assert "their range spans the table" in strategy
+    else:
+        assert strategy.startswith("key windows"), strategy
+    opened = app.cleanup.open_run(POLICY)
+    drain(app, concurrency=2)
+    assert keys_of(db, "sessions", "id") == {str(i) for i in range(1, n + 1)} - {
+        str(i) for i in expired
+    }
+    jobs = window_jobs(db, opened.run_id)
+    want = "blocks" if layout == "interleaved" else "key"
+    assert {j["payload"].get("windows", "key") for j in jobs} == {want}
+    assert_run_clean(db, opened.run_id)
 
 
 def test_many_referenced_rows_split_no_window_and_every_run_counts_them(db: Db, apps: Apps) -> None:

@@ -19,6 +19,7 @@ from .windows import (
     BLOCKS,
     BLOCKS_CORRELATION,
     BLOCKS_SHARE,
+    BLOCKS_SPAN,
     DENSE_ENOUGH,
     KEY,
     TIME,
@@ -34,8 +35,9 @@ class Strategies(Statements):
     def choose(self, conn: Any, cutoff: datetime, storage: Storage | None = None) -> Strategy:
         """The run's windows: those the policy fixed; else key windows where
         the expired keys of an indexed integer key fill their range densely
-        enough (DENSE_ENOUGH), measured from the data; else block windows where
-        the planner's statistics say a large share of the table is expired and
+        enough (DENSE_ENOUGH), measured from the data, unless their range
+        spans the whole table (_spans_table: block windows then); else block
+        windows where the planner's statistics say a large share of the table is expired and
         the timestamp does not follow the heap (_blocks); else time windows
         (random or hash ids, ids not in time order, text and UUID keys, a few
         rows newly expired among many live ones)."""
@@ -52,12 +54,14 @@ class Strategies(Statements):
             n = int(self.run(conn, DENSITY, storage, cutoff=cutoff, page=cap).fetchone()["n"])
             k = self.policy.key
             if n >= cap:
-                return Strategy(
-                    KEY,
+                dense = (
                     f"expired keys are dense: {n:,}+ of the {keys:,} {k} values {lo}..{hi} "
-                    f"are candidates (at least {DENSE_ENOUGH:.0%})",
-                    bounds,
+                    f"are candidates (at least {DENSE_ENOUGH:.0%})"
                 )
+                whole = self._spans_table(conn, keys)
+                if whole is not None:
+                    return Strategy(BLOCKS, f"{dense}; {whole}")
+                return Strategy(KEY, dense, bounds)
             reason = (
                 f"expired keys are sparse: {n:,} candidates over the {keys:,} {k} values "
                 f"{lo}..{hi} ({n / keys:.2%}); key windows would hold "
@@ -67,6 +71,26 @@ class Strategies(Statements):
         if blocks is not None:
             return Strategy(BLOCKS, f"{reason}; {blocks}")
         return Strategy(TIME, reason)
+
+    def _spans_table(self, conn: Any, keys: int) -> str | None:
+        """Why block windows beat dense key windows, or None: where the engine
+        has row addresses (PostgreSQL), the table is not partitioned and has
+        been analyzed, and the expired key range spans at least BLOCKS_SPAN of
+        its rows. The key windows would then read about every page, through
+        the key's index; the block windows read the same pages in order
+        without it."""
+        p, engine = self.policy, self.engine
+        if engine.block_span is None or (self.relation is not None and self.relation.partitioned):
+            return None
+        layout = engine.table_layout(conn, p.table, p.timestamp)
+        if layout is None or layout.rows <= 0 or layout.correlation is None:
+            return None
+        if keys < BLOCKS_SPAN * layout.rows:
+            return None
+        return (
+            f"their range spans the table ({keys:,} {p.key} values, about {layout.rows:,} rows), "
+            "so windows read the table's blocks in order, without the key's index"
+        )
 
     def _blocks(self, conn: Any, cutoff: datetime, storage: Storage | None) -> str | None:
         """Why block windows fit, or None: where the engine has row addresses
