@@ -446,7 +446,7 @@ def breakdown(url: str, run_id: str, threads: int, deletes: list[float]) -> None
         f"breakdown of expiry run {run_id} (N={threads}): span {span:.3f} s,"
         f" {len(windows)} window jobs ({run[3]} planned),"
         f" {sum(w.rows for w in windows):,} rows,"
-        f" key windows: {all(w.lo is not None for w in windows)}"
+        f" bounds in the ledger: {all(w.lo is not None for w in windows)}"
     )
     print_stamps(run, windows, others)
     print(f"  opened -> first window claimed:   {min(w.claimed for w in windows):.3f} s")
@@ -545,6 +545,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=2_000_000, help="rows in sessions (2000000)")
     parser.add_argument("--window", type=int, default=10_000, help="keys per window (10000)")
+    parser.add_argument(
+        "--expiry-window",
+        type=int,
+        default=None,
+        help="expiry's window setting, when it differs from the loop's (--window): key windows"
+        " hold that many keys, block windows about that many rows (80%% of --window gives"
+        " block windows the loop's rows per statement)",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="rounds per N (3)")
     parser.add_argument(
         "--connections",
@@ -588,7 +596,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     print(
         f"deployed throughput: {args.rows:,} rows, {args.key} key, 80% expired,"
-        f" window {args.window:,}, baselines {','.join(args.baseline)},"
+        f" window {args.window:,} (expiry's {args.expiry_window or args.window:,}), baselines {','.join(args.baseline)},"
         f" N in {args.connections}, {args.rounds} round(s), {os.cpu_count()} cpus,"
         f" started {datetime.now().isoformat(timespec='seconds')}",
         flush=True,
@@ -598,7 +606,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         tempfile.TemporaryDirectory() as tmpdir,
     ):
         tmp = Path(tmpdir)
-        cfgs = {p: write_config(tmp / f"expiry-{p}.toml", url, args.window, p) for p in args.pacing}
+        window = args.expiry_window or args.window
+        cfgs = {p: write_config(tmp / f"expiry-{p}.toml", url, window, p) for p in args.pacing}
         for n in args.connections:
             ratios: dict[str, list[float]] = {}
             last: dict[str, Measured] = {}
