@@ -1329,6 +1329,14 @@ MUTANTS = [
         "audit it: the log says it was placed several times",
     ),
     Mutant(
+        "bounds-aggregate-stops-short",
+        "src/expiry/cleanup/sql.py",
+        "select min({key}) as lo, max({key}) as hi from {table} where {pred}",
+        "select min({key}) as lo, max({key}) - 1 as hi from {table} where {pred}",
+        (f"{ORACLE}::test_sqlite_deletes_exactly_what_the_oracle_expires",),
+        "SQLite's bounds in one read end a key before the last candidate: it is never deleted",
+    ),
+    Mutant(
         "blocks-for-any-dense-keys",
         "src/expiry/cleanup/strategy.py",
         "        if keys < BLOCKS_SPAN * layout.rows:\n",

@@ -35,6 +35,11 @@ select (select {key} from {table} where {pred} order by {key} limit 1) as lo,
        (select {key} from {table} where {pred} order by {key} desc limit 1) as hi
 """
 
+# The same in one read of the candidates (Engine.bounds_by_aggregate).
+BOUNDS_AGGREGATE = """
+select min({key}) as lo, max({key}) as hi from {table} where {pred}
+"""
+
 # The windows of one planning page: a loose index scan that jumps from each
 # window to the next key that is still a candidate, so empty stretches of the
 # key space cost one index probe, not one job.

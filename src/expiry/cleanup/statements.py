@@ -21,6 +21,7 @@ from .sql import (
     ARCHIVE_COPY,
     ARCHIVE_MOVE,
     BOUNDS,
+    BOUNDS_AGGREGATE,
     COUNT,
     COUNT_SPAN,
     DELETE,
@@ -263,7 +264,8 @@ class Statements:
     def bounds(
         self, conn: Any, cutoff: datetime, storage: Storage | None = None
     ) -> tuple[int, int] | None:
-        row = self.run(conn, BOUNDS, storage, cutoff=cutoff).fetchone()
+        template = BOUNDS_AGGREGATE if self.engine.bounds_by_aggregate else BOUNDS
+        row = self.run(conn, template, storage, cutoff=cutoff).fetchone()
         if row is None or row["lo"] is None:
             return None
         return int(row["lo"]), int(row["hi"])

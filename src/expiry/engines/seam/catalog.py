@@ -60,6 +60,13 @@ class CatalogSeam(Primitives):
     (the cutoff and an epoch column's guard) through the timestamp's index,
     every expired row of the table for each window."""
 
+    bounds_by_aggregate: bool = False
+    """The expired keys' bounds read as min() and max() over the candidates, in
+    one read (SQLite, whose planner takes the timestamp's index for each of two
+    reads ordered by the key: every candidate twice, 410 against 170 ms at
+    1,600,000 candidates); else two reads ordered by the key, which stop at the
+    first candidate each way (PostgreSQL, MariaDB)."""
+
     partition_rows: str | None = None
     """The rows of the table that one partition holds, {p_partition} naming it
     (PostgreSQL's tableoid); None where no table is partitioned for expiry."""
