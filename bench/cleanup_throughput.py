@@ -190,6 +190,21 @@ MYSQL_FINGERPRINT = (
     "from sessions where {}"
 )
 
+# --mysql-key varchar: Django's session table on MariaDB, a 40-character text
+# key (md5 of the row's number, so in no particular order), the same expiry.
+MYSQL_CREATE_VARCHAR = MYSQL_CREATE.replace(
+    "id         bigint primary key", "id varchar(40) primary key"
+)
+MYSQL_FILL_VARCHAR = MYSQL_FILL.replace("select seq, ", "select concat('s', md5(seq)), ")
+MYSQL_FINGERPRINT_VARCHAR = (
+    "select count(*), coalesce(sum(crc32(id)), 0), coalesce(sum(crc32(reverse(id))), 0) "
+    "from sessions where {}"
+)
+
+# The hand-written loop on a text key: no key ranges, the timestamp's index,
+# DELETE ... LIMIT until a statement deletes nothing (one connection).
+MYSQL_DELETE_LIMIT = "delete from sessions where expires_at < %(cutoff)s limit %(window)s"
+
 INDEX = "create index sessions_expires_at on sessions (expires_at)"
 
 # The hand-written loop's statements. Postgres binds %(name)s, SQLite :name.
@@ -329,22 +344,30 @@ def mysql_connect(url: str) -> Any:
     )
 
 
-def mysql_fingerprint(conn: Any, where: str, params: Any = None) -> Fingerprint:
+def mysql_fingerprint(
+    conn: Any, where: str, params: Any = None, key: str = "bigint"
+) -> Fingerprint:
+    text = MYSQL_FINGERPRINT_VARCHAR if key == "varchar" else MYSQL_FINGERPRINT
     with conn.cursor() as cur:
-        cur.execute(MYSQL_FINGERPRINT.format(where), params)
+        cur.execute(text.format(where), params)
         row = cur.fetchone()
     return int(row[0]), int(row[1]), int(row[2])
 
 
-def mysql_build(url: str, rows: int, cutoff: datetime) -> Built:
+def mysql_build(url: str, rows: int, cutoff: datetime, key: str = "bigint") -> Built:
     """(Re)build ``sessions``, empty expiry's tables, ANALYZE."""
     naive = cutoff.replace(tzinfo=None)
+    create, fill = (
+        (MYSQL_CREATE_VARCHAR, MYSQL_FILL_VARCHAR)
+        if key == "varchar"
+        else (MYSQL_CREATE, MYSQL_FILL)
+    )
     conn = mysql_connect(url)
     try:
         with conn.cursor() as cur:
             cur.execute("drop table if exists sessions")
-            cur.execute(MYSQL_CREATE)
-            cur.execute(MYSQL_FILL.format(rows=int(rows)), {"cutoff": naive})
+            cur.execute(create)
+            cur.execute(fill.format(rows=int(rows)), {"cutoff": naive})
             cur.execute(INDEX)
             for table in ("expiry_jobs", "expiry_ledger", "expiry_runs"):
                 cur.execute(f"truncate table {table}")
@@ -353,18 +376,39 @@ def mysql_build(url: str, rows: int, cutoff: datetime) -> Built:
             cur.execute("select count(*) from sessions where expires_at < %s", (naive,))
             expired = int(cur.fetchone()[0])
         return Built(
-            expired, mysql_fingerprint(conn, "expires_at >= %(cutoff)s", {"cutoff": naive})
+            expired, mysql_fingerprint(conn, "expires_at >= %(cutoff)s", {"cutoff": naive}, key)
         )
     finally:
         conn.close()
 
 
-def mysql_survivors(url: str) -> Fingerprint:
+def mysql_survivors(url: str, key: str = "bigint") -> Fingerprint:
     conn = mysql_connect(url)
     try:
-        return mysql_fingerprint(conn, "1")
+        return mysql_fingerprint(conn, "1", key=key)
     finally:
         conn.close()
+
+
+def raw_mysql_limit(url: str, cutoff: datetime, window: int) -> tuple[int, int, float]:
+    """The hand-written loop on a text key, one connection: DELETE ... LIMIT
+    until nothing is deleted (rows deleted, statements, seconds)."""
+    naive = cutoff.replace(tzinfo=None)
+    conn = mysql_connect(url)
+    try:
+        started = time.perf_counter()
+        rows = windows = 0
+        with conn.cursor() as cur:
+            while True:
+                got = cur.execute(MYSQL_DELETE_LIMIT, {"cutoff": naive, "window": window})
+                windows += 1
+                rows += got
+                if got < window:
+                    break
+        seconds = time.perf_counter() - started
+    finally:
+        conn.close()
+    return rows, windows, seconds
 
 
 def raw_mysql(url: str, cutoff: datetime, window: int, connections: int) -> tuple[int, int, float]:
@@ -468,9 +512,12 @@ def bench_mysql(args: argparse.Namespace) -> list[Measured]:
         for round_ in range(1, args.repeat + 1):
             for method in round_order(methods, round_):
                 progress(f"mysql: building {rows:,} rows for {method} (round {round_})")
-                built = mysql_build(url, rows, cutoff)
+                built = mysql_build(url, rows, cutoff, args.mysql_key)
                 note = ""
-                if method == "raw":
+                if method == "raw" and args.mysql_key == "varchar":
+                    deleted, windows, seconds = raw_mysql_limit(url, cutoff, window)
+                    note = "DELETE ... LIMIT, one connection"
+                elif method == "raw":
                     deleted, windows, seconds = raw_mysql(url, cutoff, window, n)
                 elif method.startswith("pt-archiver"):
                     deleted, windows, seconds = pt_archiver(
@@ -485,7 +532,7 @@ def bench_mysql(args: argparse.Namespace) -> list[Measured]:
                         )
                     finally:
                         poll.conn.close()
-                check("mysql", method, built, deleted, mysql_survivors(url))
+                check("mysql", method, built, deleted, mysql_survivors(url, args.mysql_key))
                 out.append(
                     Measured("mysql", method, round_, n, window, deleted, windows, seconds, note)
                 )
@@ -896,6 +943,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--mysql-rows", type=int, default=None, help="rows on MySQL (default: --rows)"
     )
     parser.add_argument("--bulk", action="store_true", help="MySQL: also pt-archiver --bulk-delete")
+    parser.add_argument(
+        "--mysql-key",
+        choices=["bigint", "varchar"],
+        default="bigint",
+        help="MySQL: the key's type; varchar (Django's sessions) has expiry's time windows"
+        " against a DELETE ... LIMIT loop on one connection (bigint)",
+    )
     parser.add_argument(
         "--no-pt-archiver", action="store_true", help="MySQL: the raw loop and expiry only"
     )
