@@ -348,8 +348,8 @@ MUTANTS = [
     Mutant(
         "numeric-guard",
         "src/expiry/engines/sqlite/tables.py",
-        "f\" and typeof({{ts}}) in ('integer', 'real') and {storage.plausible()}\"",
-        '""',
+        'return "{p_cutoff}", f" and {storage.plausible()}"',
+        'return "{p_cutoff}", ""',
         (
             f"{TIMESTAMPS}::test_a_row_written_in_another_storage_after_planning_is_never_deleted"
             "[DATETIME epoch seconds]",

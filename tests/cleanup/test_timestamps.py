@@ -216,6 +216,10 @@ HOSTILE = {
     # storage as planned, and values written afterwards in another storage that
     # the index bound admits but that are not expired (or not readable as such)
     "DATETIME epoch seconds": ("DATETIME", epoch, [2461000.5, "2000-01-01 00:00:00"]),
+    # Numeric and no affinity compare without typeof() in the guard (a text or
+    # blob value sorts above every number): text written there is never taken.
+    "REAL epoch seconds": ("REAL", epoch, []),
+    "untyped epoch seconds": ("", epoch, []),
     "TEXT iso T and Z": ("TEXT", lambda t: iso(t, "T", "Z"), ["later", 1000]),
     # A fixed +02:00 column: values in another offset an hour ahead sort below the
     # cutoff's text; only the guard, comparing instants at the cutoff's own
@@ -238,9 +242,11 @@ def test_a_row_written_in_another_storage_after_planning_is_never_deleted(
     later = now + timedelta(hours=5)
     hostile: list[Any] = (
         [2461000.5 + 400.0, iso(later)]  # a julianday far ahead; ISO text later today
-        if declared == "DATETIME"
+        if declared in ("DATETIME", "REAL", "")
         else [epoch(later), iso(later)]  # an epoch number; the other spelling, later today
     )
+    if declared == "":  # no affinity: an expired time's digits stay text, not a number
+        hostile.append(str(epoch(now - timedelta(hours=1))))
     if case == "TEXT iso +02:00":
         soon = now + timedelta(hours=1)  # live for an hour, spelled in UTC and at -05:00
         minus_five = timezone(timedelta(hours=-5))
@@ -412,8 +418,8 @@ def test_the_sample_check_stops_a_run_whose_predicate_takes_live_rows(
     engine_class = type(app_engine(db.url))
     predicate = engine_class.time_predicate
 
-    def later(self: Any, storage: Any) -> tuple[str, str]:
-        bound, guard = predicate(self, storage)
+    def later(self: Any, storage: Any, declared: str | None = None) -> tuple[str, str]:
+        bound, guard = predicate(self, storage, declared)
         shift = {"postgres": "interval '10 days'", "sqlite": "864000", "mysql": "interval 10 day"}[
             self.dialect
         ]

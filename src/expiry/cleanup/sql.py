@@ -228,9 +228,12 @@ union all
 select * from (select {key} as k, {ts} as v from {table} where {pred}
                order by {ts} desc limit {p_page}) as newest
 union all
-select * from (select {key} as k, {ts} as v from {table} where {pred}
+select * from (select {key} as k, {ts} as v from {table} where {pred_by_key}
                order by {key} limit {p_page}) as first_keys
 """
+# {pred_by_key}: the predicate with the timestamp kept off its index
+# (Engine.unindexed), so that SQLite walks the key to its first candidates
+# rather than sorting every candidate by key (120 ms at 1.6 M candidates).
 
 SAMPLE_SIZE = 20
 """Candidates read from each end by the sample check (three reads of this many)."""

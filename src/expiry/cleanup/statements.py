@@ -109,7 +109,8 @@ class Statements:
         holds it honours (default: every hold on the table; only
         ``kept_by_holds`` counts with fewer)."""
         p, engine = self.policy, self.engine
-        bound, guard = engine.time_predicate(storage or self.storage)
+        declared = self._declared if self.checked else None
+        bound, guard = engine.time_predicate(storage or self.storage, declared)
         pred = PREDICATE.format(ts="{ts}", bound=bound, guard=guard)
         pred += " and ({where})" if p.where else ""
         unheld = self._unheld(p.holds if holds is None else holds)
@@ -117,6 +118,7 @@ class Statements:
         pred += self._unreferenced() if unreferenced else ""
         spans = SPANS | {"blocks": engine.block_span or "0 = 1"}
         text = template.replace("{span}", spans[span]).replace("{pred}", pred)
+        text = text.replace("{pred_by_key}", pred.replace("{ts}", "{ts_off_index}"))
         text = text.replace("{unheld}", unheld)
         text = text.replace("{partition_rows}", engine.partition_rows or "0 = 1")
         # A window over a key range, or the planner's walk along the key, scans
@@ -140,6 +142,7 @@ class Statements:
             div=engine.integer_division,
             key=engine.quote(p.key),
             ts=engine.unindexed.format(ts) if key_ranged else ts,
+            ts_off_index=engine.unindexed.format(ts),
             tie=engine.quote(self.tie),
             columns=", ".join(engine.quote(c) for c in self.columns),
             where=engine.escape(p.where) if p.where else "1 = 1",

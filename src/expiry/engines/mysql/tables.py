@@ -117,7 +117,7 @@ class MySQLTables(Engine):
     def escape(self, text: str) -> str:
         return text.replace("%", "%%")
 
-    def time_predicate(self, storage: Storage) -> tuple[str, str]:
+    def time_predicate(self, storage: Storage, declared: str | None = None) -> tuple[str, str]:
         # unix_timestamp() reads the cutoff in the session's time zone, UTC.
         if storage.format == "epoch":
             bound = "cast(ceil(unix_timestamp({p_cutoff})) as signed)"

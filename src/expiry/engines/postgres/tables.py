@@ -192,7 +192,7 @@ class PostgresTables(Engine):
     def escape(self, text: str) -> str:
         return text.replace("%", "%%")
 
-    def time_predicate(self, storage: Storage) -> tuple[str, str]:
+    def time_predicate(self, storage: Storage, declared: str | None = None) -> tuple[str, str]:
         # The timestamptz parameter is converted in SQL (an expression of the
         # parameter alone: the index is still used), so window_apply's $3 keeps
         # one type whatever the column stores. A naive column read in a zone is

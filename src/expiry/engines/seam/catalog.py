@@ -85,9 +85,11 @@ class CatalogSeam(Primitives):
         has parameters (psycopg doubles '%')."""
 
     @abc.abstractmethod
-    def time_predicate(self, storage: Storage) -> tuple[str, str]:
+    def time_predicate(self, storage: Storage, declared: str | None = None) -> tuple[str, str]:
         """The retention predicate's index bound and its guard for ``storage``
-        (timestamps.py says why each holds), with {ts}, {p_cutoff} and {p_exact}."""
+        (timestamps.py says why each holds), with {ts}, {p_cutoff} and {p_exact};
+        ``declared``: the column's declared type where the check read it (None:
+        not known), for an engine whose guard depends on it (SQLite's affinity)."""
 
     @abc.abstractmethod
     def cutoff_params(self, storage: Storage, cutoff: datetime) -> dict[str, Any]:

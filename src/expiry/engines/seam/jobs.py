@@ -219,9 +219,16 @@ class JobsSeam(Primitives):
     def job_pending_count(
         self, queue: str | None = None, *, due_only: bool = False, conn: Any | None = None
     ) -> int:
-        """Jobs not yet final; with ``due_only``, those running or due now."""
-        row = self._one(conn, "job_pending_count", {"queue": queue, "due_only": due_only})
-        return int(row["n"]) if row else 0
+        """Jobs not yet final; with ``due_only``, those running or due now. Read
+        without writing (an ``until_idle`` loop asks every poll: on SQLite a
+        write transaction would take the lock a working thread needs)."""
+        params = {"queue": queue, "due_only": due_only}
+        if conn is None:
+            with self.read_transaction() as own:
+                rows = self._rows(own, "job_pending_count", params)
+        else:
+            rows = self._rows(conn, "job_pending_count", params)
+        return int(rows[0]["n"]) if rows else 0
 
     def job_pending_by_queue(self) -> dict[str, tuple[int, int]]:
         """Per application queue (not expiry's own) holding jobs not yet final:

@@ -171,6 +171,8 @@ class SQLiteEngine(SQLiteTables):
         in one IMMEDIATE transaction. ``fair_share``: at most half of the due
         jobs seen (rounded up, up to twice a queue's limit)."""
         limits = limits or {}
+        if not self._any_due(queues):
+            return []
         with self.transaction() as conn:
             seen, due = 0, []
             for q in queues:
@@ -187,6 +189,15 @@ class SQLiteEngine(SQLiteTables):
             params = {"ids": ids, "lease": lease_seconds, "owner": owner}
             found = self._rows(conn, "job_claim", params)
         return in_turns(list(map(self._job, found)))
+
+    def _any_due(self, queues: Sequence[str]) -> bool:
+        """Whether a queue has a due job, read without the write lock: an idle
+        worker's loops poll every SQLITE_POLL_SECONDS, and an IMMEDIATE
+        transaction each time made a working job thread's BEGIN wait behind
+        them in SQLite's busy handler (sleeps of 1 ms and more). The claim's
+        own transaction reads again: this read only spares the lock."""
+        with self.read_transaction() as conn:
+            return any(self._rows(conn, "job_due", {"queue": q, "n": 1}) for q in queues)
 
     def _list(self, values: Sequence[Any]) -> Any:
         return json.dumps(list(values))

@@ -53,13 +53,21 @@ class SQLiteTables(Engine):
     def escape(self, text: str) -> str:
         return text
 
-    def time_predicate(self, storage: Storage) -> tuple[str, str]:
+    def time_predicate(self, storage: Storage, declared: str | None = None) -> tuple[str, str]:
         if storage.format == "native":  # no native time type: before a check reads
             return "{p_cutoff}", " and 0"  # the column, a statement matches nothing
         if storage.format == "iso":
             return "{p_cutoff}", (
                 " and typeof({ts}) = 'text' and julianday({ts}) < julianday({p_exact})"
             )
+        if declared is not None and not _text_affinity(declared):
+            # A number bound as the cutoff: a text or blob value compares above
+            # every number and NULL with nothing, so "< cutoff" takes numbers
+            # alone and typeof() says nothing more. Only a column of TEXT
+            # affinity turns the bound into text and compares as strings. A
+            # function in a DELETE's where costs SQLite a statement journal in
+            # the window's transaction: 12% of the bench's window.
+            return "{p_cutoff}", f" and {storage.plausible()}"
         return "{p_cutoff}", f" and typeof({{ts}}) in ('integer', 'real') and {storage.plausible()}"
 
     def cutoff_params(self, storage: Storage, cutoff: datetime) -> dict[str, Any]:
@@ -231,6 +239,13 @@ class SQLiteTables(Engine):
         if copied != rows:
             raise SchemaError(f"archive copied {copied} rows but deleted {rows}; rolled back")
         return rows
+
+
+def _text_affinity(declared: str) -> bool:
+    """A declared type of TEXT affinity (SQLite's rules, in their order: "INT"
+    first, then "CHAR", "CLOB" or "TEXT")."""
+    upper = declared.upper()
+    return "INT" not in upper and any(word in upper for word in ("CHAR", "CLOB", "TEXT"))
 
 
 def _rowid(conn: Any, table: str) -> str | None:
