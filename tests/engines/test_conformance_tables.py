@@ -150,9 +150,16 @@ def test_explain_refuses_invalid_sql_and_keeps_the_transaction(engine: Engine) -
         assert engine.now(conn) is not None  # the transaction is still usable
 
 
-def test_the_time_predicate_takes_exactly_the_rows_before_the_cutoff(engine: Engine) -> None:
+@pytest.mark.parametrize("declared", [None, "read"], ids=["type unknown", "declared type"])
+def test_the_time_predicate_takes_exactly_the_rows_before_the_cutoff(
+    engine: Engine, declared: str | None
+) -> None:
     make_sessions(engine)
-    bound, guard = engine.time_predicate(storage(engine))
+    if declared is not None:  # as the policy's check reads it
+        with engine.transaction() as conn:
+            columns = engine.table_columns(conn, "sessions")
+        declared = next(c.type for c in columns if c.name == "expires_at")
+    bound, guard = engine.time_predicate(storage(engine), declared)
     p = engine.placeholder
     pred = f"expires_at < {bound}{guard}".format(
         ts="expires_at", p_cutoff=p("cutoff"), p_exact=p("exact")
