@@ -118,7 +118,7 @@ def test_random_worker_kills_lose_nothing_and_apply_nothing_twice(
     assert report.jobs.keys() == {"completed"}, report.jobs
     assert run_id
     lines = marks.read_text().splitlines() if marks.exists() else []
-    after_commit = {line.split()[1] for line in lines}
+    after_commit = {line.split(maxsplit=1)[1] for line in lines}  # a block key has a space
     with connect(pg_url) as conn:
         contains = (
             'json_contains(errors, \'[{"kind": "lease_expired"}]\')'
