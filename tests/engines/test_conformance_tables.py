@@ -371,6 +371,9 @@ def test_table_partitions_with_their_ranges_and_partition_remove(engine: Engine)
     assert parts["ev_1"].key == "at" and parts["ev_1"].upper is not None
     assert parts["ev_1"].upper.startswith("2026-02-01")
     assert parts["ev_2"].upper is None and parts["ev_d"].upper is None  # maxvalue, default
+    with engine.transaction() as conn:  # one partition by name, as a partition job reads it
+        assert engine.table_partitions(conn, "ev", only="ev_1") == [parts["ev_1"]]
+        assert engine.table_partitions(conn, "ev", only="ev_9") == []
     execute(
         engine, "insert into ev select g, '2026-01-05'::timestamptz from generate_series(1, 7) g"
     )

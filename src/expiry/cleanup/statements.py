@@ -493,10 +493,8 @@ class Statements:
         if self.partition_mode() == "rows" or storage.format != "native":
             return []
         found = []
-        for part in self.engine.table_partitions(conn, self.policy.table):
+        for part in self.engine.table_partitions(conn, self.policy.table, only):
             if part.key != self.policy.timestamp or part.upper is None:
-                continue
-            if only is not None and part.name != only:
                 continue
             row = self.run(conn, PARTITION_EXPIRED, storage, cutoff=cutoff, upper=part.upper)
             if row.fetchone()["expired"] and not self._holds_a_row(conn, part):

@@ -213,7 +213,7 @@ class MySQLTables(Engine):
             )
         return found
 
-    def table_partitions(self, conn: Any, table: str) -> list[Partition]:
+    def table_partitions(self, conn: Any, table: str, only: str | None = None) -> list[Partition]:
         return []  # partitions are cleaned by windows like any table (no drop yet)
 
     def partition_remove(

@@ -141,8 +141,9 @@ class CatalogSeam(Primitives):
         return f"create index {self.quote(name)} on {self.quote(table)} ({listed})"
 
     @abc.abstractmethod
-    def table_partitions(self, conn: Any, table: str) -> list[Partition]:
-        """A partitioned table's partitions with their ranges ([] for any other table)."""
+    def table_partitions(self, conn: Any, table: str, only: str | None = None) -> list[Partition]:
+        """A partitioned table's partitions with their ranges ([] for any other
+        table); with ``only``, those of that name alone (one per schema)."""
 
     @abc.abstractmethod
     def partition_remove(

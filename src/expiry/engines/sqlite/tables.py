@@ -193,7 +193,7 @@ class SQLiteTables(Engine):
             return True
         return index_leads(self.table_indexes(conn, table), columns)
 
-    def table_partitions(self, conn: Any, table: str) -> list[Partition]:
+    def table_partitions(self, conn: Any, table: str, only: str | None = None) -> list[Partition]:
         return []  # SQLite has no partitions
 
     def partition_remove(
