@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import re
 import sqlite3
+import sys
 import threading
 import time
 from pathlib import Path
@@ -308,5 +309,8 @@ def _print_report(console: Console, report: dict[str, Any]) -> None:
     console.print(
         f"{report['redelivered_windows']} completed windows were delivered a second time "
         "(as after a lost ack); the ledger turned each into a no-op. "
-        f"Inspect with: expiry --config {Path(report['database']).with_suffix('.toml')} status"
+        # The interpreter that ran the demo: a bare `expiry` may be another
+        # program (Debian's passwd package installs /usr/bin/expiry).
+        f"Inspect with: {sys.executable} -m expiry --config "
+        f"{Path(report['database']).with_suffix('.toml')} status"
     )
