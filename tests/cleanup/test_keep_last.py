@@ -21,6 +21,7 @@ from ._support import (
     claim_plan,
     cli_env,
     config_data,
+    drain,
     expiry_cmd,
     run_worker,
     write_config,
@@ -95,7 +96,7 @@ def test_keep_last_leaves_exactly_the_newest_rows_and_the_live_ones(
     assert preview.candidates == len(rows) - len(expected)
 
     app.cleanup.open_run(POLICY)
-    run_worker(app, concurrency=2)
+    drain(app, concurrency=2)  # two threads' windows may retry (a deadlock on MySQL): to the end
     assert db.ids() == expected
     ledger = db.ledger()
     assert sum(r["rows"] for r in ledger) == len(rows) - len(expected)
