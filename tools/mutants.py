@@ -54,6 +54,7 @@ OUTAGE = "tests/cleanup/test_outage.py"
 DASHBOARD = "tests/dashboard/test_dashboard.py"
 SCHEDULER = "tests/scheduler/test_scheduler.py"
 PGBOUNCER = "tests/drills/test_pgbouncer.py"
+GALERA = "tests/drills/test_galera.py"
 REFERENCED = (
     "tests/cleanup/test_real_tables.py::test_many_referenced_rows_split_no_window_and_every_"
     "run_counts_them"
@@ -1359,6 +1360,52 @@ MUTANTS = [
         ),
         "expired keys across the whole table keep key windows: each window reads the "
         "key's index beside the same pages (0.68x the loop against 0.83x)",
+    ),
+    Mutant(
+        "galera-claim-conflict-backoff",
+        "src/expiry/queue/claims.py",
+        '            if self.engine.classify(exc)[1] == "deadlock":\n',
+        "            if False:\n",
+        (f"{GALERA}::test_workers_on_every_node_hold_the_invariants_when_one_node_is_killed",),
+        "a claim that lost to another Galera node's is taken for the database gone away: a "
+        "warning each time and a back-off that grows with every conflict",
+    ),
+    Mutant(
+        "write-set-unshrunk",
+        "src/expiry/engines/mysql/engine.py",
+        "            if code in (1105, 1180) and any(",
+        "            if False and any(",
+        (f"{GALERA}::test_windows_over_the_write_set_limit_are_retried_smaller_and_none_dies",),
+        "a window over a Galera cluster's wsrep_max_ws_rows is retried at the same size "
+        "until its attempts run out: dead-lettered after 8 refusals, its rows left",
+    ),
+    Mutant(
+        "write-set-no-ceiling",
+        "src/expiry/cleanup/pacing.py",
+        "min(policy.window, pace.ceiling or policy.window, pace.chunk * 2)",
+        "min(policy.window, pace.chunk * 2)",
+        (f"{GALERA}::test_windows_over_the_write_set_limit_are_retried_smaller_and_none_dies",),
+        "after a write-set refusal the windows grow back past the cluster's limit after "
+        "each fast one: a refused transaction every few windows",
+    ),
+    Mutant(
+        "node-not-ready-permanent",
+        "src/expiry/engines/mysql/sessions.py",
+        '    1047: "node_not_ready",\n',
+        "",
+        (f"{GALERA}::test_a_node_out_of_rotation_is_an_outage_not_a_failed_job",),
+        "a Galera node out of the primary component (1047) reads as the job's own transient "
+        "failure: each attempt during the outage is spent (8, then dead), where an outage "
+        "spends none",
+    ),
+    Mutant(
+        "flow-control-unread",
+        "src/expiry/health/database.py",
+        "                readings.update(self._flow_control(engine.health_flow_control(conn), now))\n",
+        "                pass\n",
+        (f"{GALERA}::test_flow_control_holds_the_policy_until_the_cluster_catches_up",),
+        "max_flow_control holds nothing: the cleanup piles write sets onto a cluster that "
+        "flow control already stopped",
     ),
 ]
 

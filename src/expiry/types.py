@@ -586,6 +586,19 @@ class Replica:
 
 
 @dataclass(frozen=True)
+class FlowControl:
+    """A Galera node's flow control (its wsrep status): how long the cluster
+    has paused replication for it, and what waits to be applied here."""
+
+    paused_ns: int
+    """Nanoseconds of flow-control pause since the node started
+    (wsrep_flow_control_paused_ns): the difference of two readings over the
+    time between them is the share of that time the cluster stood still."""
+    recv_queue: int
+    """Write sets received and not yet applied on this node (wsrep_local_recv_queue)."""
+
+
+@dataclass(frozen=True)
 class VacuumStats:
     """A table's vacuum pressure (pg_stat_user_tables)."""
 

@@ -311,3 +311,27 @@ def test_cli_check_accepts_a_good_config(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert '"ok": true' in result.stdout
     assert '"expired-sessions"' in result.stdout
+
+
+@pytest.mark.parametrize("url", ["postgresql://app@db/app", "sqlite:///app.db"])
+def test_galera_signals_are_refused_off_mysql_naming_policy_and_field(url: str) -> None:
+    for field, value in (("max_flow_control", 0.2), ("max_recv_queue", 100)):
+        data = with_policy(**{field: value})
+        data["database"]["url"] = url
+        message = problem(data)
+        assert "expired-sessions" in message and field in message, message
+        assert "Galera" in message and "remove it" in message, message
+
+
+def test_galera_signals_load_on_mysql_and_critical_is_not_below_max() -> None:
+    data = with_policy(max_flow_control=0.2, critical_flow_control=0.5, max_recv_queue=100)
+    data["database"]["url"] = "mysql://app@db/app"
+    [policy] = parse_config(data).policy
+    assert (policy.max_flow_control, policy.critical_flow_control) == (0.2, 0.5)
+    assert policy.max_recv_queue == 100
+    data = with_policy(max_flow_control=0.5, critical_flow_control=0.2)
+    data["database"]["url"] = "mysql://app@db/app"
+    assert "critical_flow_control must not be below max_flow_control" in problem(data)
+    data = with_policy(max_flow_control=1.5)
+    data["database"]["url"] = "mysql://app@db/app"
+    assert "max_flow_control" in problem(data)

@@ -13,7 +13,7 @@ connection's SELECT ... FOR UPDATE past lock_timeout, and a row whose delete
 (a trigger that sleeps, as a cascade to a big unindexed child would) outlasts
 statement_timeout. SQLite has neither: its "database is locked" is the one
 writer's lock on the whole database, met at BEGIN IMMEDIATE before a window's
-first statement, which no smaller window would avoid (engine.window_timeouts).
+first statement, which no smaller window would avoid (engine.window_shrinks).
 
 The oracle is plain SQL: every expired row but the held one is gone.
 """

@@ -251,3 +251,16 @@ def test_session_limits_bind_the_statements_after_them_and_never_a_vacuum(engine
         assert _statement_limit(engine, conn) == own
         engine.session_limits(conn, "2000ms", "30000ms")  # set again after the vacuum
         assert _statement_limit(engine, conn) == bound
+
+
+def test_health_flow_control_is_none_off_a_galera_cluster(engine: Engine) -> None:
+    """The shared servers are no Galera nodes (MariaDB without wsrep): no
+    reading. A node's own readings are tested on a cluster of the test's own
+    (tests/drills/test_galera.py)."""
+    with engine.transaction() as conn:
+        assert engine.health_flow_control(conn) is None
+
+
+def test_write_set_limit_is_none_off_a_galera_cluster(engine: Engine) -> None:
+    with engine.transaction() as conn:
+        assert engine.write_set_limit(conn) is None

@@ -18,6 +18,11 @@ from .windows import (
 log = logging.getLogger("expiry.target")
 
 
+WRITE_SET_BOOKKEEPING = 8
+"""Rows a window's transaction writes besides the table's: its ledger row, its
+job, the rest of a split window, with room to spare."""
+
+
 class Checks(Strategies, Detection):
     """The schema check of a policy's table."""
 
@@ -38,6 +43,7 @@ class Checks(Strategies, Detection):
             )
         if p.keep_last is not None and not view:
             warnings += self._keep_last_index(conn)
+        warnings += self._write_set(conn)
         self.fixed = self._fixed(by_name, warnings)
         self.notes = self._layout_notes(conn, relation)
         self.notes += self._references(conn, warnings)
@@ -71,6 +77,25 @@ class Checks(Strategies, Detection):
         self.types = {c.name: c.type for c in columns}
         self.tie = relation.rowid if relation.rowid not in (None, p.key) else p.key
         return by_name
+
+    def _write_set(self, conn: Any) -> list[str]:
+        """A window's transaction within a Galera cluster's wsrep_max_ws_rows: its
+        rows (twice over when archived: copied, then deleted) and expiry's own
+        (the ledger row, the job, the rest of a split window). A larger window
+        is refused by the cluster and retried smaller (cleanup/window.py): it
+        works, one refused transaction a worker process later."""
+        p = self.policy
+        limit = self.engine.write_set_limit(conn)
+        if limit is None:
+            return []
+        fits = max(1, (limit - WRITE_SET_BOOKKEEPING) // (2 if p.action == "archive" else 1))
+        if p.window <= fits:
+            return []
+        return [
+            f"policy {p.name!r}: a window of {p.window:,} rows may write more than the "
+            f"cluster's wsrep_max_ws_rows ({limit:,}) lets one transaction; such windows are "
+            f"refused and retried smaller (fix: window = {fits:,})"
+        ]
 
     def _keep_last_index(self, conn: Any) -> list[str]:
         """keep_last reads each candidate's group's newest rows: an index that

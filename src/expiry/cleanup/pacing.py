@@ -44,6 +44,9 @@ class Pace:
     may start (the rest after the last one: monotonic seconds)."""
 
     chunk: int
+    ceiling: int | None = None
+    """The most keys a transaction may take here for good: a Galera cluster
+    refused more (its wsrep_max_ws_rows or wsrep_max_ws_size). None: the window."""
     not_before: float = 0.0
     """No window is claimed before this: the rest after the last one."""
     rate_until: float = 0.0
@@ -129,7 +132,7 @@ class Pacing(Policies):
             elif result.rows and seconds > policy.target_transaction * 1.5:
                 pace.chunk = max(MIN_CHUNK, pace.chunk // 2)
             elif seconds < policy.target_transaction / 2:
-                pace.chunk = min(policy.window, pace.chunk * 2)
+                pace.chunk = min(policy.window, pace.ceiling or policy.window, pace.chunk * 2)
             now = time.monotonic()
             if policy.nice_ratio and result.rows and self._rests(policy):
                 # The database's CPU, I/O and locks go back to live traffic in between.

@@ -122,7 +122,7 @@ class Windows(Pacing):
                 part = self._paced(target, span, cutoff, tx, storage, halvings)
                 taken = self._take(job, tx, part, cutoff, storage, halvings)
             except Exception as exc:
-                if self.engine.classify(exc)[1] not in self.engine.window_timeouts:
+                if self.engine.classify(exc)[1] not in self.engine.window_shrinks:
                     raise
                 return self._after_timeout(job, tx, exc, part, halvings, probed)
         except ForeignKeyBlocked as exc:
@@ -207,10 +207,10 @@ class Windows(Pacing):
         """How many times this attempt halves the window: the halvings its
         parent handed it (rest_job), and one for each of its own last
         attempts, one after another, that ended in a timeout of its statement
-        (statement_timeout, lock_timeout: the engine's window_timeouts)."""
+        (statement_timeout, lock_timeout: the engine's window_shrinks)."""
         count = int(job.payload.get("halvings", 0))
         for error in reversed(job.errors):
-            if error.get("kind") not in self.engine.window_timeouts:
+            if error.get("kind") not in self.engine.window_shrinks:
                 break
             count += 1
         return count
@@ -221,7 +221,7 @@ class Windows(Pacing):
         lock_timeout, or it is the rest of a window cut around a held row. Not
         after an attempt whose cut waited out the lock again: that one halves,
         as after any timeout, so that the window ends whatever the locks."""
-        if "lock_timeout" not in self.engine.window_timeouts:
+        if "lock_timeout" not in self.engine.window_shrinks:
             return False  # no row locks (SQLite: one writer at a time)
         if job.errors:
             last = job.errors[-1]
@@ -382,19 +382,24 @@ class Windows(Pacing):
         let the worker retry it (any other error; a timeout that the next,
         smaller attempt may pass), else why its rows are to be split or kept
         now: the part was one row already, or this was the job's last attempt.
-        A timeout also halves the policy's keys per transaction, so the
-        following windows start smaller."""
+        A statement timeout also halves the policy's keys per transaction, so
+        the following windows start smaller; a Galera cluster's write-set limit
+        halves them for good (the pace's ceiling: they never grow past it)."""
         kind = self.engine.classify(exc)[1]
-        if kind not in self.engine.window_timeouts:
+        if kind not in self.engine.window_shrinks:
             return None
         policy = self.policy(job.payload["policy"])
-        if kind == "statement_timeout":  # a size problem; a held row is not one
+        if kind in ("statement_timeout", "write_set_limit"):  # a size problem, not a held row
             pace = self._pace(policy)
             with pace.lock:
                 pace.chunk = max(MIN_CHUNK, min(pace.chunk, policy.window) // 2)
+                if kind == "write_set_limit":
+                    pace.ceiling = pace.chunk
         alone = halvings > 0 and part.rows is not None and part.rows <= 1
         if not alone and job.attempt < job.max_attempts:
             return None
+        if kind == "write_set_limit":
+            return f"{words} (write_set_limit)"
         limit = policy.lock_timeout if kind == "lock_timeout" else policy.statement_timeout
         return f"{words} ({kind} {format_duration(limit)})"
 

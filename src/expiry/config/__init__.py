@@ -83,6 +83,13 @@ class Config(Strict):
                         f"policy {policy.name!r}: field {name!r}: SQLite has no such signal "
                         "(it has no replicas, backends or vacuum): remove it"
                     )
+        for policy in self.policy:
+            for name in ("max_flow_control", "critical_flow_control", "max_recv_queue"):
+                if kind is not None and not kind.galera and getattr(policy, name) is not None:
+                    raise ValueError(
+                        f"policy {policy.name!r}: field {name!r} reads a Galera cluster's "
+                        f"flow control, and this database is {kind.dialect}: remove it"
+                    )
         if kind is not None and not kind.replica and self.replica:
             raise ValueError("[[replica]] is for PostgreSQL standbys; this database is SQLite")
         return self

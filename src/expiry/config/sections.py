@@ -143,6 +143,14 @@ class HealthSettings(Strict):
     max_active_backends: int | None = Field(None, ge=1)
     """Hold while more client backends than this are active (pg_stat_activity)."""
     critical_active_backends: int | None = Field(None, ge=1)
+    max_flow_control: float | None = Field(None, gt=0, le=1)
+    """Hold while a Galera cluster spent more than this share of the last
+    health_interval paused for flow control (wsrep_flow_control_paused_ns: a
+    node fell behind applying the others' writes; pt-archiver's --max-flow-ctl)."""
+    critical_flow_control: float | None = Field(None, gt=0, le=1)
+    max_recv_queue: int | None = Field(None, ge=1)
+    """Hold while more write sets than this wait to be applied on the node
+    expiry is connected to (wsrep_local_recv_queue)."""
     throttle_query: str | None = None
     """SQL whose first column is true to hold (trusted config, as where)."""
     pause_file: str | None = None
@@ -184,7 +192,7 @@ class HealthSettings(Strict):
             raise ValueError(
                 'max_latency_ratio needs canary = "<a cheap statement of the application\'s>"'
             )
-        for name in ("replica_lag", "active_backends", "latency_ratio"):
+        for name in ("replica_lag", "active_backends", "latency_ratio", "flow_control"):
             limit, stop = getattr(self, f"max_{name}"), getattr(self, f"critical_{name}")
             if limit is not None and stop is not None and stop < limit:
                 raise ValueError(f"critical_{name} must not be below max_{name}")

@@ -43,11 +43,12 @@ OUTAGE_KINDS = frozenset(
         "read_only",
         "disk_full",
         "pooler_mismatch",
+        "node_not_ready",
     }
 )
 """Error kinds that say the database, not the job, is failing: down, restarting,
-failed over (read-only), full, or behind a transaction pooler expiry was not
-told of. A job they fail spends no attempt while the outage budget lasts
+failed over (read-only), full, a Galera node cut off from its cluster's
+majority, or behind a transaction pooler expiry was not told of. A job they fail spends no attempt while the outage budget lasts
 (queue/worker.py)."""
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)

@@ -28,6 +28,9 @@ class Kind:
     session settings, no LISTEN)."""
     replica: bool = True
     """A replica of it can be a [[replica]] whose lag max_replica_lag reads."""
+    galera: bool = False
+    """It can be a node of a Galera cluster (MariaDB): max_flow_control and
+    max_recv_queue read its wsrep status."""
 
 
 POSTGRES = Kind(
@@ -36,7 +39,7 @@ POSTGRES = Kind(
     "postgresql://host/db",
     poolers=("none", "session", "transaction"),
 )
-MYSQL = Kind("mysql", ("mysql://", "mariadb://"), "mysql://user@host/db")
+MYSQL = Kind("mysql", ("mysql://", "mariadb://"), "mysql://user@host/db", galera=True)
 SQLITE = Kind(
     "sqlite",
     ("sqlite:///",),

@@ -8,6 +8,12 @@ policy its ``throttle_query``, ``pause_file``, ``canary`` and dead-tuple share.
 The readings go to the policy's throttle.Controller; the worker's gates hold a
 held or stopped policy's queue, and space a rate-limited policy's windows.
 
+On a Galera cluster (MariaDB), max_flow_control reads the share of the
+last interval the cluster stood paused for flow control (the growth of
+wsrep_flow_control_paused_ns over the time between two checks: a node
+falling behind on applying the others' writes pauses them all), and
+max_recv_queue this node's write sets waiting to be applied.
+
 Replica lag is read on the primary from pg_stat_replication: the larger of
 its replay_lag and the age of the oldest WAL a standby has not replayed,
 dated by this process's own samples of the primary's WAL position (a paused
@@ -37,7 +43,7 @@ from typing import Any
 from ..config import Config, Policy
 from ..engines import Engine, open_engine
 from ..queue.jobs import policy_queue
-from ..types import AuditAction, Gates, WorkerSeen
+from ..types import AuditAction, FlowControl, Gates, WorkerSeen
 from .throttle import CRITICAL, Controller
 
 log = logging.getLogger("expiry.health")
@@ -75,11 +81,13 @@ def limits_of(policy: Policy) -> tuple[dict[str, float], dict[str, float]]:
     """The signals a policy holds on, and those that stop it, with their limits."""
     limits: dict[str, float] = {}
     critical: dict[str, float] = {}
-    for name in ("replica_lag", "active_backends", "latency_ratio"):
+    for name in ("replica_lag", "active_backends", "latency_ratio", "flow_control"):
         if (limit := getattr(policy, f"max_{name}")) is not None:
             limits[name] = float(limit)
         if (stop := getattr(policy, f"critical_{name}")) is not None:
             critical[name] = float(stop)
+    if policy.max_recv_queue is not None:
+        limits["recv_queue"] = float(policy.max_recv_queue)
     if policy.max_dead_tuple_ratio is not None:
         limits["dead_tuple_ratio"] = policy.max_dead_tuple_ratio
     if policy.throttle_query is not None:
@@ -125,6 +133,8 @@ class Health:
         self._warned: set[str] = set()
         self._lock = threading.Lock()
         self._foreground: tuple[float, int | None] = (-math.inf, None)
+        self._flow: tuple[float, int] | None = None
+        """(when, the Galera node's flow-control pause then, in ns): the last reading."""
         """(when, the application's sessions at work then): the last reading."""
         self.reload(config)
 
@@ -169,6 +179,9 @@ class Health:
         wants_lag = any(p.max_replica_lag or p.critical_replica_lag for p in policies)
         wants_backends = any(p.max_active_backends or p.critical_active_backends for p in policies)
         wants_foreground = any(p.nice_ratio and p.nice_when == "busy" for p in policies)
+        wants_flow = any(
+            p.max_flow_control or p.critical_flow_control or p.max_recv_queue for p in policies
+        )
         with engine.transaction() as conn:
             schedules = engine.schedule_list(conn=conn)
             paused = {s.policy for s in schedules if s.paused and s.paused_by == STOPPED_BY}
@@ -181,6 +194,8 @@ class Health:
                 if foreground is not None:
                     readings["foreground_sessions"] = float(foreground)
                 self._foreground = (now, foreground)
+            if wants_flow:
+                readings.update(self._flow_control(engine.health_flow_control(conn), now))
         if wants_lag:
             for url in (r.url for r in self.config.replica):
                 readings["replica_lag"] = max(readings["replica_lag"], self._standby_lag(url))
@@ -225,6 +240,25 @@ class Health:
                 behind = now - first_past
             worst = max(worst, behind, replica.replay_lag or 0.0)
         return worst
+
+    def _flow_control(self, flow: FlowControl | None, now: float) -> dict[str, float]:
+        """The share of the time since the last check that the Galera cluster
+        stood paused for flow control, and this node's receive queue. The first
+        reading has nothing to compare with: the pause reads 0 until the
+        second. A server that is no Galera node reads nothing (the log says so,
+        once): its limits never hold."""
+        if flow is None:
+            self._warn_once(
+                "flow_control",
+                "max_flow_control and max_recv_queue read a Galera cluster's wsrep status, "
+                "and this server has none (wsrep is off): they hold nothing (remove them)",
+            )
+            return {}
+        last, self._flow = self._flow, (now, flow.paused_ns)
+        paused = 0.0
+        if last is not None and now > last[0]:
+            paused = max(0.0, flow.paused_ns - last[1]) / 1e9 / (now - last[0])
+        return {"flow_control": min(1.0, paused), "recv_queue": float(flow.recv_queue)}
 
     def _standby_lag(self, url: str) -> float:
         engine = self._replicas.get(url)

@@ -23,6 +23,11 @@ UNTIL_IDLE_WAIT_SECONDS = 0.05
 """An --until-idle worker's idle loops check this often whether it is done:
 waiting a whole poll, they held its exit back up to a second after its last job."""
 
+CONFLICT_WAIT_SECONDS = 0.05
+"""A claim that lost a conflict to another's (a deadlock error: on a Galera
+cluster, another node's claim of the same job certified first) is made again
+within this, at random: no back-off, the database is well."""
+
 
 @dataclass
 class _Loop:
@@ -133,6 +138,14 @@ class Claiming(JobRunner):
             jobs = self._claim(loop.size, queues, limits)
             loop.failures = 0
         except Exception as exc:  # the database went away: back off, reconnect
+            if self.engine.classify(exc)[1] == "deadlock":
+                # Another claim took the same jobs first: on a Galera cluster two
+                # nodes' claims may pick one job (SKIP LOCKED skips only this
+                # node's locks) and certification rejects the later commit.
+                # Nothing is wrong: claim again soon, no back-off.
+                log.info("claim conflicted with another worker's; claiming again: %s", exc)
+                self.stopping.wait(self.rng.uniform(0.0, CONFLICT_WAIT_SECONDS))
+                return []
             loop.failures += 1
             delay = retry.backoff(loop.failures, self.rng, base=0.2, cap=10.0)
             log.warning("claim failed, retrying in %.1fs: %s", delay, exc)

@@ -52,6 +52,7 @@ from .sessions import (
     PERMANENT_ERRORS,
     PING_AFTER_SECONDS,
     TRANSIENT_ERRORS,
+    WRITE_SET_LIMIT,
     Connection,
     Echo,
     begin,
@@ -84,6 +85,7 @@ class MySQLEngine(MySQLTables):
     dialect = "mysql"
     kind = MYSQL
     next_key_reads = True
+    window_shrinks = frozenset({"statement_timeout", "lock_timeout", "write_set_limit"})
 
     def __init__(self, url: str, *, pool_size: int = 4) -> None:
         self.url = url
@@ -434,6 +436,8 @@ class MySQLEngine(MySQLTables):
             return known
         if isinstance(exc, pymysql.err.MySQLError):
             code = errno(exc)
+            if code in (1105, 1180) and any(w in str(exc).lower() for w in WRITE_SET_LIMIT):
+                return True, "write_set_limit"
             if code in TRANSIENT_ERRORS:
                 return True, TRANSIENT_ERRORS[code]
             if code in PERMANENT_ERRORS:

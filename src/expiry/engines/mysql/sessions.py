@@ -26,9 +26,12 @@ NOW_SQL = "utc_timestamp(6)"
 
 # Error numbers that pass: lock wait timeout, deadlock, the statement timeouts
 # (MariaDB's max_statement_time, MySQL's max_execution_time), a read-only server
-# (--read-only, super_read_only, a replica), too many connections, and the
-# connection gone (client errors 2002 to 2013).
+# (--read-only, super_read_only, a replica), too many connections, the
+# connection gone (client errors 2002 to 2013), and a Galera node that is not
+# in the cluster's primary component or not yet synced (1047, "WSREP has not
+# yet prepared node for application use": it answers once it rejoins).
 TRANSIENT_ERRORS = {
+    1047: "node_not_ready",
     1205: "lock_timeout",
     1213: "deadlock",
     1969: "statement_timeout",
@@ -46,6 +49,12 @@ TRANSIENT_ERRORS = {
     2006: "connection_lost",
     2013: "connection_lost",
 }
+
+
+# A Galera cluster refuses a transaction that writes more than its
+# wsrep_max_ws_rows rows (1180 at the statement) or wsrep_max_ws_size bytes
+# (1105 at COMMIT), by these words: a smaller window passes.
+WRITE_SET_LIMIT = ("wsrep_max_ws_rows exceeded", "maximum writeset size exceeded")
 
 
 PERMANENT_ERRORS = {

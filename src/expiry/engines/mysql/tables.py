@@ -25,6 +25,7 @@ from ...errors import ForeignKeyBlocked, SchemaError, TransientError
 from ...timestamps import Storage
 from ...types import (
     Column,
+    FlowControl,
     Index,
     Layout,
     Partition,
@@ -245,6 +246,30 @@ class MySQLTables(Engine):
     def health_active_backends(self, conn: Any) -> int | None:
         row = conn.execute("show global status like 'Threads_running'").fetchone()
         return max(0, int(row["Value"]) - 1) if row else None  # this one aside
+
+    def health_flow_control(self, conn: Any) -> FlowControl | None:
+        """Read where wsrep is on; a server without it has no such status."""
+        rows = conn.execute(
+            "show global status where variable_name in"
+            " ('wsrep_flow_control_paused_ns', 'wsrep_local_recv_queue')"
+        ).fetchall()
+        status = {str(r["Variable_name"]).lower(): r["Value"] for r in rows}
+        if len(status) < 2:
+            return None
+        return FlowControl(
+            int(status["wsrep_flow_control_paused_ns"] or 0),
+            int(status["wsrep_local_recv_queue"] or 0),
+        )
+
+    def write_set_limit(self, conn: Any) -> int | None:
+        rows = conn.execute(
+            "show global variables where variable_name in ('wsrep_on', 'wsrep_max_ws_rows')"
+        ).fetchall()
+        settings = {str(r["Variable_name"]).lower(): str(r["Value"]) for r in rows}
+        if settings.get("wsrep_on", "OFF").upper() != "ON":
+            return None
+        limit = int(settings.get("wsrep_max_ws_rows") or 0)
+        return limit or None  # 0: no limit
 
     def table_vacuum_stats(self, conn: Any, table: str) -> VacuumStats | None:
         return None  # InnoDB purges deleted rows itself: nothing to vacuum

@@ -22,6 +22,7 @@ from ...errors import ForeignKeyBlocked
 from ...timestamps import Storage
 from ...types import (
     Column,
+    FlowControl,
     Index,
     Layout,
     Partition,
@@ -289,6 +290,12 @@ class PostgresTables(Engine):
     def health_active_backends(self, conn: Any) -> int | None:
         row = conn.execute(_ACTIVE).fetchone()
         return int(row["n"]) if row else 0
+
+    def health_flow_control(self, conn: Any) -> FlowControl | None:
+        return None  # no Galera: a standby's lag is replica_lag
+
+    def write_set_limit(self, conn: Any) -> int | None:
+        return None
 
     def health_foreground_sessions(self, conn: Any, within: float) -> int | None:
         row = conn.execute(_FOREGROUND, {"within": within}).fetchone()

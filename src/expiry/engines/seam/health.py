@@ -1,6 +1,7 @@
 """The seam's part for the database's health: the signals the throttle reads
 every check (WAL position, replicas, replay lag, active backends, the
-application's own sessions at work)."""
+application's own sessions at work, a Galera cluster's flow control), and
+the most rows a cluster lets one transaction write."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import abc
 from typing import Any
 
 from ...types import (
+    FlowControl,
     Replica,
 )
 from .primitives import Primitives
@@ -46,3 +48,14 @@ class HealthSeam(Primitives):
         session's); MySQL by this process's own connections and by statements
         that name expiry's tables (``expiry_*``): another expiry process's idle
         connections count, which only makes it rest as it would under load."""
+
+    @abc.abstractmethod
+    def health_flow_control(self, conn: Any) -> FlowControl | None:
+        """A Galera node's flow control (MariaDB with wsrep on): the pause so far
+        and the write sets waiting to be applied here. None where the database
+        is no Galera node (PostgreSQL, SQLite, MySQL without wsrep)."""
+
+    @abc.abstractmethod
+    def write_set_limit(self, conn: Any) -> int | None:
+        """The most rows one transaction may write (a Galera cluster's
+        wsrep_max_ws_rows, where it is set); None: no such limit."""

@@ -34,10 +34,11 @@ class Primitives(abc.ABC):
     queries: dict[str, str]
     migrations: list[tuple[int, str]]
 
-    window_timeouts: frozenset[str] = frozenset({"statement_timeout", "lock_timeout"})
-    """The kinds of error (``classify``) that say a window's delete ran out of
-    time: past the policy's statement_timeout, or waiting past its
-    lock_timeout for a row that live traffic holds. A window whose attempts
+    window_shrinks: frozenset[str] = frozenset({"statement_timeout", "lock_timeout"})
+    """The kinds of error (``classify``) that a smaller window may pass: its
+    delete ran out of time (past the policy's statement_timeout, or waiting
+    past its lock_timeout for a row that live traffic holds), or (a Galera
+    cluster) wrote more rows than one transaction may. A window whose attempts
     end in one is retried smaller, down to one row (cleanup/window.py)."""
 
     next_key_reads: bool = False

@@ -67,7 +67,7 @@ class SQLiteEngine(SQLiteTables):
     # for at BEGIN IMMEDIATE, before a window's first statement: a smaller window
     # would wait just as long. SQLite has no statement timeout. So no error
     # shrinks a window here; a busy database is retried with backoff as before.
-    window_timeouts: frozenset[str] = frozenset()
+    window_shrinks: frozenset[str] = frozenset()
 
     def __init__(self, url: str, *, read_only: bool = False) -> None:
         self.url = url

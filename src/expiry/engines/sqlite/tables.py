@@ -20,6 +20,7 @@ from ...errors import ForeignKeyBlocked, SchemaError
 from ...timestamps import Storage
 from ...types import (
     Column,
+    FlowControl,
     Index,
     Layout,
     Partition,
@@ -123,6 +124,12 @@ class SQLiteTables(Engine):
         return None
 
     def health_active_backends(self, conn: Any) -> int | None:
+        return None
+
+    def health_flow_control(self, conn: Any) -> FlowControl | None:
+        return None
+
+    def write_set_limit(self, conn: Any) -> int | None:
         return None
 
     def health_foreground_sessions(self, conn: Any, within: float) -> int | None:
