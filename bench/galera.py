@@ -75,9 +75,6 @@ def build(node: Any, rows: int) -> int:
     conn = connect(node)
     with conn.cursor() as cur:
         cur.execute("drop table if exists sessions")
-        for table in ("jobs", "ledger", "runs", "audit"):  # each round's run alone
-            if _exists(cur, table):
-                cur.execute(f"delete from expiry_{table}")
         cur.execute(
             "create table sessions (id bigint primary key, expires_at datetime(6) not null,"
             " payload varchar(100) not null, key sessions_expires_at (expires_at))"
@@ -98,15 +95,6 @@ def build(node: Any, rows: int) -> int:
         (expired,) = cur.fetchone()
     conn.close()
     return int(expired)
-
-
-def _exists(cur: Any, table: str) -> bool:
-    cur.execute(
-        "select count(*) from information_schema.tables"
-        " where table_schema = 'bench' and table_name = %s",
-        (f"expiry_{table}",),
-    )
-    return bool(cur.fetchone()[0])
 
 
 def settle(nodes: list[Any]) -> None:

@@ -149,8 +149,18 @@ class Runs:
 
     def finish(self, run_id: str) -> bool:
         """Finish the run if it is planned and nothing of it is pending; True if it
-        finished now (a worker's batch, a wait that finds nothing left)."""
-        finished = self.engine.run_finish(run_id)
+        finished now (a worker's batch, a wait that finds nothing left). A write that
+        conflicted with another's (a deadlock error: on a Galera cluster, another
+        node finishing the same run, or completing its last job, certified first)
+        finishes nothing here: the caller reads the run again, and the rescuer's
+        sweep finishes what is left."""
+        try:
+            finished = self.engine.run_finish(run_id)
+        except Exception as exc:
+            if self.engine.classify(exc)[1] != "deadlock":
+                raise
+            log.info("run finish conflicted with another write: %s", exc, extra={"run": run_id})
+            return False
         if finished:
             log.info("run finished", extra={"run": run_id})
         return finished
