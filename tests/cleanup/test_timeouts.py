@@ -294,7 +294,7 @@ def test_a_window_that_times_out_at_its_last_attempt_is_split_not_dead(
         {
             "where": None,
             "window": ROWS,
-            "statement_timeout": "200ms",
+            "statement_timeout": "400ms",
             "max_attempts": max_attempts,
         },
     )
@@ -415,7 +415,7 @@ def test_the_rest_of_a_shrunk_window_starts_small_and_grows_back(pg_db: Db, apps
     db.create_sessions()
     db.insert_sessions([(i, -3600.0, False) for i in range(1, n + 1)])
     make_rows_slow(db, slow)
-    app = apps(db.url, {"where": None, "window": n, "statement_timeout": "200ms"})
+    app = apps(db.url, {"where": None, "window": n, "statement_timeout": "400ms"})
     assert app.cleanup is not None
     opened = app.cleanup.open_run(POLICY)
     drive(app, db, opened.run_id, rounds=400)
