@@ -1407,6 +1407,51 @@ MUTANTS = [
         "max_flow_control holds nothing: the cleanup piles write sets onto a cluster that "
         "flow control already stopped",
     ),
+    Mutant(
+        "write-set-page-unhalved",
+        "src/expiry/cleanup/planner.py",
+        "        return max(1, page >> min(refusals, 30))\n",
+        "        return page\n",
+        (
+            f"{GALERA}::test_planning_pages_over_the_write_set_limit_are_halved_and_the_rest_"
+            "start_there",
+        ),
+        "a planning page over the cluster's write-set limit is retried at the same size "
+        "until it is dead: the run plans nothing more and stalls",
+    ),
+    Mutant(
+        "write-set-page-forgotten",
+        "src/expiry/cleanup/planner.py",
+        "                self._page_ceilings[policy.name] = page\n",
+        "                pass\n",
+        (
+            f"{GALERA}::test_planning_pages_over_the_write_set_limit_are_halved_and_the_rest_"
+            "start_there",
+        ),
+        "every planning page starts at 500 jobs again after one was refused: each page is "
+        "refused and halved anew",
+    ),
+    Mutant(
+        "write-set-spends-attempts",
+        "src/expiry/queue/runner.py",
+        '        if kind == "write_set_limit":\n            return defaults.UNSPENT_SHRINK_SECONDS\n',
+        "",
+        (
+            f"{GALERA}::test_planning_pages_over_the_write_set_limit_are_halved_and_the_rest_"
+            "start_there",
+        ),
+        "each refused write set spends an attempt: a page or window halved a few times "
+        "runs out of attempts and dies",
+    ),
+    Mutant(
+        "write-set-window-not-fitted",
+        "src/expiry/cleanup/window.py",
+        '        if kind == "write_set_limit":\n            self._fit_write_set(',
+        "        if False:\n            self._fit_write_set(",
+        (f"{GALERA}::test_windows_over_the_write_set_size_are_retried_smaller_and_none_dies",),
+        "a refused window halves only itself: every later window is refused once before "
+        "it is retried smaller",
+    ),
 ]
 
 

@@ -396,6 +396,7 @@ class App:
         before: Callable[[Job], None] | None = None,
         after: Callable[[Job, Any, float], None] | None = None,
         after_batch: Callable[[list[Job]], None] | None = None,
+        failed: Callable[[Job, str], None] | None = None,
     ) -> Callable[[HandlerFn], HandlerFn]:
         """Register ``fn(job, tx)`` to run jobs enqueued under ``name`` in the job's
         transaction; with ``transactional=False``, ``fn(job)`` outside any
@@ -409,6 +410,7 @@ class App:
                     before=before,
                     after=after,
                     after_batch=after_batch,
+                    failed=failed,
                     transactional=transactional,
                     group_commit=group_commit,
                     batched_ack=batched_ack,

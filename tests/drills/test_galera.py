@@ -24,6 +24,7 @@ invariants of docs/drills.md hold on each of them.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -61,12 +62,14 @@ def cluster() -> Iterator[list[Node]]:
         yield nodes
 
 
-def prepare(nodes: list[Node], database: str) -> list[str]:
-    """The database on the cluster, its sessions and expiry's tables: the
-    URLs of each node's copy of it."""
+def prepare(nodes: list[Node], database: str, rows: int = ROWS, note: int = 0) -> list[str]:
+    """The database on the cluster, its sessions (each row's note ``note``
+    bytes long, if given) and expiry's tables: the URLs of each node's copy."""
     nodes[0].sql(f"create database {database}")
     urls = [node.url(database) for node in nodes]
-    load_sessions(urls[0], ROWS)
+    load_sessions(urls[0], rows)
+    if note:
+        nodes[0].sql(f"update sessions set note = repeat('x', {int(note)})", database)
     record_expected(urls[0])
     engine = open_engine(urls[0])
     engine.migrate()
@@ -273,6 +276,84 @@ def test_windows_over_the_write_set_limit_are_retried_smaller_and_none_dies(
     report = check(urls[0])
     assert set(report.jobs) == {"completed"}, report.jobs
     assert attempts is not None and attempts[0] == 1, "a refused window spent an attempt"
+
+
+def test_windows_over_the_write_set_size_are_retried_smaller_and_none_dies(
+    cluster: list[Node], tmp_path: Path
+) -> None:
+    """wsrep_max_ws_size = 512 KiB on the workers' node, rows of 4 KB: windows
+    of 500 keys (about 340 rows, 1.4 MB) are over it, as are planning pages of
+    500 jobs. The cluster refuses such a transaction (1105); expiry retries it
+    halved, no attempt spent, keeps the policy's later windows and pages under
+    it, and none dies. (expiry's own transactions, a claim of claim_batch jobs
+    or a planning page, write some hundreds of KB: a limit under 1 MB is for
+    this drill only.)"""
+    urls = prepare(cluster, "drill_wsize", rows=8_000, note=4_000)
+    cfg = config(tmp_path / "expiry.toml", urls[0], {"window": 500})
+    cluster[0].sql("set global wsrep_max_ws_size = 524288")
+    try:
+        worker = worker_proc(tmp_path, cfg, 0)
+        worker.start()
+        try:
+            run = trigger(cfg)
+            wait_until(lambda: run_done(urls[0], run), 120, "the run", on_timeout=worker.tail)
+        finally:
+            worker.stop()
+    finally:
+        cluster[0].sql("set global wsrep_max_ws_size = 2147483647")
+    log = worker.log_path.read_text(errors="replace")
+    refusals = [line for line in log.splitlines() if "Maximum writeset size exceeded" in line]
+    pages = [line for line in refusals if re.search(r"job=\S+:plan\b", line)]
+    windows = len(refusals) - len(pages)
+    print(f"over wsrep_max_ws_size: {len(pages)} planning pages, {windows} windows refused")
+    assert windows >= 1, "no window was over the limit: make them bigger"
+    # Halved until it fits, and the later pages and windows start there: the
+    # refusals are the first few windows' (each halved a few times until it
+    # fits), never one a window.
+    refused = {m.group(1) for line in refusals if (m := re.search(r"job=(\S+)", line))}
+    assert len(pages) <= 6, f"{len(pages)} pages refused: later pages started too big again"
+    assert len(refused) - 1 <= 8, f"{sorted(refused)} refused: later windows started too big"
+    with connect(urls[0]) as conn:
+        attempts = conn.execute(
+            "select max(attempt) from expiry.jobs where state = 'completed'"
+        ).fetchone()
+    report = check(urls[0])
+    assert set(report.jobs) == {"completed"}, report.jobs
+    assert attempts is not None and attempts[0] == 1, "a refused window spent an attempt"
+
+
+def test_planning_pages_over_the_write_set_limit_are_halved_and_the_rest_start_there(
+    cluster: list[Node], tmp_path: Path
+) -> None:
+    """wsrep_max_ws_rows = 200 and windows of 100 keys (about 70 rows, which
+    fit): a planning page of 500 window jobs writes 500 rows and is refused.
+    The page is retried halved until it fits (500, 250, 125), no attempt spent,
+    and the run's later pages start at that size."""
+    urls = prepare(cluster, "drill_pages")
+    cfg = config(tmp_path / "expiry.toml", urls[0], {"window": 100})
+    cluster[0].sql("set global wsrep_max_ws_rows = 200")
+    try:
+        worker = worker_proc(tmp_path, cfg, 0)
+        worker.start()
+        try:
+            run = trigger(cfg)
+            wait_until(lambda: run_done(urls[0], run), 120, "the run", on_timeout=worker.tail)
+        finally:
+            worker.stop()
+    finally:
+        cluster[0].sql("set global wsrep_max_ws_rows = 0")
+    log = worker.log_path.read_text(errors="replace")
+    refusals = [line for line in log.splitlines() if "wsrep_max_ws_rows exceeded" in line]
+    pages = [line for line in refusals if re.search(r"job=\S+:plan\b", line)]
+    print(f"over wsrep_max_ws_rows: {len(pages)} planning pages of {len(refusals)} refusals")
+    assert len(pages) == 2, pages  # 500 and 250 refused; 125 fits, and so do the rest
+    report = check(urls[0])
+    assert set(report.jobs) == {"completed"}, report.jobs
+    with connect(urls[0]) as conn:
+        attempts = conn.execute(
+            "select max(attempt) from expiry.jobs where state = 'completed'"
+        ).fetchone()
+    assert attempts is not None and attempts[0] == 1, "a refused page spent an attempt"
 
 
 def test_flow_control_holds_the_policy_until_the_cluster_catches_up(

@@ -13,7 +13,7 @@ import pytest
 from _support import execute, finish, make_due, placeholder, spawn, sql, wait_for
 
 from expiry.app import App
-from expiry.errors import PermanentError
+from expiry.errors import PermanentError, TransientError
 from expiry.queue.jobs import new_job
 from expiry.queue.worker import Worker
 from expiry.types import Job, JobState
@@ -432,3 +432,31 @@ def test_a_job_longer_than_its_lease_keeps_it_by_heartbeats(app: App) -> None:
     assert done.state is JobState.COMPLETED and done.attempt == 1, done
     print(f"lease left while running: min {min(left):.2f} s of {lease} s ({len(left)} readings)")
     assert min(left) > lease / 3, min(left)  # a heartbeat every lease would let it run out
+
+
+def test_a_failure_hook_hears_each_failed_attempt_with_its_kind(app: App) -> None:
+    """``failed(job, kind)`` runs after each failed attempt is recorded, with the
+    engine's classification; a hook that raises stops nothing."""
+    heard: list[tuple[str, int, str]] = []
+
+    def failed(job: Job, kind: str) -> None:
+        heard.append((job.key, job.attempt, kind))
+        raise RuntimeError("the hook's own failure")
+
+    @app.handler("flaky", failed=failed)
+    def flaky(job: Job, tx: Any) -> None:
+        if job.attempt < 3:
+            raise TransientError("upstream busy", kind="busy")
+
+    @app.handler("doomed", failed=failed)
+    def doomed(job: Job, tx: Any) -> None:
+        raise PermanentError("no owner")
+
+    app.queue.enqueue("flaky", {}, None, "f", max_attempts=5)
+    app.queue.enqueue("doomed", {}, None, "d", max_attempts=5)
+    for _ in range(4):
+        make_worker(app).run()
+        make_due(app.engine)
+    assert get(app, "f").state is JobState.COMPLETED
+    assert get(app, "d").state is JobState.DEAD
+    assert sorted(heard) == [("d", 1, "PermanentError"), ("f", 1, "busy"), ("f", 2, "busy")]

@@ -10,7 +10,8 @@ from datetime import datetime
 from typing import Any
 
 from .. import defaults
-from ..config import Policy
+from ..config import Config, Policy
+from ..engines import Engine
 from ..errors import PermanentError, SchemaError, Snooze
 from ..queue.jobs import new_job, policy_queue
 from ..times import parse_time
@@ -18,7 +19,7 @@ from ..timestamps import Storage
 from ..types import UNFINISHED_STATES, AuditAction, Job
 from .jobs import partition_job, plan_job, storage_of, window_job
 from .policies import Policies
-from .runs import PARTITION, PLAN
+from .runs import PARTITION, PLAN, Runs
 from .target import Target
 from .windows import BLOCK, BLOCKS, KEY, LAST_ADDRESS, TIME, Span
 
@@ -33,6 +34,12 @@ PARTITION_WAIT_SECONDS = 2.0  # partition jobs are quick: the windows' page wait
 
 class Planner(Policies):
     """The planning job's handler."""
+
+    def __init__(self, engine: Engine, config: Config, runs: Runs | None = None) -> None:
+        super().__init__(engine, config, runs)
+        self._page_ceilings: dict[str, int] = {}
+        """Per policy, in this process: the most windows a planning page may
+        hold since a Galera cluster refused a larger page's write set."""
 
     def plan_page(self, job: Job, tx: Any) -> int:
         """Emit one page of windows and, unless it was the last, the next page.
@@ -62,12 +69,17 @@ class Planner(Policies):
         except SchemaError as exc:
             raise PermanentError(str(exc)) from exc
         storage = storage_of(p, target)
+        page = self._page_size(policy, p["windows"], first_page, _refusals(job))
+        with self._lock:  # a refused page's size holds for the policy's later pages
+            if _refusals(job):
+                self._page_ceilings[policy.name] = page
+            page = min(page, self._page_ceilings.get(policy.name, page))
         if p["windows"] == TIME:
-            spans, cursor = self._time_page(target, p, cutoff, first_page, tx, storage)
+            spans, cursor = self._time_page(target, p, cutoff, page, tx, storage)
         elif p["windows"] == BLOCKS:
-            spans, cursor = self._blocks_page(target, p, first_page)
+            spans, cursor = self._blocks_page(target, p, page)
         else:
-            spans, cursor = self._key_page(target, p, cutoff, first_page, tx, storage)
+            spans, cursor = self._key_page(target, p, cutoff, page, tx, storage)
         jobs = [window_job(policy, p, span) for span in spans]
         if cursor is not None:
             # Planning keeps ahead of the deletes: the next page's job is queued
@@ -85,35 +97,38 @@ class Planner(Policies):
         return len(spans)
 
     @staticmethod
-    def _page_size(policy: Policy, windows: str, first_page: bool) -> int:
-        """Windows per planning page: time pages also read at most TIME_PAGE_ROWS."""
+    def _page_size(policy: Policy, windows: str, first_page: bool, refusals: int = 0) -> int:
+        """Windows per planning page: time pages also read at most TIME_PAGE_ROWS;
+        halved for each of the page's last attempts a Galera cluster refused
+        (its jobs' rows over wsrep_max_ws_rows, or their bytes over
+        wsrep_max_ws_size)."""
         page = defaults.PLAN_PAGE
         if windows == TIME:
             page = max(1, min(page, defaults.TIME_PAGE_ROWS // policy.window))
-        return min(defaults.FIRST_PLAN_PAGE, page) if first_page else page
+        page = min(defaults.FIRST_PLAN_PAGE, page) if first_page else page
+        return max(1, page >> min(refusals, 30))
 
     def _key_page(
         self,
         target: Target,
         p: dict[str, Any],
         cutoff: datetime,
-        first: bool,
+        page: int,
         tx: Any,
         storage: Storage,
     ) -> tuple[list[Span], dict[str, Any] | None]:
-        window, page = target.policy.window, self._page_size(target.policy, KEY, first)
+        window = target.policy.window
         los = target.plan_page(tx, cutoff, p["after"], p["max"], page, storage)
         spans = [Span.keys(lo, lo + window) for lo in los]
         more = len(los) == page
         return spans, ({"after": los[-1] + window, "max": p["max"]} if more else None)
 
     def _blocks_page(
-        self, target: Target, p: dict[str, Any], first: bool
+        self, target: Target, p: dict[str, Any], page: int
     ) -> tuple[list[Span], dict[str, Any] | None]:
         """Block windows by arithmetic: ``step`` blocks each from ``after`` to the
         table's pages when the run began; the last is open-ended (rows moved or
         added past the end since)."""
-        page = self._page_size(target.policy, BLOCKS, first)
         after, pages, step = p["after"], p["max"], p["step"]
         spans = []
         for block in range(after, max(pages, after + 1), step)[:page]:
@@ -131,11 +146,10 @@ class Planner(Policies):
         target: Target,
         p: dict[str, Any],
         cutoff: datetime,
-        first: bool,
+        page: int,
         tx: Any,
         storage: Storage,
     ) -> tuple[list[Span], dict[str, Any] | None]:
-        page = self._page_size(target.policy, TIME, first)
         after = None if p.get("after") is None else tuple(p["after"])
         uppers = target.time_page(tx, cutoff, after, page, storage)
         spans, lower = [], after
@@ -288,3 +302,14 @@ class Planner(Policies):
                 "attempt": job.attempt,
             },
         )
+
+
+def _refusals(job: Job) -> int:
+    """The planning job's last attempts, one after another, that a Galera
+    cluster refused for the size of their write set: each halves the page."""
+    count = 0
+    for error in reversed(job.errors):
+        if error.get("kind") != "write_set_limit":
+            break
+        count += 1
+    return count

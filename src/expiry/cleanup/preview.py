@@ -123,7 +123,7 @@ class Previews(Planner):
             pages, step = target.plan_blocks(conn, cutoff, storage)
             cursor: dict[str, Any] | None = {"after": 0, "max": pages, "step": step}
             while cursor is not None:
-                more, cursor = self._blocks_page(target, cursor, False)
+                more, cursor = self._blocks_page(target, cursor, page)
                 spans += more
             return spans
         if strategy == TIME:

@@ -258,6 +258,7 @@ def handlers(cleanup: Callable[[], Cleanup]) -> list[Handler]:
             lambda job, tx: cleanup().apply_window(job, tx),
             before=lambda job: cleanup().before_window(job),
             after=lambda job, result, seconds: cleanup().after_window(job, result, seconds),
+            failed=lambda job, kind: cleanup().window_failed(job, kind),
             after_batch=lambda jobs: cleanup().finish_batch(jobs),
             completes_job=True,
             statement=True,

@@ -42,6 +42,7 @@ class _Part:
 
 
 HELD_RETRY = ": retried around the rows another transaction holds"
+HALVED_RETRY = ": retried with half the rows"
 """How a window's lock wait that ran out is recorded (the database's words
 first): its next attempt cuts the window around the held rows (_around_held)."""
 
@@ -148,11 +149,7 @@ class Windows(Pacing):
             words += self._behind(self.policy(job.payload["policy"]))
         reason = self._timed_out(job, part, halvings, exc, words)
         if reason is None:  # the next attempt, smaller or cut, comes soon
-            again = (
-                HELD_RETRY
-                if kind == "lock_timeout" and not probed
-                else ": retried with half the rows"
-            )
+            again = HELD_RETRY if kind == "lock_timeout" and not probed else HALVED_RETRY
             raise TransientError(
                 words + again,
                 kind=kind,
@@ -214,6 +211,23 @@ class Windows(Pacing):
                 break
             count += 1
         return count
+
+    def window_failed(self, job: Job, kind: str) -> None:
+        """A window's attempt failed: one a Galera cluster refused for its write
+        set's size (over wsrep_max_ws_rows at its statement, or wsrep_max_ws_size
+        at its COMMIT) fits the policy's next windows under it (_fit_write_set)
+        before another is claimed; its retry is halved too (_halvings)."""
+        if kind == "write_set_limit":
+            self._fit_write_set(self.policy(job.payload["policy"]))
+
+    def _fit_write_set(self, policy: Policy) -> None:
+        """A Galera cluster refused a window's write set: the policy's keys per
+        transaction in this process are halved for good (the pace's ceiling:
+        they never grow back past it), so that the following windows fit."""
+        pace = self._pace(policy)
+        with pace.lock:
+            pace.chunk = max(MIN_CHUNK, min(pace.chunk, policy.window) // 2)
+            pace.ceiling = pace.chunk
 
     def _probes_held(self, job: Job) -> bool:
         """Whether this attempt first asks which of its rows another transaction
@@ -383,18 +397,15 @@ class Windows(Pacing):
         smaller attempt may pass), else why its rows are to be split or kept
         now: the part was one row already, or this was the job's last attempt.
         A statement timeout also halves the policy's keys per transaction, so
-        the following windows start smaller; a Galera cluster's write-set limit
-        halves them for good (the pace's ceiling: they never grow past it)."""
+        the following windows start smaller (a write set refused: window_failed)."""
         kind = self.engine.classify(exc)[1]
         if kind not in self.engine.window_shrinks:
             return None
         policy = self.policy(job.payload["policy"])
-        if kind in ("statement_timeout", "write_set_limit"):  # a size problem, not a held row
+        if kind == "statement_timeout":  # a size problem; a held row is not one
             pace = self._pace(policy)
             with pace.lock:
                 pace.chunk = max(MIN_CHUNK, min(pace.chunk, policy.window) // 2)
-                if kind == "write_set_limit":
-                    pace.ceiling = pace.chunk
         alone = halvings > 0 and part.rows is not None and part.rows <= 1
         if not alone and job.attempt < job.max_attempts:
             return None

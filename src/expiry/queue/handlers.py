@@ -36,6 +36,11 @@ class Handler:
     """Called before the job's transaction opens (pacing; never inside a transaction)."""
     after: Callable[[Job, Any, float], None] | None = None
     """Called after commit with the handler's result and the transaction's seconds."""
+    failed: Callable[[Job, str], None] | None = None
+    """Called after an attempt failed and its failure was recorded, with the
+    failure's kind (the engine's ``classify``), outside any transaction: for a
+    handler that adapts what its next jobs do (a window refused for its size:
+    cleanup/window.py)."""
     after_batch: Callable[[list[Job]], None] | None = None
     """Called once the worker has run a claimed batch, with the batch's jobs of this
     handler whatever their outcome, outside any transaction: for a check that only

@@ -357,9 +357,13 @@ class JobRunner:
         it spends one): a database outage for the outage budget; a failure
         that says so (TransientError(spend=False): a window retried smaller,
         which ends by itself in about log2(window) attempts) for a day, or for
-        the time it names (a partition waiting for its table's lock)."""
+        the time it names (a partition waiting for its table's lock); a write set
+        a Galera cluster refused (at its COMMIT too) for a day: the window or
+        the planning page is retried halved (cleanup/window.py, planner.py)."""
         if kind in OUTAGE_KINDS:
             return self.outage_budget
+        if kind == "write_set_limit":
+            return defaults.UNSPENT_SHRINK_SECONDS
         if isinstance(exc, TransientError) and not exc.spend:
             if exc.unspent_for is not None:
                 return exc.unspent_for
@@ -382,6 +386,12 @@ class JobRunner:
                 extra=job_fields(job),
             )
             return
+        handler = self.handlers.get(job.handler)
+        if handler is not None and handler.failed is not None:
+            try:
+                handler.failed(job, kind)
+            except Exception:
+                log.exception("job loop error in the failure hook", extra=job_fields(job))
         fields = {
             **job_fields(job),
             "state": state.value if state else "lease_lost",
