@@ -8,6 +8,7 @@ server on 3306 or its configuration.
         nodes[0].url("drill")   # mysql://root@127.0.0.1:PORT/drill
         nodes[2].kill()         # SIGKILL: a node crashes
         nodes[2].start()        # it rejoins (IST from a donor) and syncs
+        nodes[1].launch(); nodes[2].launch()   # two at once: then wait_synced() each
 
 The first node bootstraps the cluster (``--wsrep-new-cluster``); the others
 join it and receive its data by rsync (SST). bench/galera.py loads this module
@@ -99,11 +100,19 @@ wsrep_sst_receive_address=127.0.0.1:{self.sst}
 
     def start(self, bootstrap: bool = False) -> None:
         """Start the node and return once it is synced with the cluster."""
+        self.launch(bootstrap)
+        self.wait_synced()
+
+    def launch(self, bootstrap: bool = False) -> None:
+        """Start the node's process and return at once (wait_synced waits)."""
         args = [str(MARIADBD), f"--defaults-file={self.home / 'my.cnf'}", f"--user={USER}"]
         if bootstrap:
             args.append("--wsrep-new-cluster")
         with (self.home / "stdout.log").open("ab") as out:
             self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+
+    def wait_synced(self) -> None:
+        assert self.proc is not None
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -189,6 +189,61 @@ def test_workers_on_every_node_hold_the_invariants_when_one_node_is_killed(
         assert set(report.jobs) == {"completed"}
 
 
+def test_a_node_cut_off_from_the_majority_waits_and_the_run_finishes_once_it_heals(
+    cluster: list[Node], tmp_path: Path
+) -> None:
+    """Nodes 2 and 3 are killed mid-run: node 1, alone, is out of the primary
+    component and answers every statement with 1047. Its workers wait (claims
+    back off; the jobs in hand fail, unrecorded, and their leases expire). Once
+    nodes 2 and 3 are back the cluster makes itself whole again (every member of
+    the last primary component returned: pc.recovery) and the run finishes. No
+    one acts: no worker restarted, no job dead, the invariants on every node."""
+    urls = prepare(cluster, "drill_quorum")
+    cfg = config(
+        tmp_path / "expiry.toml",
+        urls[0],
+        {"window": 500, "max_rows_per_second": scale(6_000, 40_000)},
+        worker={"lease": "3s", "concurrency": 2, "claim_batch": 4},
+    )
+    worker = worker_proc(tmp_path, cfg, 0)
+    worker.start()
+    try:
+        trigger(cfg)
+        wait_until(lambda: applied(urls[0], 10), 60, "windows", on_timeout=worker.tail)
+        assert pending(urls[0]) > 0, "the run ended before the crash: make it bigger"
+        crashed = time.monotonic()
+        cluster[1].kill()
+        cluster[2].kill()
+        wait_until(
+            lambda: cluster[0].status("wsrep_cluster_status") == "non-Primary",
+            60,
+            "node 1 to leave the primary component",
+        )
+        time.sleep(3)  # the worker meets the refusals meanwhile
+        for node in cluster[1:]:
+            node.launch()
+        for node in cluster[1:]:
+            node.wait_synced()
+        print(f"the cluster was whole again {time.monotonic() - crashed:.1f}s after the crash")
+        wait_until(
+            lambda: pending(urls[0]) == 0,
+            scale(180, 1800),
+            "every job to finish",
+            every=0.5,
+            on_timeout=lambda: f"{job_states(urls[0])}\n{worker.tail()}",
+        )
+        print(f"every job done {time.monotonic() - crashed:.1f}s after the crash")
+        assert worker.alive() and worker.starts == 1
+    finally:
+        worker.stop()
+    log = worker.log_path.read_text(errors="replace")
+    assert "1047" in log, "the worker never met the cut-off node: make the outage longer"
+    same_everywhere(cluster, "drill_quorum")
+    for url in urls:
+        report = check(url)
+        assert set(report.jobs) == {"completed"}, report.jobs
+
+
 def test_a_node_reports_its_flow_control_and_its_write_set_limit(cluster: list[Node]) -> None:
     """The engine's readings on a Galera node (on the shared servers both are
     None: tests/engines/test_conformance_health.py)."""
