@@ -1364,7 +1364,7 @@ MUTANTS = [
     Mutant(
         "galera-claim-conflict-backoff",
         "src/expiry/queue/claims.py",
-        '            if self.engine.classify(exc)[1] == "deadlock":\n',
+        '            if kind == "deadlock":\n',
         "            if False:\n",
         (f"{GALERA}::test_workers_on_every_node_hold_the_invariants_when_one_node_is_killed",),
         "a claim that lost to another Galera node's is taken for the database gone away: a "
@@ -1391,8 +1391,8 @@ MUTANTS = [
     Mutant(
         "node-not-ready-permanent",
         "src/expiry/engines/mysql/sessions.py",
-        '    1047: "node_not_ready",\n',
-        "",
+        '            if (code == 1047 and "wsrep" in str(exc).lower()) or (\n',
+        '            if (code == 1047 and "wsrep" in str(exc).lower() and False) or (\n',
         (f"{GALERA}::test_a_node_out_of_rotation_is_an_outage_not_a_failed_job",),
         "a Galera node out of the primary component (1047) reads as the job's own transient "
         "failure: each attempt during the outage is spent (8, then dead), where an outage "
@@ -1410,26 +1410,26 @@ MUTANTS = [
     Mutant(
         "write-set-page-unhalved",
         "src/expiry/cleanup/planner.py",
-        "        return max(1, page >> min(refusals, 30))\n",
-        "        return page\n",
+        "            self._page_ceilings[policy.name] = max(1, tried // 2)\n",
+        "            self._page_ceilings[policy.name] = tried\n",
         (
             f"{GALERA}::test_planning_pages_over_the_write_set_limit_are_halved_and_the_rest_"
             "start_there",
         ),
-        "a planning page over the cluster's write-set limit is retried at the same size "
-        "until it is dead: the run plans nothing more and stalls",
+        "a refused planning page leaves the page ceiling at the size refused: the page is "
+        "retried at that size until it is dead, and the run plans nothing more",
     ),
     Mutant(
         "write-set-page-forgotten",
         "src/expiry/cleanup/planner.py",
-        "                self._page_ceilings[policy.name] = page\n",
-        "                pass\n",
+        "            page = min(page, self._page_ceilings.get(policy.name, page))\n",
+        "            page = page\n",
         (
             f"{GALERA}::test_planning_pages_over_the_write_set_limit_are_halved_and_the_rest_"
             "start_there",
         ),
-        "every planning page starts at 500 jobs again after one was refused: each page is "
-        "refused and halved anew",
+        "the page ceiling is never applied: the refused page is retried at full size until "
+        "it is dead, and the run plans nothing more",
     ),
     Mutant(
         "write-set-spends-attempts",

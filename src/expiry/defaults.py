@@ -195,3 +195,9 @@ MAX_PENDING_PER_KEY = 1_000_000
 MAX_PENDING_BYTES_PER_KEY = 1024**3
 """The most bytes of messages not yet final in one key's queues
 ([http] max_pending_bytes_per_key): 1 GiB."""
+
+UNSPENT_WRITE_SET_SECONDS = 600.0
+"""A job whose write set a Galera cluster refuses spends no attempt for this
+long: a window or planning page halved at each try fits within a few tries; a
+job that cannot shrink (a handler of the application's, one row over the
+limit) spends its attempts after that, and ends dead with its reason."""

@@ -596,6 +596,9 @@ class FlowControl:
     time between them is the share of that time the cluster stood still."""
     recv_queue: int
     """Write sets received and not yet applied on this node (wsrep_local_recv_queue)."""
+    node: str = ""
+    """The node's identity in the cluster (wsrep_gcomm_uuid, new at each start):
+    two readings of the pause compare only on the same node."""
 
 
 @dataclass(frozen=True)

@@ -45,8 +45,9 @@ class Pace:
 
     chunk: int
     ceiling: int | None = None
-    """The most keys a transaction may take here for good: a Galera cluster
-    refused more (its wsrep_max_ws_rows or wsrep_max_ws_size). None: the window."""
+    """The most keys (or rows) a transaction may take here until the config is
+    reloaded: a Galera cluster refused more (its wsrep_max_ws_rows or
+    wsrep_max_ws_size). None: the window."""
     not_before: float = 0.0
     """No window is claimed before this: the rest after the last one."""
     rate_until: float = 0.0
@@ -130,7 +131,7 @@ class Pacing(Policies):
             if result.timed_out:
                 pass  # halved when it timed out (_timed_out): its time says nothing more
             elif result.rows and seconds > policy.target_transaction * 1.5:
-                pace.chunk = max(MIN_CHUNK, pace.chunk // 2)
+                pace.chunk = min(max(MIN_CHUNK, pace.chunk // 2), pace.ceiling or policy.window)
             elif seconds < policy.target_transaction / 2:
                 pace.chunk = min(policy.window, pace.ceiling or policy.window, pace.chunk * 2)
             now = time.monotonic()

@@ -38,8 +38,9 @@ class Planner(Policies):
     def __init__(self, engine: Engine, config: Config, runs: Runs | None = None) -> None:
         super().__init__(engine, config, runs)
         self._page_ceilings: dict[str, int] = {}
-        """Per policy, in this process: the most windows a planning page may
-        hold since a Galera cluster refused a larger page's write set."""
+        """Per policy, in this process (every later run too, until a restart):
+        the most windows a planning page may hold since a Galera cluster
+        refused a larger page's write set."""
 
     def plan_page(self, job: Job, tx: Any) -> int:
         """Emit one page of windows and, unless it was the last, the next page.
@@ -69,10 +70,8 @@ class Planner(Policies):
         except SchemaError as exc:
             raise PermanentError(str(exc)) from exc
         storage = storage_of(p, target)
-        page = self._page_size(policy, p["windows"], first_page, _refusals(job))
-        with self._lock:  # a refused page's size holds for the policy's later pages
-            if _refusals(job):
-                self._page_ceilings[policy.name] = page
+        page = self._page_size(policy, p["windows"], first_page)
+        with self._lock:  # under a page the cluster refused (plan_failed)
             page = min(page, self._page_ceilings.get(policy.name, page))
         if p["windows"] == TIME:
             spans, cursor = self._time_page(target, p, cutoff, page, tx, storage)
@@ -97,16 +96,13 @@ class Planner(Policies):
         return len(spans)
 
     @staticmethod
-    def _page_size(policy: Policy, windows: str, first_page: bool, refusals: int = 0) -> int:
-        """Windows per planning page: time pages also read at most TIME_PAGE_ROWS;
-        halved for each of the page's last attempts a Galera cluster refused
-        (its jobs' rows over wsrep_max_ws_rows, or their bytes over
-        wsrep_max_ws_size)."""
+    def _page_size(policy: Policy, windows: str, first_page: bool) -> int:
+        """Windows per planning page: time pages also read at most TIME_PAGE_ROWS.
+        (At most the policy's page ceiling: plan_failed.)"""
         page = defaults.PLAN_PAGE
         if windows == TIME:
             page = max(1, min(page, defaults.TIME_PAGE_ROWS // policy.window))
-        page = min(defaults.FIRST_PLAN_PAGE, page) if first_page else page
-        return max(1, page >> min(refusals, 30))
+        return min(defaults.FIRST_PLAN_PAGE, page) if first_page else page
 
     def _key_page(
         self,
@@ -291,6 +287,21 @@ class Planner(Policies):
                 raise Snooze(PARTITION_WAIT_SECONDS, f"{waiting} partitions are being removed")
             time.sleep(0.005)
 
+    def plan_failed(self, job: Job, kind: str) -> None:
+        """A planning page's attempt failed: one a Galera cluster refused for its
+        write set's size (its window jobs' rows over wsrep_max_ws_rows, or their
+        bytes over wsrep_max_ws_size) halves the policy's pages from the size it
+        tried, for its retry and every later page (no attempt spent:
+        queue/runner.py)."""
+        if kind != "write_set_limit":
+            return
+        p = job.payload
+        policy = self.policy(p["policy"])
+        base = self._page_size(policy, p.get("windows", KEY), "windows" not in p)
+        with self._lock:
+            tried = min(base, self._page_ceilings.get(policy.name, base))
+            self._page_ceilings[policy.name] = max(1, tried // 2)
+
     def after_plan(self, job: Job, windows: int, seconds: float) -> None:
         log.info(
             "planned %d windows",
@@ -302,14 +313,3 @@ class Planner(Policies):
                 "attempt": job.attempt,
             },
         )
-
-
-def _refusals(job: Job) -> int:
-    """The planning job's last attempts, one after another, that a Galera
-    cluster refused for the size of their write set: each halves the page."""
-    count = 0
-    for error in reversed(job.errors):
-        if error.get("kind") != "write_set_limit":
-            break
-        count += 1
-    return count

@@ -244,6 +244,7 @@ def handlers(cleanup: Callable[[], Cleanup]) -> list[Handler]:
             PLAN,
             lambda job, tx: cleanup().plan_page(job, tx),
             after=lambda job, windows, seconds: cleanup().after_plan(job, windows, seconds),
+            failed=lambda job, kind: cleanup().plan_failed(job, kind),
             after_batch=lambda jobs: cleanup().finish_batch(jobs),
         ),
         Handler(

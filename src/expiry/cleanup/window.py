@@ -218,16 +218,19 @@ class Windows(Pacing):
         at its COMMIT) fits the policy's next windows under it (_fit_write_set)
         before another is claimed; its retry is halved too (_halvings)."""
         if kind == "write_set_limit":
-            self._fit_write_set(self.policy(job.payload["policy"]))
+            self._fit_write_set(self.policy(job.payload["policy"]), self._halvings(job))
 
-    def _fit_write_set(self, policy: Policy) -> None:
+    def _fit_write_set(self, policy: Policy, halvings: int) -> None:
         """A Galera cluster refused a window's write set: the policy's keys per
-        transaction in this process are halved for good (the pace's ceiling:
-        they never grow back past it), so that the following windows fit."""
+        transaction in this process stay under half of what that attempt tried
+        (the pace's ceiling, until a config reload: they never grow back past
+        it), so that the following windows fit. Half of the tried size, not of
+        the pace now: windows refused together (several threads) lower it once."""
         pace = self._pace(policy)
         with pace.lock:
-            pace.chunk = max(MIN_CHUNK, min(pace.chunk, policy.window) // 2)
-            pace.ceiling = pace.chunk
+            tried = min(pace.ceiling or policy.window, policy.window >> min(halvings, 62))
+            pace.ceiling = max(1, min(pace.ceiling or policy.window, tried // 2))
+            pace.chunk = min(pace.chunk, pace.ceiling)
 
     def _probes_held(self, job: Job) -> bool:
         """Whether this attempt first asks which of its rows another transaction
@@ -405,7 +408,10 @@ class Windows(Pacing):
         if kind == "statement_timeout":  # a size problem; a held row is not one
             pace = self._pace(policy)
             with pace.lock:
-                pace.chunk = max(MIN_CHUNK, min(pace.chunk, policy.window) // 2)
+                pace.chunk = min(
+                    max(MIN_CHUNK, min(pace.chunk, policy.window) // 2),
+                    pace.ceiling or policy.window,
+                )
         alone = halvings > 0 and part.rows is not None and part.rows <= 1
         if not alone and job.attempt < job.max_attempts:
             return None
@@ -440,13 +446,16 @@ class Windows(Pacing):
             return _Part(span)
         return _Part(*span.split(middle))
 
-    @staticmethod
     def _shrunk(
-        target: Target, span: Span, cutoff: datetime, tx: Any, storage: Storage, halvings: int
+        self, target: Target, span: Span, cutoff: datetime, tx: Any, storage: Storage, halvings: int
     ) -> _Part:
-        """The first 1/2**halvings of ``span``'s candidates (rounded up), and the rest."""
+        """The first 1/2**halvings of ``span``'s candidates (rounded up), at most
+        the pace's ceiling (a write set the cluster refused), and the rest."""
         n = target.count_span(tx, cutoff, span, storage)
         rows = max(1, -(-n // 2 ** min(halvings, 62)))
+        ceiling = self._pace(target.policy).ceiling
+        if ceiling is not None:
+            rows = min(rows, ceiling)
         upto = target.nth(tx, cutoff, span, rows - 1, storage) if rows < n else None
         if upto is None or upto == span.hi:
             return _Part(span, None, n)

@@ -143,11 +143,11 @@ class HealthSettings(Strict):
     max_active_backends: int | None = Field(None, ge=1)
     """Hold while more client backends than this are active (pg_stat_activity)."""
     critical_active_backends: int | None = Field(None, ge=1)
-    max_flow_control: float | None = Field(None, gt=0, le=1)
+    max_flow_control: float | None = Field(None, gt=0, lt=1)
     """Hold while a Galera cluster spent more than this share of the last
     health_interval paused for flow control (wsrep_flow_control_paused_ns: a
     node fell behind applying the others' writes; pt-archiver's --max-flow-ctl)."""
-    critical_flow_control: float | None = Field(None, gt=0, le=1)
+    critical_flow_control: float | None = Field(None, gt=0, lt=1)
     max_recv_queue: int | None = Field(None, ge=1)
     """Hold while more write sets than this wait to be applied on the node
     expiry is connected to (wsrep_local_recv_queue)."""

@@ -133,9 +133,9 @@ class Health:
         self._warned: set[str] = set()
         self._lock = threading.Lock()
         self._foreground: tuple[float, int | None] = (-math.inf, None)
-        self._flow: tuple[float, int] | None = None
-        """(when, the Galera node's flow-control pause then, in ns): the last reading."""
         """(when, the application's sessions at work then): the last reading."""
+        self._flow: tuple[float, int, str] | None = None
+        """(when, the Galera node's flow-control pause then in ns, the node): the last reading."""
         self.reload(config)
 
     def reload(self, config: Config) -> None:
@@ -244,8 +244,9 @@ class Health:
     def _flow_control(self, flow: FlowControl | None, now: float) -> dict[str, float]:
         """The share of the time since the last check that the Galera cluster
         stood paused for flow control, and this node's receive queue. The first
-        reading has nothing to compare with: the pause reads 0 until the
-        second. A server that is no Galera node reads nothing (the log says so,
+        reading has nothing to compare with, nor one from another node (a
+        reconnect through a proxy) or a restarted one: the pause reads 0 until
+        the next. A server that is no Galera node reads nothing (the log says so,
         once): its limits never hold."""
         if flow is None:
             self._warn_once(
@@ -254,10 +255,15 @@ class Health:
                 "and this server has none (wsrep is off): they hold nothing (remove them)",
             )
             return {}
-        last, self._flow = self._flow, (now, flow.paused_ns)
-        paused = 0.0
-        if last is not None and now > last[0]:
-            paused = max(0.0, flow.paused_ns - last[1]) / 1e9 / (now - last[0])
+        last, self._flow = self._flow, (now, flow.paused_ns, flow.node)
+        paused = 0.0  # a first reading, or another node's (a proxy moved us): a new baseline
+        if (
+            last is not None
+            and now > last[0]
+            and last[2] == flow.node
+            and flow.paused_ns >= last[1]
+        ):
+            paused = (flow.paused_ns - last[1]) / 1e9 / (now - last[0])
         return {"flow_control": min(1.0, paused), "recv_queue": float(flow.recv_queue)}
 
     def _standby_lag(self, url: str) -> float:

@@ -39,6 +39,9 @@ class _Loop:
     """Seconds a job, a moving average of this loop's (the claim's size)."""
     size: int = 1
     """The size of the last claim: a batch that came back this full had more behind it."""
+    cap: int | None = None
+    """The most jobs a claim may take since a Galera cluster refused a larger
+    claim's write set (its job rows over wsrep_max_ws_rows). None: ``batch``."""
     empty: dict[str, tuple[float, int]] = field(default_factory=dict)
     """Queues the last empty claim found empty: (when, the engine's hint count
     then). Until a hint arrives or a poll has passed, they are not claimed again,
@@ -133,12 +136,17 @@ class Claiming(JobRunner):
             self._wait(min([*quiet.values(), opens_in or self.poll]))
             return []
         queues = tuple(q for q in queues if q not in quiet)
-        loop.size = self._claim_size(loop.per_job)
+        loop.size = min(self._claim_size(loop.per_job), loop.cap or self.batch)
         try:
             jobs = self._claim(loop.size, queues, limits)
             loop.failures = 0
         except Exception as exc:  # the database went away: back off, reconnect
-            if self.engine.classify(exc)[1] == "deadlock":
+            kind = self.engine.classify(exc)[1]
+            if kind == "write_set_limit":  # too many job rows for the cluster: fewer
+                loop.cap = max(1, loop.size // 2)
+                log.warning("claim of %d jobs refused (%s); claiming %d", loop.size, exc, loop.cap)
+                return []
+            if kind == "deadlock":
                 # Another claim took the same jobs first: on a Galera cluster two
                 # nodes' claims may pick one job (SKIP LOCKED skips only this
                 # node's locks) and certification rejects the later commit.

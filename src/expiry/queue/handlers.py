@@ -37,8 +37,9 @@ class Handler:
     after: Callable[[Job, Any, float], None] | None = None
     """Called after commit with the handler's result and the transaction's seconds."""
     failed: Callable[[Job, str], None] | None = None
-    """Called after an attempt failed and its failure was recorded, with the
-    failure's kind (the engine's ``classify``), outside any transaction: for a
+    """Called after an attempt failed (its failure recorded, or not: a lease
+    lost meanwhile), with the failure's kind (the engine's ``classify``),
+    outside any transaction: for a
     handler that adapts what its next jobs do (a window refused for its size:
     cleanup/window.py)."""
     after_batch: Callable[[list[Job]], None] | None = None

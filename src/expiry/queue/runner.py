@@ -358,12 +358,14 @@ class JobRunner:
         that says so (TransientError(spend=False): a window retried smaller,
         which ends by itself in about log2(window) attempts) for a day, or for
         the time it names (a partition waiting for its table's lock); a write set
-        a Galera cluster refused (at its COMMIT too) for a day: the window or
-        the planning page is retried halved (cleanup/window.py, planner.py)."""
+        a Galera cluster refused (at its COMMIT too) for UNSPENT_WRITE_SET_SECONDS:
+        a window or planning page, retried halved, fits in a few tries
+        (cleanup/window.py, planner.py); a job that cannot shrink spends its
+        attempts after that."""
         if kind in OUTAGE_KINDS:
             return self.outage_budget
         if kind == "write_set_limit":
-            return defaults.UNSPENT_SHRINK_SECONDS
+            return defaults.UNSPENT_WRITE_SET_SECONDS
         if isinstance(exc, TransientError) and not exc.spend:
             if exc.unspent_for is not None:
                 return exc.unspent_for

@@ -438,8 +438,10 @@ class MySQLEngine(MySQLTables):
             code = errno(exc)
             if code in (1105, 1180) and any(w in str(exc).lower() for w in WRITE_SET_LIMIT):
                 return True, "write_set_limit"
-            if code == 1180 and "primary component" in str(exc).lower():
-                return True, "node_not_ready"  # a commit on a node cut off from the majority
+            if (code == 1047 and "wsrep" in str(exc).lower()) or (
+                code == 1180 and "primary component" in str(exc).lower()
+            ):
+                return True, "node_not_ready"  # a node cut off from the majority, or resting
             if code in TRANSIENT_ERRORS:
                 return True, TRANSIENT_ERRORS[code]
             if code in PERMANENT_ERRORS:

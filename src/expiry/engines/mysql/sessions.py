@@ -27,11 +27,11 @@ NOW_SQL = "utc_timestamp(6)"
 # Error numbers that pass: lock wait timeout, deadlock, the statement timeouts
 # (MariaDB's max_statement_time, MySQL's max_execution_time), a read-only server
 # (--read-only, super_read_only, a replica), too many connections, the
-# connection gone (client errors 2002 to 2013), and a Galera node that is not
-# in the cluster's primary component or not yet synced (1047, "WSREP has not
-# yet prepared node for application use": it answers once it rejoins).
+# connection gone (client errors 2002 to 2013). A Galera node that is not in
+# the cluster's primary component or not yet synced answers 1047 "WSREP has
+# not yet prepared node for application use" (1047 is "Unknown command"
+# elsewhere): classified by those words (engine.py), an outage.
 TRANSIENT_ERRORS = {
-    1047: "node_not_ready",
     1205: "lock_timeout",
     1213: "deadlock",
     1969: "statement_timeout",

@@ -251,14 +251,15 @@ class MySQLTables(Engine):
         """Read where wsrep is on; a server without it has no such status."""
         rows = conn.execute(
             "show global status where variable_name in"
-            " ('wsrep_flow_control_paused_ns', 'wsrep_local_recv_queue')"
+            " ('wsrep_flow_control_paused_ns', 'wsrep_local_recv_queue', 'wsrep_gcomm_uuid')"
         ).fetchall()
         status = {str(r["Variable_name"]).lower(): r["Value"] for r in rows}
-        if len(status) < 2:
+        if "wsrep_flow_control_paused_ns" not in status or "wsrep_local_recv_queue" not in status:
             return None
         return FlowControl(
             int(status["wsrep_flow_control_paused_ns"] or 0),
             int(status["wsrep_local_recv_queue"] or 0),
+            str(status.get("wsrep_gcomm_uuid") or ""),
         )
 
     def write_set_limit(self, conn: Any) -> int | None:
