@@ -1390,7 +1390,7 @@ MUTANTS = [
     ),
     Mutant(
         "node-not-ready-permanent",
-        "src/expiry/engines/mysql/sessions.py",
+        "src/expiry/engines/mysql/engine.py",
         '            if (code == 1047 and "wsrep" in str(exc).lower()) or (\n',
         '            if (code == 1047 and "wsrep" in str(exc).lower() and False) or (\n',
         (f"{GALERA}::test_a_node_out_of_rotation_is_an_outage_not_a_failed_job",),
