@@ -87,6 +87,30 @@ def applied(url: str, at_least: int) -> bool:
     return bool(row and row[0] >= at_least)
 
 
+def clean_under(node: Node, url: str, setting: str, reset: str, cfg: Path, tmp_path: Path) -> str:
+    """A run on ``url`` cleaned by one worker while ``node`` has the global
+    ``setting`` (then ``reset``): the worker's log."""
+    node.sql(f"set global {setting}")
+    try:
+        worker = worker_proc(tmp_path, cfg, 0)
+        worker.start()
+        try:
+            run = trigger(cfg)
+            wait_until(lambda: run_done(url, run), 120, "the run", on_timeout=worker.tail)
+        finally:
+            worker.stop()
+    finally:
+        node.sql(f"set global {reset}")
+    return worker.log_path.read_text(errors="replace")
+
+
+def most_attempts(url: str) -> int:
+    """The most attempts a completed job took."""
+    with connect(url) as conn:
+        row = conn.execute("select max(attempt) from expiry.jobs where state = 'completed'")
+        return int(row.fetchone()[0])
+
+
 def same_everywhere(nodes: list[Node], database: str) -> None:
     """Every node holds the same rows of the table and of expiry's records."""
     tables = "sessions, expiry_ledger, expiry_jobs, expiry_runs"
@@ -306,16 +330,11 @@ def test_windows_over_the_write_set_limit_are_retried_smaller_and_none_dies(
         )
         assert "wsrep_max_ws_rows (300)" in done.stdout + done.stderr, done
         assert "fix: window = 292" in done.stdout + done.stderr, done
-        worker = worker_proc(tmp_path, cfg, 0)
-        worker.start()
-        try:
-            run = trigger(cfg)
-            wait_until(lambda: run_done(urls[0], run), 120, "the run", on_timeout=worker.tail)
-        finally:
-            worker.stop()
     finally:
         cluster[0].sql("set global wsrep_max_ws_rows = 0")
-    log = worker.log_path.read_text(errors="replace")
+    log = clean_under(
+        cluster[0], urls[0], "wsrep_max_ws_rows = 300", "wsrep_max_ws_rows = 0", cfg, tmp_path
+    )
     refused = log.count("wsrep_max_ws_rows exceeded")
     print(f"transactions refused over wsrep_max_ws_rows: {refused}")
     assert refused >= 1, "no window was over the limit: make the windows bigger"
@@ -323,14 +342,11 @@ def test_windows_over_the_write_set_limit_are_retried_smaller_and_none_dies(
     # ceiling): they do not grow back into it after each fast window.
     assert refused <= 2, f"{refused} transactions refused: the windows grew back past the limit"
     with connect(urls[0]) as conn:
-        attempts = conn.execute(
-            "select max(attempt), count(*) from expiry.jobs where state = 'completed'"
-        ).fetchone()
         biggest = conn.execute("select max(rows_affected) from expiry.ledger").fetchone()[0]
     assert biggest <= 300, biggest
     report = check(urls[0])
     assert set(report.jobs) == {"completed"}, report.jobs
-    assert attempts is not None and attempts[0] == 1, "a refused window spent an attempt"
+    assert most_attempts(urls[0]) == 1, "a refused window spent an attempt"
 
 
 def test_windows_over_the_write_set_size_are_retried_smaller_and_none_dies(
@@ -345,18 +361,8 @@ def test_windows_over_the_write_set_size_are_retried_smaller_and_none_dies(
     this drill only.)"""
     urls = prepare(cluster, "drill_wsize", rows=8_000, note=4_000)
     cfg = config(tmp_path / "expiry.toml", urls[0], {"window": 500})
-    cluster[0].sql("set global wsrep_max_ws_size = 524288")
-    try:
-        worker = worker_proc(tmp_path, cfg, 0)
-        worker.start()
-        try:
-            run = trigger(cfg)
-            wait_until(lambda: run_done(urls[0], run), 120, "the run", on_timeout=worker.tail)
-        finally:
-            worker.stop()
-    finally:
-        cluster[0].sql("set global wsrep_max_ws_size = 2147483647")
-    log = worker.log_path.read_text(errors="replace")
+    limit, default = "wsrep_max_ws_size = 524288", "wsrep_max_ws_size = 2147483647"
+    log = clean_under(cluster[0], urls[0], limit, default, cfg, tmp_path)
     refusals = [line for line in log.splitlines() if "Maximum writeset size exceeded" in line]
     pages = [line for line in refusals if re.search(r"job=\S+:plan\b", line)]
     windows = len(refusals) - len(pages)
@@ -368,13 +374,10 @@ def test_windows_over_the_write_set_size_are_retried_smaller_and_none_dies(
     refused = {m.group(1) for line in refusals if (m := re.search(r"job=(\S+)", line))}
     assert len(pages) <= 6, f"{len(pages)} pages refused: later pages started too big again"
     assert len(refused) - 1 <= 8, f"{sorted(refused)} refused: later windows started too big"
-    with connect(urls[0]) as conn:
-        attempts = conn.execute(
-            "select max(attempt) from expiry.jobs where state = 'completed'"
-        ).fetchone()
+    attempts = most_attempts(urls[0])
     report = check(urls[0])
     assert set(report.jobs) == {"completed"}, report.jobs
-    assert attempts is not None and attempts[0] == 1, "a refused window spent an attempt"
+    assert attempts == 1, "a refused window spent an attempt"
 
 
 def test_planning_pages_over_the_write_set_limit_are_halved_and_the_rest_start_there(
@@ -386,29 +389,17 @@ def test_planning_pages_over_the_write_set_limit_are_halved_and_the_rest_start_t
     and the run's later pages start at that size."""
     urls = prepare(cluster, "drill_pages")
     cfg = config(tmp_path / "expiry.toml", urls[0], {"window": 100})
-    cluster[0].sql("set global wsrep_max_ws_rows = 200")
-    try:
-        worker = worker_proc(tmp_path, cfg, 0)
-        worker.start()
-        try:
-            run = trigger(cfg)
-            wait_until(lambda: run_done(urls[0], run), 120, "the run", on_timeout=worker.tail)
-        finally:
-            worker.stop()
-    finally:
-        cluster[0].sql("set global wsrep_max_ws_rows = 0")
-    log = worker.log_path.read_text(errors="replace")
+    log = clean_under(
+        cluster[0], urls[0], "wsrep_max_ws_rows = 200", "wsrep_max_ws_rows = 0", cfg, tmp_path
+    )
     refusals = [line for line in log.splitlines() if "wsrep_max_ws_rows exceeded" in line]
     pages = [line for line in refusals if re.search(r"job=\S+:plan\b", line)]
     print(f"over wsrep_max_ws_rows: {len(pages)} planning pages of {len(refusals)} refusals")
     assert len(pages) == 2, pages  # 500 and 250 refused; 125 fits, and so do the rest
     report = check(urls[0])
     assert set(report.jobs) == {"completed"}, report.jobs
-    with connect(urls[0]) as conn:
-        attempts = conn.execute(
-            "select max(attempt) from expiry.jobs where state = 'completed'"
-        ).fetchone()
-    assert attempts is not None and attempts[0] == 1, "a refused page spent an attempt"
+    attempts = most_attempts(urls[0])
+    assert attempts == 1, "a refused page spent an attempt"
 
 
 def test_flow_control_holds_the_policy_until_the_cluster_catches_up(
