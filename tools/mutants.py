@@ -1434,7 +1434,7 @@ MUTANTS = [
     Mutant(
         "write-set-spends-attempts",
         "src/expiry/queue/runner.py",
-        '        if kind == "write_set_limit":\n            return defaults.UNSPENT_SHRINK_SECONDS\n',
+        '        if kind == "write_set_limit":\n            return defaults.UNSPENT_WRITE_SET_SECONDS\n',
         "",
         (
             f"{GALERA}::test_planning_pages_over_the_write_set_limit_are_halved_and_the_rest_"
