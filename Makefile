@@ -23,10 +23,10 @@ lint: $(STAMP)
 # The suite, less the drills: lint, then the tests in TEST_WORKERS processes
 # (pytest-xdist), then the few marked serial (they read the whole server's
 # load) alone. Every test makes its own databases, servers and ports, so any
-# may run beside any other. Three processes on two cores: the tests wait on
+# may run beside any other. Four processes on two cores: the tests wait on
 # their databases more than they compute (about 34 minutes in one process,
-# under 11 in three).
-TEST_WORKERS ?= 3
+# 12.3 in three, 10.5 in four).
+TEST_WORKERS ?= 4
 
 test: lint
 	@status=0; \
