@@ -201,3 +201,11 @@ UNSPENT_WRITE_SET_SECONDS = 600.0
 long: a window or planning page halved at each try fits within a few tries; a
 job that cannot shrink (a handler of the application's, one row over the
 limit) spends its attempts after that, and ends dead with its reason."""
+
+APPROVE_WITHIN = "24h"
+"""How long a run of a policy with ``approve = true`` waits for its approval
+before it finishes without deleting anything."""
+
+APPROVAL_RECHECK_SECONDS = 300.0
+"""A run awaiting approval is looked at again this often (an approval wakes it
+at once): a changed policy previews again, an expired wait finishes the run."""

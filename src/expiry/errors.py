@@ -21,6 +21,8 @@ the engine boundary with ``raise ... from exc`` so the cause is never lost.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 class ExpiryError(Exception):
     """expiry failed."""
@@ -114,6 +116,15 @@ class AlreadyApplied(ExpiryError):
 class Snooze(ExpiryError):
     """The job cannot run yet; it goes back to the queue without spending an attempt."""
 
-    def __init__(self, delay: float, message: str | None = None) -> None:
+    def __init__(
+        self,
+        delay: float,
+        message: str | None = None,
+        *,
+        then: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(message)
         self.delay = delay
+        self.then = then
+        """Run once the job is back in the queue, its transaction rolled back
+        (to record why it waits, in a transaction of its own)."""

@@ -389,6 +389,15 @@ class AuditAction(enum.StrEnum):
     covers it (coalesced: one run plans, not each)."""
     RUN_STALLED = "run.stalled"
     """A run open for longer than its policy's stall_after (once per run)."""
+    RUN_AWAITING_APPROVAL = "run.awaiting_approval"
+    """A run of a policy with ``approve = true`` stopped after its planning
+    checks, before any window: its preview (candidates, a sample of keys, the
+    policy's hash). Written again when the policy changed since."""
+    RUN_APPROVED = "run.approved"
+    """Someone approved a run's preview (the policy's hash it was made under)."""
+    RUN_APPROVAL_EXPIRED = "run.approval_expired"
+    """A run awaited approval longer than its policy's approve_within: it
+    finished without a window."""
     WINDOW_DUPLICATE = "window.duplicate"
     """A window delivered again after its ledger row committed: nothing changed
     (also written by PostgreSQL's expiry.window_apply, and counted per run)."""

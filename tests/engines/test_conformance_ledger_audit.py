@@ -335,3 +335,24 @@ def test_audit_holds_lock_makes_a_second_transaction_wait_until_the_first_ends(
         assert not got.wait(0.5)  # waits while the first holds it
     assert got.wait(10)
     waiter.join(10)
+
+
+def test_audit_approvals_are_the_runs_approval_events_oldest_first(engine: Engine) -> None:
+    assert engine.audit_approvals("p:1") == []
+    for action, run in [
+        ("run.awaiting_approval", "p:1"),
+        ("run.opened", "p:1"),
+        ("run.awaiting_approval", "p:2"),
+        ("run.approved", "p:1"),
+        ("run.approval_expired", "p:1"),
+        ("run.approved", None),
+    ]:
+        engine.audit_append(None, action, actor="t", run_id=run, detail={"n": 1})
+    events = engine.audit_approvals("p:1")
+    assert [(e.action, e.run_id) for e in events] == [
+        ("run.awaiting_approval", "p:1"),
+        ("run.approved", "p:1"),
+        ("run.approval_expired", "p:1"),
+    ]
+    assert [e.id for e in events] == sorted(e.id for e in events)
+    assert events[0].detail == {"n": 1}

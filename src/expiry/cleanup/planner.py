@@ -16,7 +16,8 @@ from ..errors import PermanentError, SchemaError, Snooze
 from ..queue.jobs import new_job, policy_queue
 from ..times import parse_time
 from ..timestamps import Storage
-from ..types import UNFINISHED_STATES, AuditAction, Job
+from ..types import UNFINISHED_STATES, AuditAction, Job, Partition
+from . import approval
 from .jobs import partition_job, plan_job, storage_of, window_job
 from .policies import Policies
 from .runs import PARTITION, PLAN, Runs
@@ -168,6 +169,9 @@ class Planner(Policies):
         storage = target.detect(tx)
         p = {**p, "storage": storage.token}
         parts = target.expired_partitions(tx, cutoff, storage)
+        if policy.approve and not self._approved(policy, target, p, cutoff, storage, parts, tx):
+            self.engine.run_add_windows(p["run_id"], 0, done=True, conn=tx)
+            return None
         if not parts:
             return p
         mode = target.partition_mode()
@@ -185,6 +189,29 @@ class Planner(Policies):
         if self.engine.run_add_windows(p["run_id"], len(parts), done=False, conn=tx):
             self.engine.job_insert_many(jobs, tx)
         return None
+
+    def _approved(
+        self,
+        policy: Policy,
+        target: Target,
+        p: dict[str, Any],
+        cutoff: datetime,
+        storage: Storage,
+        parts: list[Partition],
+        tx: Any,
+    ) -> bool:
+        """A run of a policy with ``approve = true``, before it removes anything:
+        True once approved; False when its wait for approval ran out; else it
+        snoozes awaiting approval, its preview audited (cleanup/approval.py)."""
+        sample = target.sample_check(tx, cutoff, storage)
+        preview = {
+            "cutoff": p["cutoff"],
+            "candidates": target.count(tx, cutoff, storage),
+            "sample": sample[: approval.SAMPLE_KEYS],
+            "held": target.kept_by_holds(tx, cutoff, storage),
+            "partitions": [f"{x.schema}.{x.name}" for x in parts],
+        }
+        return approval.gate(self.engine, policy, p["run_id"], preview, tx)
 
     def _take_turn(self, policy: Policy, rid: str, tx: Any) -> bool:
         """Whether run ``rid`` (about to start) plans now. The policy's runs go in

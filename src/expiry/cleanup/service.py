@@ -35,11 +35,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ..config import Policy
-from ..errors import CutoffRefused, KeyConflict
+from ..errors import ConfigError, CutoffRefused, KeyConflict
 from ..queue.handlers import Handler
 from ..queue.jobs import new_job, policy_queue
 from ..times import format_duration, format_time
 from ..types import AuditAction, Job
+from . import approval
 from .jobs import first_plan_job
 from .partitions import Partitions
 from .preview import Previews
@@ -107,6 +108,14 @@ class Cleanup(Windows, Partitions, Previews):
             "run opened" if created else "run already open", extra={"policy": name, "run": rid}
         )
         return RunOpened(rid, name, cutoff, created)
+
+    def approve(self, run_id: str, *, actor: str) -> dict[str, Any]:
+        """Approve a run awaiting approval (cleanup/approval.py): its preview
+        under the policy as configured now. ConfigError says why not."""
+        run = self.engine.run_get(run_id)
+        if run is None:
+            raise ConfigError(f"no run {run_id!r}")
+        return approval.approve(self.engine, self.policy(run.policy), run_id, actor)
 
     @staticmethod
     def _cutoff(policy: Policy, now: datetime, cutoff: datetime | None, force: bool) -> datetime:

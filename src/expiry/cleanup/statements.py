@@ -509,19 +509,22 @@ class Statements:
         name = self.engine.quote(f"{part.schema}.{part.name}")
         return bool(self.run(conn, PARTITION_HELD, partition=name).fetchone()["n"])
 
-    def count(self, conn: Any, cutoff: datetime) -> int:
-        return int(self.run(conn, COUNT, cutoff=cutoff).fetchone()["n"])
+    def count(self, conn: Any, cutoff: datetime, storage: Storage | None = None) -> int:
+        return int(self.run(conn, COUNT, storage, cutoff=cutoff).fetchone()["n"])
 
-    def kept_by_holds(self, conn: Any, cutoff: datetime) -> dict[str, int]:
+    def kept_by_holds(
+        self, conn: Any, cutoff: datetime, storage: Storage | None = None
+    ) -> dict[str, int]:
         """Per hold on the table: the rows it keeps from ``cutoff`` (the
         candidates were there no hold, less those with it alone)."""
         holds = self.policy.holds
         if not holds:
             return {}
-        params = {"cutoff": cutoff, **self.engine.cutoff_params(self.storage, self.edge(cutoff))}
+        storage = storage or self.storage
+        params = {"cutoff": cutoff, **self.engine.cutoff_params(storage, self.edge(cutoff))}
 
         def candidates(honoured: tuple[Hold, ...]) -> int:
-            text = self.statement(COUNT, holds=honoured)
+            text = self.statement(COUNT, storage=storage, holds=honoured)
             return int(conn.execute(text, params).fetchone()["n"])
 
         free = candidates(())
@@ -533,12 +536,13 @@ class Statements:
         storage = storage or self.storage
         return storage.read(self.run(conn, OLDEST, storage, cutoff=cutoff).fetchone()["oldest"])
 
-    def sample_check(self, conn: Any, cutoff: datetime, storage: Storage) -> None:
+    def sample_check(self, conn: Any, cutoff: datetime, storage: Storage) -> list[str]:
         """Belt and braces before a run's first window: read candidates by the
         windows' own predicate and compare each with the cutoff in Python
         (timestamps.instant: a naive value in the storage's zone, by its latest
         reading), independently of the SQL. Raises SchemaError, which stops the
-        run before anything is deleted, if one is not expired."""
+        run before anything is deleted, if one is not expired. The keys read,
+        oldest first."""
         rows = self.run(conn, SAMPLE, storage, cutoff=cutoff, page=SAMPLE_SIZE).fetchall()
         for row in rows:
             zero = storage.zero and row["v"] in (0, 0.0)  # the epoch itself (Storage.zero)
@@ -553,6 +557,7 @@ class Statements:
                     f"read as {storage.describe()}. Fix: state timestamp_format (or "
                     "timestamp_zone), or make the column hold one storage, then trigger again"
                 )
+        return [str(row["k"]) for row in rows]
 
 
 def _span_name(span: Span) -> str:

@@ -128,6 +128,12 @@ class Policy(HealthSettings):
     stall_after: Duration | None = None
     """A run open longer than this is stalled: red in status and the dashboard,
     expiry_run_stalled in /metrics, audited once. Default: stall_seconds."""
+    approve: bool = False
+    """True: each run stops after its planning checks, before any window or
+    partition, and waits for someone to approve its preview (cleanup/approval.py)."""
+    approve_within: Duration = parse_duration(defaults.APPROVE_WITHIN)
+    """A run not approved this long after its first preview finishes without
+    deleting anything (audited run.approval_expired)."""
 
     @property
     def stall_seconds(self) -> float:
@@ -190,6 +196,13 @@ class Policy(HealthSettings):
                 "0 turns the limit off in PostgreSQL (a window could wait on a lock, or "
                 'run, without end): write a positive duration such as "2s" or "30s"'
             )
+        return value
+
+    @field_validator("approve_within")
+    @classmethod
+    def _approve_within(cls, value: float) -> float:
+        if value < 1:
+            raise ValueError('write how long a run waits for its approval, e.g. "24h"')
         return value
 
     @field_validator("stall_after")

@@ -260,6 +260,8 @@ class JobRunner:
         except Snooze as snooze:
             self.queue.release(job, snooze.delay, reason=str(snooze))
             log.info("job snoozed: %s", snooze, extra={**fields, "delay": snooze.delay})
+            if snooze.then is not None:
+                snooze.then()
             return
         except LeaseLost:
             log.warning(

@@ -212,6 +212,12 @@ class LedgerSeam(JobsSeam):
         """Every hold.placed and hold.lifted event, oldest first."""
         return [self._as_audit_event(row) for row in self._tx_rows(conn, "audit_holds")]
 
+    def audit_approvals(self, run_id: str, *, conn: Any | None = None) -> list[AuditEvent]:
+        """The run's run.awaiting_approval, run.approved and
+        run.approval_expired events, oldest first."""
+        found = self._tx_rows(conn, "audit_approvals", {"run_id": run_id})
+        return [self._as_audit_event(row) for row in found]
+
     def _as_audit_event(self, row: Row) -> AuditEvent:
         detail = row["detail"]
         return AuditEvent(

@@ -64,6 +64,13 @@ select 1 as locked from (select pg_advisory_xact_lock(hashtextextended('expiry.h
 -- Every hold placed or lifted, oldest first: what the log says is in force.
 select * from expiry.audit where action in ('hold.placed', 'hold.lifted') order by id;
 
+-- name: audit_approvals
+-- A run's approval events, oldest first (cleanup/approval.py).
+select * from expiry.audit
+where run_id = %(run_id)s
+  and action in ('run.awaiting_approval', 'run.approved', 'run.approval_expired')
+order by id;
+
 -- name: audit_counts
 -- Audited events by action and policy, for metrics.
 select action, policy, count(*) as n from expiry.audit group by action, policy;

@@ -1,0 +1,150 @@
+"""Approval (approve = true): a run stops after its checks with an audited
+preview and deletes nothing until someone approves it; then exactly the
+expired rows go (the oracle: the rows the test inserted, by their offsets). A
+changed policy invalidates an approval; a run not approved in time finishes
+without deleting anything."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+import pytest
+
+from expiry.app import App
+from expiry.cleanup import approval
+from expiry.config import parse_config
+from expiry.errors import ConfigError
+
+from ._support import (
+    POLICY,
+    Db,
+    assert_run_clean,
+    config_data,
+    doomed,
+    drain,
+    run_worker,
+    standard_rows,
+)
+
+Apps = Callable[..., App]
+APPROVE = {"approve": True, "nice_ratio": 0}
+
+
+def awaiting(db: Db, app: App, run_id: str) -> approval.Approval:
+    found = approval.of_run(app.engine, run_id)
+    assert found is not None
+    return found
+
+
+def test_a_run_deletes_nothing_until_approved_then_exactly_the_expired_rows(
+    db: Db, apps: Apps
+) -> None:
+    db.create_sessions()
+    rows = standard_rows(600)
+    db.insert_sessions(rows)
+    app = apps(db.url, APPROVE)
+    assert app.cleanup is not None
+    opened = app.cleanup.open_run(POLICY["name"])
+    rid = opened.run_id
+
+    run_worker(app)  # the planning job previews, then waits
+    assert db.ids() == {i for i, _, _ in rows}
+    assert db.windows(rid) == []
+    found = awaiting(db, app, rid)
+    assert found.state == approval.AWAITING
+    assert found.preview["candidates"] == len(doomed(rows))
+    assert found.preview["sample"] and {int(k) for k in found.preview["sample"]} <= doomed(rows)
+    assert found.config_hash == approval.policy_hash(app.cleanup.policy(POLICY["name"]))
+    plan = app.queue.get(f"{rid}:plan")
+    assert plan is not None and plan.state == "scheduled", plan
+    assert plan.wait_reason is not None and "awaiting approval" in plan.wait_reason
+    assert db.run_state(rid) == "planning"
+
+    app.engine.job_wake(f"{rid}:plan")  # looked at again (its recheck), not approved
+    run_worker(app)
+    assert db.ids() == {i for i, _, _ in rows}
+    assert db.audit("run.awaiting_approval") == 1  # the same preview is not audited twice
+
+    done = app.cleanup.approve(rid, actor="api:alice")
+    assert done["state"] == approval.APPROVED and done["approved_by"] == "api:alice"
+    assert done["woken"] is True
+    drain(app)
+    assert db.ids() == {i for i, _, _ in rows} - doomed(rows)
+    assert_run_clean(db, rid)
+    assert db.audit("run.approved") == 1
+    again = app.cleanup.approve  # a finished run has nothing to approve
+    with pytest.raises(ConfigError, match="finished"):
+        again(rid, actor="api:alice")
+
+
+def test_a_changed_policy_invalidates_the_approval(db: Db, apps: Apps) -> None:
+    db.create_sessions()
+    rows = standard_rows(300)
+    db.insert_sessions(rows)
+    first = apps(db.url, APPROVE)
+    assert first.cleanup is not None
+    rid = first.cleanup.open_run(POLICY["name"]).run_id
+    run_worker(first)
+    before = awaiting(db, first, rid)
+
+    # The policy changes (a hold-like where: only even ids) before the approval.
+    changed = apps(db.url, {**APPROVE, "where": "revoked_at is null and id % 2 = 0"})
+    assert changed.cleanup is not None
+    with pytest.raises(ConfigError, match="another version"):
+        changed.cleanup.approve(rid, actor="api:bob")
+    first.cleanup.approve(rid, actor="api:alice")  # approves the old preview
+    run_worker(changed)  # the planner reads the policy as it is now: previews again
+    assert db.ids() == {i for i, _, _ in rows}
+    after = awaiting(db, changed, rid)
+    assert after.state == approval.AWAITING
+    assert after.config_hash != before.config_hash
+    even = {i for i in doomed(rows) if i % 2 == 0}
+    assert after.preview["candidates"] == len(even)
+
+    changed.cleanup.approve(rid, actor="api:bob")
+    drain(changed)
+    assert db.ids() == {i for i, _, _ in rows} - even
+    assert_run_clean(db, rid)
+
+
+def test_a_run_not_approved_in_time_finishes_without_deleting(db: Db, apps: Apps) -> None:
+    db.create_sessions()
+    rows = standard_rows(200)
+    db.insert_sessions(rows)
+    app = apps(db.url, {**APPROVE, "approve_within": "2s"})
+    assert app.cleanup is not None
+    rid = app.cleanup.open_run(POLICY["name"]).run_id
+    run_worker(app)
+    found = awaiting(db, app, rid)
+    assert found.state == approval.AWAITING
+    plan = app.queue.get(f"{rid}:plan")
+    assert plan is not None and plan.run_at <= found.since + timedelta(seconds=3)
+    time.sleep(2.1)  # its wait runs out (its recheck is due by then)
+    app.engine.job_wake(f"{rid}:plan")
+    drain(app)
+    assert db.ids() == {i for i, _, _ in rows}
+    assert db.windows(rid) == []
+    assert awaiting(db, app, rid).state == approval.EXPIRED
+    assert db.audit("run.approval_expired") == 1
+    assert db.run_state(rid) == "finished"
+    with pytest.raises(ConfigError, match="finished"):
+        app.cleanup.approve(rid, actor="api:alice")
+
+
+def test_approve_within_of_zero_is_refused_with_the_fix(db: Db) -> None:
+    with pytest.raises(ConfigError, match=r"expired-sessions.*approve_within.*24h"):
+        parse_config(config_data(db.url, {**APPROVE, "approve_within": "0s"}))
+
+
+def test_approving_a_run_of_a_policy_without_approval_is_refused(db: Db, apps: Apps) -> None:
+    db.create_sessions()
+    db.insert_sessions(standard_rows(50))
+    app = apps(db.url, {"nice_ratio": 0})
+    assert app.cleanup is not None
+    rid = app.cleanup.open_run(POLICY["name"]).run_id
+    with pytest.raises(ConfigError, match="awaits no approval"):
+        app.cleanup.approve(rid, actor="api:alice")
+    with pytest.raises(ConfigError, match="no run"):
+        app.cleanup.approve("nope:1", actor="api:alice")
