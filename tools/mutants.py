@@ -55,6 +55,7 @@ DASHBOARD = "tests/dashboard/test_dashboard.py"
 SCHEDULER = "tests/scheduler/test_scheduler.py"
 PGBOUNCER = "tests/drills/test_pgbouncer.py"
 GALERA = "tests/drills/test_galera.py"
+APPROVAL = "tests/cleanup/test_approval.py"
 REFERENCED = (
     "tests/cleanup/test_real_tables.py::test_many_referenced_rows_split_no_window_and_every_"
     "run_counts_them"
@@ -1451,6 +1452,33 @@ MUTANTS = [
         (f"{GALERA}::test_windows_over_the_write_set_size_are_retried_smaller_and_none_dies",),
         "a refused window halves only itself: every later window is refused once before "
         "it is retried smaller",
+    ),
+    Mutant(
+        "approval-skipped",
+        "src/expiry/cleanup/planner.py",
+        "        if policy.approve and not self._approved(",
+        "        if False and not self._approved(",
+        (
+            f"{APPROVAL}::test_a_run_deletes_nothing_until_approved_then_exactly_the_"
+            "expired_rows[postgres]",
+        ),
+        "a policy with approve = true deletes at its run's first planning job, unapproved",
+    ),
+    Mutant(
+        "approval-of-any-version",
+        "src/expiry/cleanup/approval.py",
+        "approval.config_hash == digest and approval.state == APPROVED",
+        "approval.state == APPROVED",
+        (f"{APPROVAL}::test_a_changed_policy_invalidates_the_approval[postgres]",),
+        "an approval of an earlier preview lets a run go on under a policy changed since",
+    ),
+    Mutant(
+        "approval-never-expires",
+        "src/expiry/cleanup/approval.py",
+        "    if approval is not None and now >= deadline:",
+        "    if False:",
+        (f"{APPROVAL}::test_a_run_not_approved_in_time_finishes_without_deleting[postgres]",),
+        "a run awaiting approval waits for ever: approve_within is never read",
     ),
 ]
 
