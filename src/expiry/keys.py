@@ -32,6 +32,7 @@ SCOPES = {
     "read": "read policies, runs, the queue's state and the dashboard's pages "
     "(another queue's jobs with its queue:consume scope)",
     "cleanup:trigger": "open, pause, resume and cancel runs of policies",
+    "cleanup:approve": "approve the runs of policies with approve = true (after their preview)",
     "cron:manage": "create and manage the key's own cron targets",
     "dlq:manage": "review, redrive and discard every dead job, expiry's own too",
     "queue:publish:PATTERN": "publish to the queues PATTERN matches (fnmatch: orders.*)",

@@ -6,9 +6,11 @@ without deleting anything."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -21,11 +23,13 @@ from ._support import (
     POLICY,
     Db,
     assert_run_clean,
+    cli,
     config_data,
     doomed,
     drain,
     run_worker,
     standard_rows,
+    write_config,
 )
 
 Apps = Callable[..., App]
@@ -148,3 +152,40 @@ def test_approving_a_run_of_a_policy_without_approval_is_refused(db: Db, apps: A
         app.cleanup.approve(rid, actor="api:alice")
     with pytest.raises(ConfigError, match="no run"):
         app.cleanup.approve("nope:1", actor="api:alice")
+
+
+def test_a_run_awaiting_approval_is_not_stalled_before_its_approval_could_expire(db: Db) -> None:
+    plain = parse_config(config_data(db.url, {"schedule": "0 * * * *"})).policy[0]
+    approving = parse_config(
+        config_data(db.url, {"schedule": "0 * * * *", **APPROVE, "approve_within": "2d"})
+    ).policy[0]
+    assert approving.stall_seconds == plain.stall_seconds + 2 * 86_400
+    fixed = parse_config(config_data(db.url, {**APPROVE, "stall_after": "30m"})).policy[0]
+    assert fixed.stall_seconds == 1800  # as the policy says
+
+
+def test_expiry_runs_approve_on_the_command_line(db: Db, apps: Apps, tmp_path: Path) -> None:
+    """`expiry runs show` says the run awaits approval, with its preview;
+    `expiry runs approve` (audited with --actor) lets it go on; a second
+    approval of the finished run exits 2 with the reason, no traceback."""
+    db.create_sessions()
+    rows = standard_rows(300)
+    db.insert_sessions(rows)
+    app = apps(db.url, APPROVE)
+    assert app.cleanup is not None
+    rid = app.cleanup.open_run(POLICY["name"]).run_id
+    run_worker(app)
+    config = write_config(tmp_path / "expiry.toml", db.url, APPROVE)
+
+    shown = cli("--config", str(config), "runs", "show", rid)
+    assert shown.returncode == 0, shown.stderr
+    assert "awaiting approval" in shown.stdout
+    assert f"{len(doomed(rows)):,} candidates" in shown.stdout, shown.stdout
+    done = cli("--config", str(config), "runs", "approve", rid, "--actor", "dpo", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["approval"]["approved_by"] == "dpo"
+    drain(app)
+    assert db.ids() == {i for i, _, _ in rows} - doomed(rows)
+    again = cli("--config", str(config), "runs", "approve", rid)
+    assert again.returncode == 2 and "nothing to approve" in again.stderr
+    assert "Traceback" not in again.stderr

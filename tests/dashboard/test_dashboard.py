@@ -16,7 +16,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 from expiry.keys import Keys
 from expiry.types import JobState
 
-from .conftest import Dashboard, csrf_of, post_login, screenshot, sign_in
+from .conftest import POLICY, Dashboard, csrf_of, post_login, screenshot, sign_in
 
 
 def run_worker(dashboard: Dashboard, queue: str = "default") -> None:
@@ -519,3 +519,40 @@ def test_a_hold_is_named_on_the_overview_and_its_kept_rows_counted_on_the_plan(
         plan = ops.get("/policies/expired-sessions/plan").text
         assert re.search(r'id="held-case-7">keeps 10 expired rows<', plan), plan
         assert re.search(r"Rows to delete</dt><dd[^>]*>440 \(the planner", plan), plan
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+@pytest.mark.dashboard_config(policy=[{**POLICY, "approve": True}])
+def test_a_run_awaiting_approval_shows_its_preview_and_is_approved_from_its_page(
+    page: WebDriver, dashboard: Dashboard
+) -> None:
+    """A policy with approve = true: the run's page says it awaits approval,
+    with the rows its preview counted and a sample of their keys; a key without
+    cleanup:approve sees no button; the ops key approves (asked first), audited
+    with its name, and the run then deletes the 450 expired rows, not one live."""
+    app = dashboard.app
+    assert app.cleanup is not None
+    run = app.cleanup.open_run("expired-sessions")
+    assert app.worker(until_idle=True, poll=0.05, rescue_every=0.2).run() == 0
+    path = f"/runs/{quote(run.run_id, safe='')}"
+    trigger = app.keys.create("operator", ["read", "cleanup:trigger"])
+    with dashboard.client() as client:
+        assert post_login(client, trigger).status_code == 303
+        shown = client.get(path).text
+        assert "Awaiting approval" in shown and "/runs/approve" not in shown
+    sign_in(page, dashboard)
+    page.get(dashboard.url(path))
+    assert "450 rows are expired" in text(page, "p.approval")
+    assert "Sample keys:" in page.page_source
+    page.find_element(By.CSS_SELECTOR, f"button[aria-label='Approve run {run.run_id}']").click()
+    confirm = WebDriverWait(page, 5).until(ec.alert_is_present())
+    assert "450 expired rows are deleted" in confirm.text
+    confirm.accept()
+    wait_for(page, f"Approved run {run.run_id}")
+    assert app.worker(until_idle=True, poll=0.05, rescue_every=0.2).run() == 0
+    summary = app.runs.summary(run.run_id)
+    assert summary is not None and summary["rows_affected"] == 450
+    assert summary["approval"]["approved_by"] == "dashboard:ops"
+    with app.engine.transaction() as conn:
+        [(left,)] = [tuple(r.values()) for r in conn.execute("select count(*) as n from sessions")]
+    assert left == 50

@@ -204,3 +204,39 @@ def test_holds_are_listed_with_the_rows_they_keep_and_the_dry_run_counts_them(
     assert dry.status_code == 200, dry.text
     assert dry.json()["candidates"] == 230 and dry.json()["held"] == {"first-20": 20}
     assert_error(live.new_client().get("/v1/holds"), 401)
+
+
+def test_approve_a_run_over_http_with_the_approve_scope_only(serve: Serve, db_url: str) -> None:
+    """A policy with approve = true: its run stops after its preview (nothing
+    deleted); a key without cleanup:approve gets 403, cleanup:trigger included;
+    one with it approves (audited with its name) and the run deletes exactly the
+    expired rows. Approving again once finished: 409; no such run: 404."""
+    live = serve(db_url, policies=({"approve": True},))
+    live.db.insert_sessions(expired=120, live=30)
+    opened = live.client.post("/v1/cleanup/trigger", json={"policy": POLICY}).json()
+    run_id = opened["run_id"]
+    assert live.app.worker(until_idle=True, poll=0.05, rescue_every=0.2).run() == 0
+    assert live.db.count() == 150  # previewed, nothing deleted
+
+    shown = live.client.get(f"/v1/runs/{quote(run_id, safe='')}").json()
+    assert shown["outcome"] == "awaiting approval", shown
+    assert shown["approval"]["state"] == "awaiting"
+    assert shown["approval"]["preview"]["candidates"] == 120
+
+    trigger = live.new_client(live.app.keys.create("ops", ["cleanup:trigger", "read"]))
+    assert_error(trigger.post("/v1/runs/approve", json={"run_id": run_id}), 403)
+    approver = live.new_client(live.app.keys.create("dpo", ["cleanup:approve"]))
+    missing = approver.post("/v1/runs/approve", json={"run_id": f"{POLICY}:nope"})
+    assert_error(missing, 404, "not_found")
+    approved = approver.post("/v1/runs/approve", json={"run_id": run_id})
+    assert approved.status_code == 200, approved.text
+    body = approved.json()
+    assert body["approval"]["state"] == "approved" and body["approval"]["approved_by"] == "api:dpo"
+
+    assert live.app.worker(until_idle=True, poll=0.05, rescue_every=0.2).run() == 0
+    assert live.db.count() == 30
+    done = live.client.get(f"/v1/runs/{quote(run_id, safe='')}").json()
+    assert done["outcome"] == "finished" and done["rows_affected"] == 120
+    again = approver.post("/v1/runs/approve", json={"run_id": run_id})
+    assert_error(again, 409, "not_approvable")
+    assert approver.post("/v1/runs/approve", json={}).status_code == 422

@@ -6,7 +6,7 @@ window: its preview (the candidates at the run's cutoff, a sample of their
 keys, the rows each hold keeps, the partitions it would remove, the policy's
 hash) is audited as run.awaiting_approval, and its planning job waits, snoozed
 ("awaiting approval"), its attempts unspent. Someone approves the run by the
-CLI (`expiry approve RUN`), the HTTP API (``POST /v1/runs/approve``, scope
+CLI (`expiry runs approve RUN`), the HTTP API (``POST /v1/runs/approve``, scope
 cleanup:approve) or the dashboard; the approval is audited as run.approved
 with who and the hash of the policy it approved, and wakes the planning job,
 which then plans the run as any other, at the run's own cutoff.
@@ -168,7 +168,7 @@ def gate(
             detail=detail,
         )
         log.info(
-            "run awaits approval: %s candidates (expiry approve %s)",
+            "run awaits approval: %s candidates (expiry runs approve %s)",
             detail.get("candidates"),
             run_id,
             extra={"policy": policy.name, "run": run_id},
@@ -176,7 +176,7 @@ def gate(
 
     raise Snooze(
         max(1.0, wait),
-        f"awaiting approval until {format_time(deadline)}: expiry approve {run_id}",
+        f"awaiting approval until {format_time(deadline)}: expiry runs approve {run_id}",
         then=audit if fresh else None,
     )
 

@@ -31,6 +31,7 @@ from ..types import (
     RunTotals,
     RunWait,
 )
+from . import approval
 
 log = logging.getLogger("expiry.runs")
 
@@ -73,7 +74,14 @@ class Runs:
             ledger = engine.run_ledger(run_id, conn=conn)
             duplicates = engine.run_duplicates(run_id, conn=conn)
             waits = [] if run.state == "finished" else self.waits(run_id, conn=conn)
-        return {**summarize(run, jobs, ledger, duplicates), "waiting": waits}
+            approved = approval.of_run(engine, run_id, conn=conn)
+        summary = {**summarize(run, jobs, ledger, duplicates), "waiting": waits}
+        summary["approval"] = None if approved is None else approved.as_dict()
+        if approved is not None and approved.state == approval.AWAITING:
+            summary["outcome"] = "awaiting approval"
+        elif approved is not None and approved.state == approval.EXPIRED:
+            summary["outcome"] = "approval expired" if run.state == "finished" else "expiring"
+        return summary
 
     def waits(self, run_id: str, *, conn: Any | None = None) -> list[dict[str, Any]]:
         """What the run's pending jobs wait for, one entry a state and reason,

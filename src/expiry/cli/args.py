@@ -224,7 +224,9 @@ def keys_args(parser: argparse.ArgumentParser) -> None:
 
 
 def runs_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("args", nargs="*", metavar="POLICY | show RUN_ID | cancel RUN_ID")
+    parser.add_argument(
+        "args", nargs="*", metavar="POLICY | show RUN_ID | cancel RUN_ID | approve RUN_ID"
+    )
     actor_arg(parser)
 
 

@@ -117,7 +117,7 @@ def commands() -> list[tuple[str, Command, str, Arguments]]:
             "API keys: create NAME [--scope S]..., list, scope NAME --scope S..., revoke NAME",
             keys_args,
         ),
-        ("runs", cmd_runs, "recent runs, `runs show RUN_ID`, `runs cancel RUN_ID`", runs_args),
+        ("runs", cmd_runs, "recent runs, `runs show RUN_ID`, `runs cancel RUN_ID`, `runs approve RUN_ID`", runs_args),
         ("dlq", cmd_dlq, "dead-letter review: list, show KEY, redrive, discard", dlq_args),
         ("evidence", cmd_evidence, "what a policy's runs deleted or archived, from the ledger", evidence_args),
     ]  # fmt: skip

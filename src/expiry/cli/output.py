@@ -72,12 +72,32 @@ def print_json(data: Any) -> None:
 
 def print_run(summary: dict[str, Any]) -> None:
     for key, value in summary.items():
-        if key != "waiting":
+        if key not in ("waiting", "approval"):
             out.print(f"{key:>20}: {value}")
     if summary.get("stalled"):
         out.print(f"{'':>20}  STALLED: open since {summary['opened_at']}")
     for wait in summary.get("waiting") or []:
         out.print(f"{'waiting':>20}: {wait['why']} (since {wait['since']})")
+    approval = summary.get("approval")
+    if approval:
+        preview = approval["preview"]
+        out.print(
+            f"{'approval':>20}: {approval['state']} since {approval['since']}"
+            + (f", by {approval['approved_by']}" if approval["approved_by"] else ""),
+            highlight=False,
+        )
+        out.print(
+            f"{'preview':>20}: {preview.get('candidates', '?'):,} candidates at cutoff "
+            f"{preview.get('cutoff')}; policy hash {preview.get('config_hash')}; "
+            f"approve by {preview.get('approve_by')}",
+            highlight=False,
+        )
+        if preview.get("sample"):
+            out.print(f"{'sample keys':>20}: {', '.join(preview['sample'])}", highlight=False)
+        for hold, kept in (preview.get("held") or {}).items():
+            out.print(f"{'held':>20}: {kept:,} rows by hold {hold}", highlight=False)
+        if preview.get("partitions"):
+            out.print(f"{'partitions':>20}: {', '.join(preview['partitions'])}", highlight=False)
 
 
 def print_runs(found: list[dict[str, Any]]) -> None:

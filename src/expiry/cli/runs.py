@@ -163,11 +163,15 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    verb = args.args[0] if args.args[:1] in (["show"], ["cancel"]) else None
-    runs = (migrated(args) if verb == "cancel" else reading(args)).runs
+    verb = args.args[0] if args.args[:1] in (["show"], ["cancel"], ["approve"]) else None
+    writes = verb in ("cancel", "approve")
+    app = migrated(args, need_config=verb == "approve") if writes else reading(args)
+    runs = app.runs
     if verb is not None:
         if len(args.args) != 2:
             raise ConfigError(f"usage: expiry runs {verb} RUN_ID")
+        if verb == "approve":  # audited with --actor; the planning job wakes
+            cleanup_of(app).approve(args.args[1], actor=args.actor)
         found = (
             runs.cancel(args.args[1], actor=args.actor)
             if verb == "cancel"

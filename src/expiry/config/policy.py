@@ -138,13 +138,16 @@ class Policy(HealthSettings):
     @property
     def stall_seconds(self) -> float:
         """stall_after, or three periods of the schedule (at least ten minutes),
-        or an hour for a policy without a schedule."""
+        or an hour for a policy without a schedule; with ``approve``, the
+        default also allows approve_within (a run waiting for its approval is
+        not stalled: past approve_within it ends by itself)."""
         if self.stall_after is not None:
             return self.stall_after
+        waits = self.approve_within if self.approve else 0.0
         if self.schedule is None:
-            return defaults.STALL_UNSCHEDULED_SECONDS
+            return waits + defaults.STALL_UNSCHEDULED_SECONDS
         every = period(self.schedule, self.timezone)
-        return max(defaults.STALL_MIN_SECONDS, defaults.STALL_PERIODS * every)
+        return waits + max(defaults.STALL_MIN_SECONDS, defaults.STALL_PERIODS * every)
 
     @field_validator("table", "archive_table")
     @classmethod

@@ -128,6 +128,10 @@ async def _trigger(principal: Key) -> Principal:
     return holding(principal, "cleanup:trigger")
 
 
+async def _approver(principal: Key) -> Principal:
+    return holding(principal, "cleanup:approve")
+
+
 async def _cron_manager(principal: Key) -> Principal:
     return holding(principal, "cron:manage")
 
@@ -136,5 +140,7 @@ Reader = Annotated[Principal, Depends(_reader)]
 """A key with the read scope: policies, runs, the queue's state."""
 Trigger = Annotated[Principal, Depends(_trigger)]
 """A key with cleanup:trigger: open, pause, resume and cancel runs."""
+Approver = Annotated[Principal, Depends(_approver)]
+"""A key with cleanup:approve: approve a run awaiting approval."""
 CronManager = Annotated[Principal, Depends(_cron_manager)]
 """A key with cron:manage: its own cron targets."""

@@ -93,6 +93,14 @@ CAPABILITIES: dict[str, dict[str, Any]] = {
         "summary": "cancel a run: planning stops, waiting windows are cancelled, running ones finish",
         "example": {"run_id": "expired-sessions:2026-12-01T06:00:00Z"},
     },
+    "runs.approve": {
+        "scope": "cleanup:approve",
+        "method": "POST",
+        "path": "/v1/runs/approve",
+        "summary": "approve a run awaiting approval (approve = true): its preview, under "
+        "the policy as configured now; audited with the key's name",
+        "example": {"run_id": "expired-sessions:2026-12-01T06:00:00Z"},
+    },
     "dlq.redrive": {
         "scope": "dlq:manage",
         "method": "POST",

@@ -322,6 +322,10 @@ class CancelRunRequest(Request):
     run_id: str = Field(max_length=300, pattern=NO_NUL)
 
 
+class ApproveRunRequest(Request):
+    run_id: str = Field(max_length=300, pattern=NO_NUL)
+
+
 class TriggerRequest(Request):
     policy: str = Field(max_length=63)
     cutoff: datetime | None = Field(

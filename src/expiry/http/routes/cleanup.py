@@ -14,7 +14,7 @@ from ...errors import ConfigError
 from ...status import Status
 from ...times import format_time, parse_since
 from .. import models as m
-from ..deps import ExpiryApp, Reader, Trigger
+from ..deps import Approver, ExpiryApp, Reader, Trigger
 from ..errors import NOT_FOUND, ApiError
 
 router = APIRouter(prefix="/v1", tags=["cleanup"])
@@ -132,6 +132,23 @@ def run_cancel(body: m.CancelRunRequest, key: Trigger, app: ExpiryApp) -> dict[s
         return app.runs.cancel(body.run_id, actor=f"api:{key.name}")
     except ConfigError as exc:
         raise ApiError(409, "run_finished", str(exc)) from None
+
+
+@router.post("/runs/approve", responses=NOT_FOUND)
+def run_approve(body: m.ApproveRunRequest, key: Approver, app: ExpiryApp) -> dict[str, Any]:
+    """Approve a run awaiting approval (a policy with approve = true): its
+    planning goes on at the run's cutoff. 404 for no such run; 409 for one
+    that awaits no approval, is finished, or was previewed under another
+    version of its policy (it previews again: approve that)."""
+    if Status.of(app).run_summary(body.run_id) is None:
+        raise ApiError(404, "not_found", f"no run {body.run_id!r}")
+    try:
+        cleanup_of(app).approve(body.run_id, actor=f"api:{key.name}")
+    except ConfigError as exc:
+        raise ApiError(409, "not_approvable", str(exc)) from None
+    found = Status.of(app).run_summary(body.run_id)
+    assert found is not None
+    return found
 
 
 @router.get("/runs/{run_id:path}", responses=NOT_FOUND)

@@ -139,6 +139,22 @@ def cancel_run(request: Request, form: Form, app: ExpiryApp, pages: DashboardPag
     )
 
 
+@router.post("/runs/approve")
+def approve_run(request: Request, form: Form, app: ExpiryApp, pages: DashboardPages) -> Response:
+    guarded = pages.guard(request, form, "cleanup:approve")
+    if not isinstance(guarded, Session):
+        return guarded
+    run_id = form.get("run", "")
+    target = "/runs/" + quote(run_id, safe="")
+    if app.cleanup is None:
+        return pages.done(request, target, "Not approved: this server has no policies")
+    try:
+        app.cleanup.approve(run_id, actor=f"dashboard:{guarded.key_name}")
+    except ExpiryError as exc:
+        return pages.done(request, target, f"Not approved: {exc}")
+    return pages.done(request, target, f"Approved run {run_id}: its windows are being planned.")
+
+
 @router.post("/policies/pause")
 def pause_policy(request: Request, form: Form, app: ExpiryApp, pages: DashboardPages) -> Response:
     guarded = pages.guard(request, form, "cleanup:trigger")
