@@ -90,6 +90,7 @@ class Status:
             unserved=roll.unserved([p.name for p in cleanup.policies], live, self._queue.stats()),
             unscheduled=roll.unscheduled(cleanup.policies, schedules, now),
             ages=cleanup.open_run_ages(),
+            awaiting=cleanup.awaiting_approval(),
         )
         return [self._policy_status(cleanup, policy, seen) for policy in cleanup.policies]
 
@@ -118,6 +119,8 @@ class Status:
             "oldest_open_run_seconds": None if age is None else round(age, 3),
             "stall_after": format_duration(policy.stall_seconds),
             "stalled": age is not None and age > policy.stall_seconds,
+            "approve": policy.approve,
+            "awaiting_approval": seen.awaiting.get(policy.name),
             "broken": broken,
             "throttle": seen.throttles.get(policy.name),
             "unserved_seconds": seen.unserved.get(policy.name),
@@ -236,6 +239,7 @@ class _Readings:
     unserved: dict[str, float]
     unscheduled: dict[str, float | None]
     ages: dict[str, float]
+    awaiting: dict[str, str]
 
 
 def _watermark(cleanup: Cleanup, name: str) -> tuple[str | None, float | None]:

@@ -181,6 +181,9 @@ def test_expiry_runs_approve_on_the_command_line(db: Db, apps: Apps, tmp_path: P
     assert shown.returncode == 0, shown.stderr
     assert "awaiting approval" in shown.stdout
     assert f"{len(doomed(rows)):,} candidates" in shown.stdout, shown.stdout
+    status = cli("--config", str(config), "status")
+    assert status.returncode == 0, status.stderr
+    assert f"AWAITING APPROVAL: {POLICY['name']}: run {rid}" in status.stdout, status.stdout
     done = cli("--config", str(config), "runs", "approve", rid, "--actor", "dpo", "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["approval"]["approved_by"] == "dpo"

@@ -222,6 +222,10 @@ def test_approve_a_run_over_http_with_the_approve_scope_only(serve: Serve, db_ur
     assert shown["outcome"] == "awaiting approval", shown
     assert shown["approval"]["state"] == "awaiting"
     assert shown["approval"]["preview"]["candidates"] == 120
+    gauge = ("expiry_run_awaiting_approval", (("policy", POLICY),))
+    assert metrics(live)[gauge] == 1.0
+    [policy] = live.client.get("/v1/policies").json()
+    assert policy["awaiting_approval"] == run_id
 
     trigger = live.new_client(live.app.keys.create("ops", ["cleanup:trigger", "read"]))
     assert_error(trigger.post("/v1/runs/approve", json={"run_id": run_id}), 403)
@@ -237,6 +241,7 @@ def test_approve_a_run_over_http_with_the_approve_scope_only(serve: Serve, db_ur
     assert live.db.count() == 30
     done = live.client.get(f"/v1/runs/{quote(run_id, safe='')}").json()
     assert done["outcome"] == "finished" and done["rows_affected"] == 120
+    assert metrics(live)[gauge] == 0.0
     again = approver.post("/v1/runs/approve", json={"run_id": run_id})
     assert_error(again, 409, "not_approvable")
     assert approver.post("/v1/runs/approve", json={}).status_code == 422

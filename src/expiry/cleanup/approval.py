@@ -158,26 +158,33 @@ def gate(
     fresh = approval is None or approval.config_hash != digest
     detail = {**preview, "config_hash": digest, "approve_by": format_time(deadline)}
 
-    def audit() -> None:
-        engine.audit_append(
-            None,
-            AuditAction.RUN_AWAITING_APPROVAL,
-            actor="planner",
-            policy=policy.name,
-            run_id=run_id,
-            detail=detail,
-        )
-        log.info(
-            "run awaits approval: %s candidates (expiry runs approve %s)",
-            detail.get("candidates"),
-            run_id,
-            extra={"policy": policy.name, "run": run_id},
-        )
+    def then() -> None:
+        """Once the job waits: the new preview; and an approval that landed
+        while this job ran (its wake found the job running) wakes it now."""
+        if fresh:
+            engine.audit_append(
+                None,
+                AuditAction.RUN_AWAITING_APPROVAL,
+                actor="planner",
+                policy=policy.name,
+                run_id=run_id,
+                detail=detail,
+            )
+            log.info(
+                "run awaits approval: %s candidates (expiry runs approve %s)",
+                detail.get("candidates"),
+                run_id,
+                extra={"policy": policy.name, "run": run_id},
+            )
+            return
+        now_read = of_run(engine, run_id)
+        if now_read is not None and now_read.state == APPROVED and now_read.config_hash == digest:
+            engine.job_wake(f"{run_id}:plan")
 
     raise Snooze(
         max(1.0, wait),
         f"awaiting approval until {format_time(deadline)}: expiry runs approve {run_id}",
-        then=audit if fresh else None,
+        then=then,
     )
 
 

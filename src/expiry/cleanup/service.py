@@ -152,6 +152,21 @@ class Cleanup(Windows, Partitions, Previews):
             oldest = self.engine.run_open_oldest(conn=conn)
         return {name: (now - opened).total_seconds() for name, opened in oldest.items()}
 
+    def awaiting_approval(self) -> dict[str, str]:
+        """The policies with ``approve = true`` whose newest open run awaits its
+        approval now, with that run's id (cleanup/approval.py)."""
+        found: dict[str, str] = {}
+        for policy in self.policies:
+            if not policy.approve:
+                continue
+            for run in self.engine.run_list(policy.name, 5):
+                if run.state == "finished" or policy.name in found:
+                    continue
+                state = approval.of_run(self.engine, run.id)
+                if state is not None and state.state == approval.AWAITING:
+                    found[policy.name] = run.id
+        return found
+
     def stalled(self) -> dict[str, float]:
         """The policies whose oldest open run is older than its stall_after,
         with that age in seconds (a policy no longer in the config is left out)."""

@@ -349,6 +349,12 @@ def _policy_alerts(p: dict[str, Any]) -> Iterator[str]:
             f"STALLED: {p['name']}: a run has been open {p['oldest_open_run_seconds']:.0f}s"
             f" (stall_after {p['stall_after']}): `expiry runs show RUN` says why it waits"
         )
+    if p.get("awaiting_approval"):
+        yield (
+            f"AWAITING APPROVAL: {p['name']}: run {p['awaiting_approval']} deletes nothing "
+            f"until approved: `expiry runs show {p['awaiting_approval']}`, then "
+            f"`expiry runs approve {p['awaiting_approval']}`"
+        )
     if p.get("unserved_seconds") is not None:
         yield (
             f"UNSERVED: {p['name']}: jobs due for {p['unserved_seconds']:.0f}s and no live "

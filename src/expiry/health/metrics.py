@@ -38,6 +38,7 @@ class Watermarks(Protocol):
     def watermark(self, name: str) -> float: ...
     def last_watermark(self, name: str) -> float | None: ...
     def open_run_ages(self) -> dict[str, float]: ...
+    def awaiting_approval(self) -> dict[str, str]: ...
 
     broken: dict[str, str]
 
@@ -279,12 +280,20 @@ class ExpiryCollector(Collector):
             "1 while a run of the policy has been open longer than its stall_after, else 0",
             labels=["policy"],
         )
+        awaiting = GaugeMetricFamily(
+            "expiry_run_awaiting_approval",
+            "1 while a run of the policy (approve = true) awaits its approval, else 0",
+            labels=["policy"],
+        )
         ages = cleanup.open_run_ages()
+        waiting = cleanup.awaiting_approval()
         for policy in cleanup.policies:
             seconds = ages.get(policy.name, 0.0)
             age.add_metric([policy.name], seconds)
             stalled.add_metric([policy.name], 1.0 if seconds > policy.stall_seconds else 0.0)
-        yield from (age, stalled)
+            if policy.approve:
+                awaiting.add_metric([policy.name], 1.0 if policy.name in waiting else 0.0)
+        yield from (age, stalled, awaiting)
 
     @staticmethod
     def _quarantined(cleanup: Watermarks) -> GaugeMetricFamily:
