@@ -35,9 +35,10 @@ select (select {key} from {table} where {pred} order by {key} limit 1) as lo,
        (select {key} from {table} where {pred} order by {key} desc limit 1) as hi
 """
 
-# The same in one read of the candidates (Engine.bounds_by_aggregate).
+# The same in one read of the candidates (Engine.bounds_by_aggregate), which
+# counts them on the way (the strategy's density, without a read of its own).
 BOUNDS_AGGREGATE = """
-select min({key}) as lo, max({key}) as hi from {table} where {pred}
+select min({key}) as lo, max({key}) as hi, count(*) as n from {table} where {pred}
 """
 
 # The windows of one planning page: a loose index scan that jumps from each

@@ -267,11 +267,20 @@ class Statements:
     def bounds(
         self, conn: Any, cutoff: datetime, storage: Storage | None = None
     ) -> tuple[int, int] | None:
-        template = BOUNDS_AGGREGATE if self.engine.bounds_by_aggregate else BOUNDS
-        row = self.run(conn, template, storage, cutoff=cutoff).fetchone()
-        if row is None or row["lo"] is None:
-            return None
-        return int(row["lo"]), int(row["hi"])
+        return self.bounds_counted(conn, cutoff, storage)[0]
+
+    def bounds_counted(
+        self, conn: Any, cutoff: datetime, storage: Storage | None = None
+    ) -> tuple[tuple[int, int] | None, int | None]:
+        """The candidates' key bounds (None: no candidate) and, where the engine
+        reads them in one pass over the candidates (bounds_by_aggregate), their
+        count; None where it reads the two ends alone (an index probe each)."""
+        aggregate = self.engine.bounds_by_aggregate
+        row = self.run(conn, BOUNDS_AGGREGATE if aggregate else BOUNDS, storage, cutoff=cutoff)
+        found = row.fetchone()
+        if found is None or found["lo"] is None:
+            return None, 0 if aggregate else None
+        return (int(found["lo"]), int(found["hi"])), int(found["n"]) if aggregate else None
 
     def plan_page(
         self,

@@ -46,7 +46,7 @@ class Strategies(Statements):
             return self.fixed
         reason = self._not_key
         if reason is None:
-            bounds = self.bounds(conn, cutoff, storage)
+            bounds, counted = self.bounds_counted(conn, cutoff, storage)
             if bounds is None:
                 return Strategy(KEY, "nothing is expired now")
             lo, hi = bounds
@@ -65,7 +65,9 @@ class Strategies(Statements):
                     f"{lo}..{hi} are candidates by the planner's estimate (at least "
                     f"{DENSE_ENOUGH:.0%}); {whole}",
                 )
-            n = int(self.run(conn, DENSITY, storage, cutoff=cutoff, page=cap).fetchone()["n"])
+            n = counted
+            if n is None:  # counted up to the cap: no more is needed
+                n = int(self.run(conn, DENSITY, storage, cutoff=cutoff, page=cap).fetchone()["n"])
             if n >= cap:
                 dense = (
                     f"expired keys are dense: {n:,}+ of the {keys:,} {k} values {lo}..{hi} "
