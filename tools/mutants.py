@@ -1333,8 +1333,8 @@ MUTANTS = [
     Mutant(
         "bounds-aggregate-stops-short",
         "src/expiry/cleanup/sql.py",
-        "select min({key}) as lo, max({key}) as hi from {table} where {pred}",
-        "select min({key}) as lo, max({key}) - 1 as hi from {table} where {pred}",
+        "select min({key}) as lo, max({key}) as hi, count(*) as n from {table} where {pred}",
+        "select min({key}) as lo, max({key}) - 1 as hi, count(*) as n from {table} where {pred}",
         (f"{ORACLE}::test_sqlite_deletes_exactly_what_the_oracle_expires",),
         "SQLite's bounds in one read end a key before the last candidate: it is never deleted",
     ),
@@ -1471,6 +1471,17 @@ MUTANTS = [
         "approval.state == APPROVED",
         (f"{APPROVAL}::test_a_changed_policy_invalidates_the_approval[postgres]",),
         "an approval of an earlier preview lets a run go on under a policy changed since",
+    ),
+    Mutant(
+        "approval-wait-holds-up-later-runs",
+        "src/expiry/cleanup/planner.py",
+        "                        mine = self._take_turn(policy, p[\"run_id\"], turn)",
+        "                        mine = True",
+        (
+            f"{APPROVAL}::test_a_later_run_supersedes_one_awaiting_approval_and_awaits_"
+            "its_own[postgres]",
+        ),
+        "a run awaiting approval is never superseded: its snooze undoes the later run's turn",
     ),
     Mutant(
         "approval-never-expires",

@@ -192,3 +192,34 @@ def test_expiry_runs_approve_on_the_command_line(db: Db, apps: Apps, tmp_path: P
     again = cli("--config", str(config), "runs", "approve", rid)
     assert again.returncode == 2 and "nothing to approve" in again.stderr
     assert "Traceback" not in again.stderr
+
+
+def test_a_later_run_supersedes_one_awaiting_approval_and_awaits_its_own(
+    db: Db, apps: Apps
+) -> None:
+    """A run awaiting approval never blocks the policy: the next run (a later
+    cutoff) supersedes it, previews afresh and awaits its own approval; the
+    superseded run cannot be approved any more."""
+    db.create_sessions()
+    rows = standard_rows(200)
+    db.insert_sessions(rows)
+    app = apps(db.url, APPROVE)
+    assert app.cleanup is not None
+    first = app.cleanup.open_run(POLICY["name"]).run_id
+    run_worker(app)
+    assert awaiting(db, app, first).state == approval.AWAITING
+    time.sleep(1.1)  # a run's cutoff is to the second: the next run's must differ
+    second = app.cleanup.open_run(POLICY["name"]).run_id
+    assert second != first
+    run_worker(app)
+    assert db.run_state(first) == "finished"
+    summary = app.runs.summary(first)
+    assert summary is not None and summary["outcome"] == f"superseded by {second}", summary
+    assert summary["approval"]["state"] == approval.CLOSED
+    assert awaiting(db, app, second).state == approval.AWAITING
+    assert db.ids() == {i for i, _, _ in rows}
+    with pytest.raises(ConfigError, match="finished"):
+        app.cleanup.approve(first, actor="api:alice")
+    app.cleanup.approve(second, actor="api:alice")
+    drain(app)
+    assert db.ids() == {i for i, _, _ in rows} - doomed(rows)

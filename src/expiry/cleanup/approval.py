@@ -47,6 +47,9 @@ log = logging.getLogger("expiry.cleanup")
 AWAITING = "awaiting"
 APPROVED = "approved"
 EXPIRED = "expired"
+CLOSED = "closed"
+"""A run summary's word for a run that awaited approval and was superseded or
+cancelled meanwhile (never in the audit)."""
 
 SAMPLE_KEYS = 10
 """Keys of candidate rows shown in a preview."""

@@ -211,7 +211,25 @@ class Planner(Policies):
             "held": target.kept_by_holds(tx, cutoff, storage),
             "partitions": [f"{x.schema}.{x.name}" for x in parts],
         }
-        return approval.gate(self.engine, policy, p["run_id"], preview, tx)
+        try:
+            return approval.gate(self.engine, policy, p["run_id"], preview, tx)
+        except Snooze as snooze:
+            # The snooze rolls back this transaction, its turn's effects with it:
+            # the earlier runs it supersedes are superseded again once the job
+            # waits, so that no run awaiting approval holds up a later one.
+            audit = snooze.then
+
+            def then() -> None:
+                with self.engine.transaction() as turn:
+                    try:
+                        mine = self._take_turn(policy, p["run_id"], turn)
+                    except Snooze:
+                        mine = True  # an earlier run moves again: it waits its turn
+                if mine and audit is not None:
+                    audit()
+
+            snooze.then = then
+            raise
 
     def _take_turn(self, policy: Policy, rid: str, tx: Any) -> bool:
         """Whether run ``rid`` (about to start) plans now. The policy's runs go in

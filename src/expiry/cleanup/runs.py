@@ -77,9 +77,12 @@ class Runs:
             approved = approval.of_run(engine, run_id, conn=conn)
         summary = {**summarize(run, jobs, ledger, duplicates), "waiting": waits}
         summary["approval"] = None if approved is None else approved.as_dict()
-        if approved is not None and approved.state == approval.AWAITING:
+        if approved is None or run.superseded_by is not None or run.cancelled_at is not None:
+            if approved is not None and approved.state == approval.AWAITING:
+                summary["approval"]["state"] = approval.CLOSED  # never approved, and never will
+        elif approved.state == approval.AWAITING:
             summary["outcome"] = "awaiting approval"
-        elif approved is not None and approved.state == approval.EXPIRED:
+        elif approved.state == approval.EXPIRED:
             summary["outcome"] = "approval expired" if run.state == "finished" else "expiring"
         return summary
 
