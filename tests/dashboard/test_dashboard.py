@@ -540,6 +540,8 @@ def test_a_run_awaiting_approval_shows_its_preview_and_is_approved_from_its_page
         assert post_login(client, trigger).status_code == 303
         shown = client.get(path).text
         assert "Awaiting approval" in shown and "/runs/approve" not in shown
+        overview = client.get("/").text
+        assert "awaiting approval" in overview and f'href="{path}"' in overview
     sign_in(page, dashboard)
     page.get(dashboard.url(path))
     assert "450 rows are expired" in text(page, "p.approval")
