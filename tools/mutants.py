@@ -1475,8 +1475,8 @@ MUTANTS = [
     Mutant(
         "approval-skipped",
         "src/expiry/cleanup/planner.py",
-        "        if policy.approve and not self._approved(",
-        "        if False and not self._approved(",
+        "            if not self._approved(policy, target, p, cutoff, storage, parts, tx):",
+        "            if False:",
         (
             f"{APPROVAL}::test_a_run_deletes_nothing_until_approved_then_exactly_the_"
             "expired_rows[postgres]",
@@ -1494,13 +1494,35 @@ MUTANTS = [
     Mutant(
         "approval-wait-holds-up-later-runs",
         "src/expiry/cleanup/planner.py",
-        '                        mine = self._take_turn(policy, p["run_id"], turn)',
+        '                        mine = self._take_turn(policy, p["run_id"], turn, started=False)',
         "                        mine = True",
         (
             f"{APPROVAL}::test_a_later_run_supersedes_one_awaiting_approval_and_awaits_"
             "its_own[postgres]",
         ),
         "a run awaiting approval is never superseded: its snooze undoes the later run's turn",
+    ),
+    Mutant(
+        "approval-unchecked-by-windows",
+        "src/expiry/cleanup/window.py",
+        "        self.approval_stands(policy, p)\n",
+        "",
+        (
+            f"{APPROVAL}::test_a_policy_changed_after_its_runs_approval_stops_the_run_before_"
+            "any_window[postgres]",
+        ),
+        "an approved run's windows delete under a policy changed since its approval",
+    ),
+    Mutant(
+        "approval-late-accepted",
+        "src/expiry/cleanup/approval.py",
+        "approval.state == EXPIRED or (approval.state == AWAITING and engine.now() >= deadline)",
+        "approval.state == EXPIRED",
+        (
+            f"{APPROVAL}::test_an_approval_after_its_deadline_or_of_a_cancelled_run_is_"
+            "refused[postgres]",
+        ),
+        "an approval given after approve_within lets the run delete (workers were behind)",
     ),
     Mutant(
         "approval-never-expires",

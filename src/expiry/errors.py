@@ -127,4 +127,5 @@ class Snooze(ExpiryError):
         self.delay = delay
         self.then = then
         """Run once the job is back in the queue, its transaction rolled back
-        (to record why it waits, in a transaction of its own)."""
+        (to record why it waits, in a transaction of its own); not when the
+        release failed (the lease was lost: another delivery has the job)."""

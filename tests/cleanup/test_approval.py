@@ -23,6 +23,7 @@ from ._support import (
     POLICY,
     Db,
     assert_run_clean,
+    claim_plan,
     cli,
     config_data,
     doomed,
@@ -218,8 +219,59 @@ def test_a_later_run_supersedes_one_awaiting_approval_and_awaits_its_own(
     assert summary["approval"]["state"] == approval.CLOSED
     assert awaiting(db, app, second).state == approval.AWAITING
     assert db.ids() == {i for i, _, _ in rows}
-    with pytest.raises(ConfigError, match="finished"):
+    with pytest.raises(ConfigError, match=f"superseded by '{second}'"):
         app.cleanup.approve(first, actor="api:alice")
     app.cleanup.approve(second, actor="api:alice")
     drain(app)
     assert db.ids() == {i for i, _, _ in rows} - doomed(rows)
+
+
+def test_a_policy_changed_after_its_runs_approval_stops_the_run_before_any_window(
+    db: Db, apps: Apps
+) -> None:
+    """Approved and planned under a where that keeps the odd ids; the where is
+    then removed: the run's windows do not delete under a policy nobody
+    approved. The run is cancelled (audited) and not one row goes."""
+    db.create_sessions()
+    rows = standard_rows(300)
+    db.insert_sessions(rows)
+    narrow = {**APPROVE, "where": "revoked_at is null and id % 2 = 0"}
+    first = apps(db.url, narrow)
+    assert first.cleanup is not None
+    rid = first.cleanup.open_run(POLICY["name"]).run_id
+    run_worker(first)
+    first.cleanup.approve(rid, actor="api:alice")
+    claim_plan(first)  # planned under the approved policy: its windows are queued
+    assert [j for j in db.jobs(run_id=rid) if j["handler"] == "expiry.window"]
+
+    wider = apps(db.url, {**APPROVE, "where": None})
+    drain(wider)
+    assert db.ids() == {i for i, _, _ in rows}
+    summary = wider.runs.summary(rid)
+    assert summary is not None and summary["outcome"] == "cancelled", summary
+    assert summary["cancelled_by"] == "expiry"
+
+
+def test_an_approval_after_its_deadline_or_of_a_cancelled_run_is_refused(
+    db: Db, apps: Apps
+) -> None:
+    db.create_sessions()
+    rows = standard_rows(100)
+    db.insert_sessions(rows)
+    app = apps(db.url, {**APPROVE, "approve_within": "2s"})
+    assert app.cleanup is not None
+    late = app.cleanup.open_run(POLICY["name"]).run_id
+    run_worker(app)
+    time.sleep(2.1)  # no worker looked again: the run still reads awaiting
+    with pytest.raises(ConfigError, match="not approved by"):
+        app.cleanup.approve(late, actor="api:alice")
+    drain(app)
+    assert db.ids() == {i for i, _, _ in rows}
+    assert awaiting(db, app, late).state == approval.EXPIRED
+
+    time.sleep(1.1)  # the next run's cutoff must differ
+    cancelled = app.cleanup.open_run(POLICY["name"]).run_id
+    run_worker(app)
+    app.runs.cancel(cancelled, actor="ops")
+    with pytest.raises(ConfigError, match="cancelled"):
+        app.cleanup.approve(cancelled, actor="api:alice")

@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -56,11 +56,14 @@ SAMPLE_KEYS = 10
 
 
 def policy_hash(policy: Policy) -> str:
-    """The policy as configured, with the holds on its table: the first 16 hex
-    digits of a SHA-256 of their settings. An approval holds for this hash only."""
+    """The policy as configured, with the holds on its table and the database's
+    zone for naive times: the first 16 hex digits of a SHA-256 of their
+    settings. An approval holds for this hash only: every job of an approved
+    run carries it and goes on only while the policy still has it."""
     settings = {
         "policy": policy.model_dump(mode="json"),
         "holds": [hold.model_dump(mode="json") for hold in policy.holds],
+        "database_zone": policy.database_zone,  # how naive times are read
     }
     text = json.dumps(settings, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -124,15 +127,15 @@ def gate(
     engine: Engine,
     policy: Policy,
     run_id: str,
-    preview: dict[str, Any],
+    preview: Callable[[], dict[str, Any]],
     tx: Any,
 ) -> bool:
     """In a run's first planning job, before anything is removed: True when the
     run may go on (approved under the policy as it is now); False when its wait
     ran out (audited in ``tx``: the caller finishes the run without a window).
     Otherwise raises Snooze: the job waits for an approval, and a new preview
-    (``preview``, the policy's hash added) is audited once it is back in the
-    queue, unless the latest one was made under the same hash."""
+    (``preview()``, read only then, the policy's hash added) is audited once it
+    is back in the queue, unless the latest one was made under the same hash."""
     digest = policy_hash(policy)
     approval = of_run(engine, run_id, conn=tx)
     if approval is not None and approval.config_hash == digest and approval.state == APPROVED:
@@ -159,12 +162,15 @@ def gate(
         return False
     wait = min(defaults.APPROVAL_RECHECK_SECONDS, (deadline - now).total_seconds())
     fresh = approval is None or approval.config_hash != digest
-    detail = {**preview, "config_hash": digest, "approve_by": format_time(deadline)}
+    detail = (
+        {**preview(), "config_hash": digest, "approve_by": format_time(deadline)} if fresh else {}
+    )
 
     def then() -> None:
         """Once the job waits: the new preview; and an approval that landed
         while this job ran (its wake found the job running) wakes it now."""
-        if fresh:
+        latest = of_run(engine, run_id)
+        if fresh and (latest is None or latest.config_hash != digest):
             engine.audit_append(
                 None,
                 AuditAction.RUN_AWAITING_APPROVAL,
@@ -180,8 +186,7 @@ def gate(
                 extra={"policy": policy.name, "run": run_id},
             )
             return
-        now_read = of_run(engine, run_id)
-        if now_read is not None and now_read.state == APPROVED and now_read.config_hash == digest:
+        if latest is not None and latest.state == APPROVED and latest.config_hash == digest:
             engine.job_wake(f"{run_id}:plan")
 
     raise Snooze(
@@ -189,6 +194,13 @@ def gate(
         f"awaiting approval until {format_time(deadline)}: expiry runs approve {run_id}",
         then=then,
     )
+
+
+def holds_for(policy: Policy, payload: dict[str, Any]) -> bool:
+    """Whether a job of a run (its payload) may go on under ``policy`` as it is
+    now: always without ``approve``; else only when the run's approval was given
+    for this very policy (the hash its planning job stamped on every job)."""
+    return not policy.approve or payload.get("approved") == policy_hash(policy)
 
 
 def approve(engine: Engine, policy: Policy, run_id: str, actor: str) -> dict[str, Any]:
@@ -200,6 +212,12 @@ def approve(engine: Engine, policy: Policy, run_id: str, actor: str) -> dict[str
     if run is None:
         raise ConfigError(f"no run {run_id!r}")
     approval = of_run(engine, run_id)
+    if run.superseded_by is not None:
+        raise ConfigError(
+            f"run {run_id!r} was superseded by {run.superseded_by!r}: approve that run"
+        )
+    if run.cancelled_at is not None:
+        raise ConfigError(f"run {run_id!r} is cancelled: there is nothing to approve")
     if run.state == "finished":
         raise ConfigError(f"run {run_id!r} is finished: there is nothing to approve")
     if approval is None:
@@ -214,8 +232,12 @@ def approve(engine: Engine, policy: Policy, run_id: str, actor: str) -> dict[str
             f"{policy.name!r} (hash {approval.config_hash}, now {digest}): it previews "
             f"again within {defaults.APPROVAL_RECHECK_SECONDS:.0f}s; approve that preview"
         )
-    if approval.state == EXPIRED:
-        raise ConfigError(f"run {run_id!r} was not approved in time and is finishing")
+    deadline = approval.since + timedelta(seconds=policy.approve_within)
+    if approval.state == EXPIRED or (approval.state == AWAITING and engine.now() >= deadline):
+        raise ConfigError(
+            f"run {run_id!r} was not approved by {format_time(deadline)} (approve_within "
+            f"{policy.approve_within:g}s): it finishes without deleting; approve the next run"
+        )
     if approval.state == AWAITING:
         engine.audit_append(
             None,

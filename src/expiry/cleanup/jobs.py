@@ -19,6 +19,16 @@ from .target import Target
 from .windows import Span, position_name
 
 
+def run_fields(run: dict[str, Any]) -> dict[str, Any]:
+    """What every job of a run carries of it: the policy, the run, its cutoff,
+    the storage its planner read, and (approve = true) the hash of the policy
+    its approval was given for (cleanup/approval.py)."""
+    fields = {k: run[k] for k in ("policy", "run_id", "cutoff", "storage")}
+    if "approved" in run:
+        fields["approved"] = run["approved"]
+    return fields
+
+
 def first_plan_job(policy: Policy, rid: str, cutoff: datetime) -> NewJob:
     """A run's first planning job, keyed by the run."""
     return new_job(
@@ -63,7 +73,7 @@ def span_job(
     keyed by ``key`` of the run id: a planned window, the rest of a paced one,
     or a half of one split around a referenced row; ``halvings``: the times
     its first attempt halves it (_halvings)."""
-    fields = {k: run[k] for k in ("policy", "run_id", "cutoff", "storage")}
+    fields = run_fields(run)
     shrunk = {"halvings": halvings} if halvings else {}
     probe = {"held": held} if held else {}
     return new_job(
@@ -90,7 +100,7 @@ def rest_job(
 
 def partition_job(policy: Policy, run: dict[str, Any], part: Partition, mode: str) -> NewJob:
     """A whole expired partition of the run, keyed policy:cutoff:partition:<name>."""
-    fields = {k: run[k] for k in ("policy", "run_id", "cutoff", "storage")}
+    fields = run_fields(run)
     return new_job(
         PARTITION,
         {**fields, "mode": mode, "partition": {"schema": part.schema, "name": part.name}},

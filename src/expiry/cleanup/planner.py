@@ -57,6 +57,8 @@ class Planner(Policies):
         policy, target = self.policy(p["policy"]), self.target(p["policy"], tx)
         cutoff = parse_time(p["cutoff"])
         first_page = "windows" not in p
+        if "storage" in p:  # past the run's first planning job, its approval's gate
+            self.approval_stands(policy, p)
         try:
             if "storage" not in p:
                 opened = self._start_run(policy, target, p, cutoff, tx)
@@ -169,9 +171,11 @@ class Planner(Policies):
         storage = target.detect(tx)
         p = {**p, "storage": storage.token}
         parts = target.expired_partitions(tx, cutoff, storage)
-        if policy.approve and not self._approved(policy, target, p, cutoff, storage, parts, tx):
-            self.engine.run_add_windows(p["run_id"], 0, done=True, conn=tx)
-            return None
+        if policy.approve:
+            if not self._approved(policy, target, p, cutoff, storage, parts, tx):
+                self.engine.run_add_windows(p["run_id"], 0, done=True, conn=tx)
+                return None
+            p = {**p, "approved": approval.policy_hash(policy)}  # on every job of the run
         if not parts:
             return p
         mode = target.partition_mode()
@@ -203,26 +207,31 @@ class Planner(Policies):
         """A run of a policy with ``approve = true``, before it removes anything:
         True once approved; False when its wait for approval ran out; else it
         snoozes awaiting approval, its preview audited (cleanup/approval.py)."""
-        sample = target.sample_check(tx, cutoff, storage)
-        preview = {
-            "cutoff": p["cutoff"],
-            "candidates": target.count(tx, cutoff, storage),
-            "sample": sample[: approval.SAMPLE_KEYS],
-            "held": target.kept_by_holds(tx, cutoff, storage),
-            "partitions": [f"{x.schema}.{x.name}" for x in parts],
-        }
+
+        def preview() -> dict[str, Any]:  # read only for a new preview
+            sample = target.sample_check(tx, cutoff, storage)
+            return {
+                "cutoff": p["cutoff"],
+                "candidates": target.count(tx, cutoff, storage),
+                "sample": sample[: approval.SAMPLE_KEYS],
+                "held": target.kept_by_holds(tx, cutoff, storage),
+                "partitions": [f"{x.schema}.{x.name}" for x in parts],
+            }
+
         try:
             return approval.gate(self.engine, policy, p["run_id"], preview, tx)
         except Snooze as snooze:
             # The snooze rolls back this transaction, its turn's effects with it:
-            # the earlier runs it supersedes are superseded again once the job
-            # waits, so that no run awaiting approval holds up a later one.
+            # the earlier runs not yet started that it supersedes are superseded
+            # again once the job waits, so that no run awaiting approval holds up
+            # a later one (one that started waits: an unapproved run never
+            # cancels what an approved one began).
             audit = snooze.then
 
             def then() -> None:
                 with self.engine.transaction() as turn:
                     try:
-                        mine = self._take_turn(policy, p["run_id"], turn)
+                        mine = self._take_turn(policy, p["run_id"], turn, started=False)
                     except Snooze:
                         mine = True  # an earlier run moves again: it waits its turn
                 if mine and audit is not None:
@@ -231,7 +240,7 @@ class Planner(Policies):
             snooze.then = then
             raise
 
-    def _take_turn(self, policy: Policy, rid: str, tx: Any) -> bool:
+    def _take_turn(self, policy: Policy, rid: str, tx: Any, *, started: bool = True) -> bool:
         """Whether run ``rid`` (about to start) plans now. The policy's runs go in
         turn, by cutoff then id, and a run waits only for an earlier one that is
         moving (a job of it running or due): no two ever wait for each other,
@@ -240,8 +249,9 @@ class Planner(Policies):
         audited; the later cutoff deletes every row it would have): each run
         not yet started, so N runs queued behind one become one, and each that
         started but only waits (windows backing off behind a held row lock, a
-        full disk). False: this run gave way, or was cancelled meanwhile.
-        Raises Snooze, naming the run it waits for."""
+        full disk); with ``started=False`` only those not yet started. False:
+        this run gave way, or was cancelled meanwhile. Raises Snooze, naming
+        the run it waits for."""
         turns = self.engine.run_turns(policy.name, conn=tx)
         mine = next((t for t in turns if t.id == rid), None)
         if mine is None:  # cancelled or superseded since its job was queued
@@ -260,7 +270,7 @@ class Planner(Policies):
                 f"waiting for run {moving[-1].id}: {moving[-1].pending} of its jobs are pending",
             )
         for covered in earlier:
-            if not covered.started or covered.pending:
+            if not covered.started or (started and covered.pending):
                 self._supersede(policy, covered.id, rid, tx)
         return True
 

@@ -11,9 +11,11 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
+from .. import defaults
 from ..config import Config, Policy
 from ..engines import Engine
-from ..errors import SchemaError, Snooze
+from ..errors import ConfigError, SchemaError, Snooze
+from . import approval
 from .holds import record_holds
 from .runs import Runs
 from .target import Target
@@ -83,6 +85,29 @@ class Policies:
                 log.warning(warning)
             self._repaired(name, target)
         return target
+
+    def approval_stands(self, policy: Policy, payload: dict[str, Any]) -> None:
+        """Before a job of a run goes on (a planning page, a window, a
+        partition): with ``approve = true``, only under the policy its approval
+        was given for. Else the run stops: this job waits (Snooze, nothing done)
+        and, once it waits, the run is cancelled with its waiting jobs (audited);
+        the next run previews under the policy as it is now."""
+        if approval.holds_for(policy, payload):
+            return
+        rid = payload["run_id"]
+        why = (
+            f"policy {policy.name!r} is not as its run {rid} was approved (approve = true): "
+            "the run is cancelled; the next run previews again"
+        )
+
+        def cancel() -> None:
+            try:
+                self.runs.cancel(rid, actor="expiry")
+            except ConfigError:
+                return  # finished meanwhile
+            log.error(why, extra={"policy": policy.name, "run": rid})
+
+        raise Snooze(defaults.APPROVAL_RECHECK_SECONDS, why, then=cancel)
 
     def usable(self, name: str, conn: Any | None = None) -> None:
         """Before a job of policy ``name``: its table checked (once per

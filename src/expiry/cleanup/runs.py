@@ -80,7 +80,7 @@ class Runs:
         if approved is None or run.superseded_by is not None or run.cancelled_at is not None:
             if approved is not None and approved.state == approval.AWAITING:
                 summary["approval"]["state"] = approval.CLOSED  # never approved, and never will
-        elif approved.state == approval.AWAITING:
+        elif approved.state == approval.AWAITING and run.state != "finished":
             summary["outcome"] = "awaiting approval"
         elif approved.state == approval.EXPIRED:
             summary["outcome"] = "approval expired" if run.state == "finished" else "expiring"

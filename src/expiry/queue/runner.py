@@ -258,9 +258,9 @@ class JobRunner:
             self._complete_duplicate(job)
             return
         except Snooze as snooze:
-            self.queue.release(job, snooze.delay, reason=str(snooze))
+            released = self.queue.release(job, snooze.delay, reason=str(snooze))
             log.info("job snoozed: %s", snooze, extra={**fields, "delay": snooze.delay})
-            if snooze.then is not None:
+            if released and snooze.then is not None:  # not when its lease was lost
                 snooze.then()
             return
         except LeaseLost:
