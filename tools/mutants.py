@@ -1505,7 +1505,7 @@ MUTANTS = [
     Mutant(
         "approval-unchecked-by-windows",
         "src/expiry/cleanup/window.py",
-        "        self.approval_stands(policy, p)\n",
+        "        self.approval_stands(policy, p, job.key)\n",
         "",
         (
             f"{APPROVAL}::test_a_policy_changed_after_its_runs_approval_stops_the_run_before_"
@@ -1523,6 +1523,18 @@ MUTANTS = [
             "refused[postgres]",
         ),
         "an approval given after approve_within lets the run delete (workers were behind)",
+    ),
+    Mutant(
+        "approval-stopped-run-left-open",
+        "src/expiry/cleanup/policies.py",
+        "                self.engine.job_discard([key])\n",
+        "",
+        (
+            f"{APPROVAL}::test_two_windows_running_when_the_policy_changed_both_end_and_the_"
+            "run_finishes[sqlite]",
+        ),
+        "a window running beside the one that stopped an unapproved run snoozes for ever: "
+        "the run never finishes",
     ),
     Mutant(
         "approval-never-expires",

@@ -275,3 +275,31 @@ def test_an_approval_after_its_deadline_or_of_a_cancelled_run_is_refused(
     app.runs.cancel(cancelled, actor="ops")
     with pytest.raises(ConfigError, match="cancelled"):
         app.cleanup.approve(cancelled, actor="api:alice")
+
+
+def test_two_windows_running_when_the_policy_changed_both_end_and_the_run_finishes(
+    db: Db, apps: Apps
+) -> None:
+    """Two windows of an approved run were claimed together when the policy
+    changed: the first to look cancels the run, the second (running then, so not
+    cancelled with the waiting ones) ends too; the run finishes, nothing deleted."""
+    db.create_sessions()
+    rows = standard_rows(600)
+    db.insert_sessions(rows)
+    first = apps(db.url, APPROVE)
+    assert first.cleanup is not None
+    rid = first.cleanup.open_run(POLICY["name"]).run_id
+    run_worker(first)
+    first.cleanup.approve(rid, actor="api:alice")
+    claim_plan(first)
+    wider = apps(db.url, {**APPROVE, "where": None})
+    jobs = wider.queue.claim(2, 60, owner="test", queues=wider.worked_queues())
+    assert [j.handler for j in jobs] == ["expiry.window", "expiry.window"], jobs
+    worker = wider.worker()
+    for job in jobs:
+        worker.process(job)
+    drain(wider)
+    assert db.ids() == {i for i, _, _ in rows}
+    states = {j["state"] for j in db.jobs(run_id=rid) if j["handler"] == "expiry.window"}
+    assert states == {"cancelled"}, states
+    assert db.run_state(rid) == "finished"

@@ -36,7 +36,7 @@ class Partitions(Policies):
         p = job.payload
         self.usable(p["policy"], tx)
         policy, target = self.policy(p["policy"]), self.target(p["policy"], tx)
-        self.approval_stands(policy, p)
+        self.approval_stands(policy, p, job.key)
         cutoff, storage = parse_time(p["cutoff"]), storage_of(p, target)
         part = p["partition"]
         name = f"{part['schema']}.{part['name']}"

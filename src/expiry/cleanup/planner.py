@@ -58,7 +58,7 @@ class Planner(Policies):
         cutoff = parse_time(p["cutoff"])
         first_page = "windows" not in p
         if "storage" in p:  # past the run's first planning job, its approval's gate
-            self.approval_stands(policy, p)
+            self.approval_stands(policy, p, job.key)
         try:
             if "storage" not in p:
                 opened = self._start_run(policy, target, p, cutoff, tx)
@@ -166,7 +166,9 @@ class Planner(Policies):
         the run compares in that domain). Whole expired partitions are queued
         first, with the windows' first page after them; returns None then, else
         the payload that plans the windows now."""
-        if not self._take_turn(policy, p["run_id"], tx):
+        # A run that needs an approval supersedes the started runs it covers
+        # only once approved (below): one never approved cancels nothing begun.
+        if not self._take_turn(policy, p["run_id"], tx, started=not policy.approve):
             return None
         storage = target.detect(tx)
         p = {**p, "storage": storage.token}
@@ -174,6 +176,8 @@ class Planner(Policies):
         if policy.approve:
             if not self._approved(policy, target, p, cutoff, storage, parts, tx):
                 self.engine.run_add_windows(p["run_id"], 0, done=True, conn=tx)
+                return None
+            if not self._take_turn(policy, p["run_id"], tx):  # approved: its full turn
                 return None
             p = {**p, "approved": approval.policy_hash(policy)}  # on every job of the run
         if not parts:

@@ -86,12 +86,14 @@ class Policies:
             self._repaired(name, target)
         return target
 
-    def approval_stands(self, policy: Policy, payload: dict[str, Any]) -> None:
+    def approval_stands(self, policy: Policy, payload: dict[str, Any], key: str) -> None:
         """Before a job of a run goes on (a planning page, a window, a
         partition): with ``approve = true``, only under the policy its approval
-        was given for. Else the run stops: this job waits (Snooze, nothing done)
-        and, once it waits, the run is cancelled with its waiting jobs (audited);
-        the next run previews under the policy as it is now."""
+        was given for. Else the run stops: this job (``key``) waits (Snooze,
+        nothing done) and, once it waits, the run is cancelled with its waiting
+        jobs (audited), this one too, even when another job of the run, running
+        beside it, cancelled the run first; the next run previews under the
+        policy as it is now."""
         if approval.holds_for(policy, payload):
             return
         rid = payload["run_id"]
@@ -103,9 +105,10 @@ class Policies:
         def cancel() -> None:
             try:
                 self.runs.cancel(rid, actor="expiry")
-            except ConfigError:
-                return  # finished meanwhile
-            log.error(why, extra={"policy": policy.name, "run": rid})
+                log.error(why, extra={"policy": policy.name, "run": rid})
+            except ConfigError:  # cancelled already, by a job that ran beside this one
+                self.engine.job_discard([key])
+                self.runs.finish(rid)
 
         raise Snooze(defaults.APPROVAL_RECHECK_SECONDS, why, then=cancel)
 

@@ -110,7 +110,7 @@ class Windows(Pacing):
     def _apply_window(self, job: Job, tx: Any) -> WindowResult:
         p = job.payload
         policy, target = self.policy(p["policy"]), self.target(p["policy"], tx)
-        self.approval_stands(policy, p)
+        self.approval_stands(policy, p, job.key)
         cutoff, storage, span = parse_time(p["cutoff"]), storage_of(p, target), Span.of(p)
         try:
             halvings = self._halvings(job)
