@@ -57,7 +57,13 @@ def test_a_million_rows_with_two_worker_processes(pg_db: Db, apps: Apps, tmp_pat
     assert 780_000 < doomed < 800_000
     assert db.scalar("select count(*) from sessions where revoked_at is not null") > 8000
 
-    config = write_config(tmp_path / "expiry.toml", db.url, {"window": 10_000})
+    # Held by a pause file until both processes are on the roll: the first one up
+    # would otherwise take every window before the second has started.
+    pause = tmp_path / "pause"
+    pause.touch()
+    config = write_config(
+        tmp_path / "expiry.toml", db.url, {"window": 10_000, "pause_file": str(pause)}
+    )
     logs = [(tmp_path / f"worker-{i}.log").open("wb") for i in range(2)]
     workers = [
         subprocess.Popen(
@@ -70,6 +76,11 @@ def test_a_million_rows_with_two_worker_processes(pg_db: Db, apps: Apps, tmp_pat
         for log in logs
     ]
     try:
+        deadline = time.monotonic() + 60
+        while db.scalar("select count(*) from expiry.workers") < 2:
+            assert time.monotonic() < deadline, "the two workers did not both start"
+            time.sleep(0.05)
+        pause.unlink()
         codes = [w.wait(120) for w in workers]
     finally:
         for w in workers:
