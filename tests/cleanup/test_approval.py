@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,7 +35,21 @@ from ._support import (
 )
 
 Apps = Callable[..., App]
+Rows = list[tuple[int, float, bool]]
 APPROVE = {"approve": True, "nice_ratio": 0}
+
+
+def previewed(db: Db, apps: Apps, n: int, policy: dict[str, Any]) -> tuple[Rows, App, str]:
+    """The standard sessions (``n`` rows), an App with ``policy`` and a run of it
+    opened and taken by a worker once (with approve = true: previewed, awaiting)."""
+    db.create_sessions()
+    rows = standard_rows(n)
+    db.insert_sessions(rows)
+    app = apps(db.url, policy)
+    assert app.cleanup is not None
+    rid = app.cleanup.open_run(POLICY["name"]).run_id
+    run_worker(app)
+    return rows, app, rid
 
 
 def awaiting(db: Db, app: App, run_id: str) -> approval.Approval:
@@ -85,13 +100,7 @@ def test_a_run_deletes_nothing_until_approved_then_exactly_the_expired_rows(
 
 
 def test_a_changed_policy_invalidates_the_approval(db: Db, apps: Apps) -> None:
-    db.create_sessions()
-    rows = standard_rows(300)
-    db.insert_sessions(rows)
-    first = apps(db.url, APPROVE)
-    assert first.cleanup is not None
-    rid = first.cleanup.open_run(POLICY["name"]).run_id
-    run_worker(first)
+    rows, first, rid = previewed(db, apps, 300, APPROVE)
     before = awaiting(db, first, rid)
 
     # The policy changes (a hold-like where: only even ids) before the approval.
@@ -115,13 +124,7 @@ def test_a_changed_policy_invalidates_the_approval(db: Db, apps: Apps) -> None:
 
 
 def test_a_run_not_approved_in_time_finishes_without_deleting(db: Db, apps: Apps) -> None:
-    db.create_sessions()
-    rows = standard_rows(200)
-    db.insert_sessions(rows)
-    app = apps(db.url, {**APPROVE, "approve_within": "2s"})
-    assert app.cleanup is not None
-    rid = app.cleanup.open_run(POLICY["name"]).run_id
-    run_worker(app)
+    rows, app, rid = previewed(db, apps, 200, {**APPROVE, "approve_within": "2s"})
     found = awaiting(db, app, rid)
     assert found.state == approval.AWAITING
     plan = app.queue.get(f"{rid}:plan")
@@ -169,13 +172,7 @@ def test_expiry_runs_approve_on_the_command_line(db: Db, apps: Apps, tmp_path: P
     """`expiry runs show` says the run awaits approval, with its preview;
     `expiry runs approve` (audited with --actor) lets it go on; a second
     approval of the finished run exits 2 with the reason, no traceback."""
-    db.create_sessions()
-    rows = standard_rows(300)
-    db.insert_sessions(rows)
-    app = apps(db.url, APPROVE)
-    assert app.cleanup is not None
-    rid = app.cleanup.open_run(POLICY["name"]).run_id
-    run_worker(app)
+    rows, app, rid = previewed(db, apps, 300, APPROVE)
     config = write_config(tmp_path / "expiry.toml", db.url, APPROVE)
 
     shown = cli("--config", str(config), "runs", "show", rid)
@@ -201,13 +198,7 @@ def test_a_later_run_supersedes_one_awaiting_approval_and_awaits_its_own(
     """A run awaiting approval never blocks the policy: the next run (a later
     cutoff) supersedes it, previews afresh and awaits its own approval; the
     superseded run cannot be approved any more."""
-    db.create_sessions()
-    rows = standard_rows(200)
-    db.insert_sessions(rows)
-    app = apps(db.url, APPROVE)
-    assert app.cleanup is not None
-    first = app.cleanup.open_run(POLICY["name"]).run_id
-    run_worker(app)
+    rows, app, first = previewed(db, apps, 200, APPROVE)
     assert awaiting(db, app, first).state == approval.AWAITING
     time.sleep(1.1)  # a run's cutoff is to the second: the next run's must differ
     second = app.cleanup.open_run(POLICY["name"]).run_id
@@ -255,13 +246,7 @@ def test_a_policy_changed_after_its_runs_approval_stops_the_run_before_any_windo
 def test_an_approval_after_its_deadline_or_of_a_cancelled_run_is_refused(
     db: Db, apps: Apps
 ) -> None:
-    db.create_sessions()
-    rows = standard_rows(100)
-    db.insert_sessions(rows)
-    app = apps(db.url, {**APPROVE, "approve_within": "2s"})
-    assert app.cleanup is not None
-    late = app.cleanup.open_run(POLICY["name"]).run_id
-    run_worker(app)
+    rows, app, late = previewed(db, apps, 100, {**APPROVE, "approve_within": "2s"})
     time.sleep(2.1)  # no worker looked again: the run still reads awaiting
     with pytest.raises(ConfigError, match="not approved by"):
         app.cleanup.approve(late, actor="api:alice")
@@ -283,13 +268,7 @@ def test_two_windows_running_when_the_policy_changed_both_end_and_the_run_finish
     """Two windows of an approved run were claimed together when the policy
     changed: the first to look cancels the run, the second (running then, so not
     cancelled with the waiting ones) ends too; the run finishes, nothing deleted."""
-    db.create_sessions()
-    rows = standard_rows(600)
-    db.insert_sessions(rows)
-    first = apps(db.url, APPROVE)
-    assert first.cleanup is not None
-    rid = first.cleanup.open_run(POLICY["name"]).run_id
-    run_worker(first)
+    rows, first, rid = previewed(db, apps, 600, APPROVE)
     first.cleanup.approve(rid, actor="api:alice")
     claim_plan(first)
     wider = apps(db.url, {**APPROVE, "where": None})
