@@ -1537,6 +1537,18 @@ MUTANTS = [
         "the run never finishes",
     ),
     Mutant(
+        "approval-unapproved-supersedes-started",
+        "src/expiry/cleanup/planner.py",
+        'if not self._take_turn(policy, p["run_id"], tx, started=not policy.approve):',
+        'if not self._take_turn(policy, p["run_id"], tx, started=True):',
+        (
+            f"{APPROVAL}::test_a_run_never_approved_leaves_an_approved_run_that_started_"
+            "alone[postgres]",
+        ),
+        "a run whose approval expires has cancelled the waiting windows of an approved run "
+        "that started before it",
+    ),
+    Mutant(
         "approval-never-expires",
         "src/expiry/cleanup/approval.py",
         "    if approval is not None and now >= deadline:",

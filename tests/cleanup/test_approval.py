@@ -282,3 +282,30 @@ def test_two_windows_running_when_the_policy_changed_both_end_and_the_run_finish
     states = {j["state"] for j in db.jobs(run_id=rid) if j["handler"] == "expiry.window"}
     assert states == {"cancelled"}, states
     assert db.run_state(rid) == "finished"
+
+
+def test_a_run_never_approved_leaves_an_approved_run_that_started_alone(db: Db, apps: Apps) -> None:
+    """An approved run started and only waits (its windows backing off); a later
+    run previews and is never approved: it ends without a window and the earlier
+    run keeps its windows (a run never approved cancels nothing begun)."""
+    rows, app, first = previewed(db, apps, 200, {**APPROVE, "approve_within": "2s"})
+    app.cleanup.approve(first, actor="api:alice")
+    claim_plan(app)
+    waiting = app.queue.claim(100, 60, owner="test", queues=app.worked_queues())
+    assert waiting and {j.handler for j in waiting} == {"expiry.window"}
+    for job in waiting:
+        assert app.engine.job_fail(job, "lock timeout", "lock_timeout", 3600) is not None
+    time.sleep(1.1)  # the next run's cutoff must differ
+    assert app.cleanup is not None
+    second = app.cleanup.open_run(POLICY["name"]).run_id
+    run_worker(app)  # the second run previews and waits; the first's windows back off
+    assert awaiting(db, app, second).state == approval.AWAITING
+    time.sleep(2.1)
+    app.engine.job_wake(f"{second}:plan")
+    run_worker(app)
+    assert awaiting(db, app, second).state == approval.EXPIRED
+    assert db.run_state(second) == "finished"
+    one = app.runs.summary(first)
+    assert one is not None and one["superseded_by"] is None, one
+    assert one["jobs_by_state"] == {"retryable": len(waiting)}, one
+    assert db.ids() == {i for i, _, _ in rows}
