@@ -17,7 +17,8 @@ CREATE TABLE `expiry_audit` (
   `job_key` varchar(700) DEFAULT NULL,
   `detail` longtext NOT NULL,
   PRIMARY KEY (`id`),
-  KEY `expiry_audit_at` (`at`)
+  KEY `expiry_audit_at` (`at`),
+  KEY `expiry_audit_run` (`run_id`)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 
 CREATE TABLE `expiry_cron_calls` (

@@ -311,6 +311,8 @@ ALTER TABLE ONLY expiry.workers
 
 CREATE INDEX audit_at ON expiry.audit USING btree (at);
 
+CREATE INDEX audit_run ON expiry.audit USING btree (run_id);
+
 CREATE INDEX cron_calls_name ON expiry.cron_calls USING btree (name, id DESC);
 
 CREATE INDEX idempotency_created ON expiry.idempotency USING btree (created_at);

@@ -1,5 +1,7 @@
 CREATE INDEX expiry_audit_at on expiry_audit (at);
 
+CREATE INDEX expiry_audit_run on expiry_audit (run_id);
+
 CREATE INDEX expiry_cron_calls_name on expiry_cron_calls (name, id desc);
 
 CREATE INDEX expiry_idempotency_created on expiry_idempotency (created_at);
